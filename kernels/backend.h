@@ -1,0 +1,81 @@
+#ifndef KVD_KERNELS_BACKEND_H_
+#define KVD_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/params.h"
+
+namespace kvd {
+
+class Backend;
+
+// Owning handle to backend memory; frees through its backend on destruction. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, void* data, size_t bytes)
+      : backend_(backend), data_(data), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  void Reset();
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The seam between the model and the hardware: memory and the forward-pass primitives.
+// Every op reads and writes backend memory only and takes the POD params of
+// kernels/params.h. Ops run in issue order; on an asynchronous backend (CUDA) they are
+// enqueued and Synchronize() waits for them. Not thread safe: one engine thread drives a
+// backend. Errors (a launch failure, an unsupported dtype) come back as absl::Status.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // --- memory ---
+  // Memory is uninitialized. On the CPU it is committed lazily by the OS as it is touched.
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+  // Storage type this backend wants weights in (fp32 on CPU, bf16 on CUDA).
+  virtual DType weight_dtype() const = 0;
+  // Uploads `count` fp32 host values as weight_dtype(), converting as needed.
+  virtual absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) = 0;
+
+  // --- ops ---
+  virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
+  virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  virtual absl::Status Rope(const RopeParams& p) = 0;
+  virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
+  virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
+  virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
+  virtual absl::Status CopyBlocks(const CopyBlocksParams& p) = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  virtual void Free(void* data, size_t bytes) = 0;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_KERNELS_BACKEND_H_

@@ -1,0 +1,161 @@
+#ifndef KVD_KERNELS_PARAMS_H_
+#define KVD_KERNELS_PARAMS_H_
+
+// Plain parameter structs shared by every backend. Pointers are backend memory (host
+// memory on the CPU backend, device memory on CUDA). Shapes are in comments as
+// [dim0][dim1]...; "stride" is in elements between consecutive rows.
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace kvd {
+
+// One layer's view of the paged KV arena.
+//
+// The arena is a list of chunks (separate allocations, grown and shrunk by the block
+// pool). Every chunk holds the same number of blocks, a power of two, for all layers:
+//
+//   chunk c:  | L0 K | L0 V | L1 K | L1 V | ... | L(n-1) V |
+//   region "Ll K": [blocks_per_chunk][num_kv_heads][block_size][head_dim] of `dtype`
+//
+// Block id b lives in chunk (b >> chunk_shift) at slot (b & ((1 << chunk_shift) - 1)), so
+// one block id indexes the same slot in every layer's K and V region, and one head of
+// one block is contiguous. A chunk's address table may contain nullptr for released
+// chunks; no block table may then name a block in them.
+struct KvCacheView {
+  void* const* chunks = nullptr;  // [num_chunks] chunk base addresses
+  int32_t num_chunks = 0;
+  int32_t chunk_shift = 0;      // log2(blocks per chunk)
+  int64_t k_offset_bytes = 0;   // this layer's K region inside a chunk
+  int64_t v_offset_bytes = 0;   // this layer's V region inside a chunk
+  int64_t block_bytes = 0;      // one block of one region: num_kv_heads*block_size*head_dim*elem
+  DType dtype = DType::kF32;
+  int32_t num_kv_heads = 0;
+  int32_t block_size = 0;
+  int32_t head_dim = 0;
+};
+
+// A batch of sequences' block tables in CSR form (FlashInfer's paged layout):
+// sequence s owns blocks indices[indptr[s] .. indptr[s+1]) in order, and its last block
+// holds last_block_len[s] tokens (1..block_size), so its KV length is
+// (indptr[s+1] - indptr[s] - 1) * block_size + last_block_len[s].
+struct BlockTableView {
+  const int32_t* indptr = nullptr;          // [num_seqs + 1]
+  const int32_t* indices = nullptr;         // [indptr[num_seqs]] block ids
+  const int32_t* last_block_len = nullptr;  // [num_seqs]
+  int32_t num_seqs = 0;
+};
+
+// out[r][i] = in[r][i] / rms(in[r]) * weight[i],  rms = sqrt(mean(in[r]^2) + eps)
+struct RmsNormParams {
+  float* out = nullptr;          // [num_rows][dim]
+  const float* in = nullptr;     // [num_rows][dim]
+  const void* weight = nullptr;  // [dim] of weight_dtype
+  DType weight_dtype = DType::kF32;
+  int32_t num_rows = 0;
+  int32_t dim = 0;
+  float eps = 1e-5f;
+};
+
+// out[m][n] = in[m][:] . weight[n][:]  (+ out[m][n] when accumulate: residual add).
+// Weight rows are output features, as in llama2.c and PyTorch's nn.Linear.
+struct MatmulParams {
+  float* out = nullptr;          // [m][n]
+  const float* in = nullptr;     // [m][k]
+  const void* weight = nullptr;  // [n][k] of weight_dtype
+  DType weight_dtype = DType::kF32;
+  int32_t m = 0;
+  int32_t n = 0;
+  int32_t k = 0;
+  bool accumulate = false;
+};
+
+enum class RopeStyle : int32_t {
+  kInterleaved = 0,  // rotate pairs (2i, 2i+1): llama2.c, GGUF llama
+  kHalf = 1,         // rotate (i, i + head_dim/2): HF transformers
+};
+
+// Rotary embedding in place on q and k. Pair i of a head (0 <= i < head_dim/2) turns by
+// position * theta^(-2i/head_dim).
+struct RopeParams {
+  float* q = nullptr;                  // [num_tokens][q_stride], num_q_heads*head_dim used
+  float* k = nullptr;                  // [num_tokens][k_stride], num_kv_heads*head_dim used
+  const int32_t* positions = nullptr;  // [num_tokens]
+  int32_t num_tokens = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t q_stride = 0;
+  int32_t k_stride = 0;
+  float theta = 10000.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+
+// out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)).
+struct SiluMulParams {
+  float* out = nullptr;       // [num_rows][dim]
+  const float* gate = nullptr;  // [num_rows][gate_stride]
+  const float* up = nullptr;    // [num_rows][up_stride]
+  int32_t num_rows = 0;
+  int32_t dim = 0;
+  int32_t gate_stride = 0;
+  int32_t up_stride = 0;
+};
+
+// out[t][:] = table[token_ids[t]][:]
+struct EmbeddingParams {
+  float* out = nullptr;                // [num_tokens][dim]
+  const void* table = nullptr;         // [vocab_size][dim] of table_dtype
+  DType table_dtype = DType::kF32;
+  const int32_t* token_ids = nullptr;  // [num_tokens], each in [0, vocab_size)
+  int32_t num_tokens = 0;
+  int32_t dim = 0;
+  int32_t vocab_size = 0;
+};
+
+// Writes new tokens' K and V into the arena. Slot = block_id * block_size + offset.
+struct AppendKvParams {
+  KvCacheView cache;
+  const float* k = nullptr;             // [num_tokens][k_stride], num_kv_heads*head_dim used
+  const float* v = nullptr;             // [num_tokens][v_stride]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]
+  int32_t num_tokens = 0;
+  int32_t k_stride = 0;
+  int32_t v_stride = 0;
+};
+
+// Paged attention for a batch mixing prefill chunks and decodes. Sequence s has
+// q_len = q_indptr[s+1] - q_indptr[s] query rows (1 for a decode) and kv_len keys (its
+// block table, already holding this step's K/V). With causal, query row j of s sits at
+// position kv_len - q_len + j and sees keys 0..that position. GQA: query head h reads
+// KV head h / (num_q_heads / num_kv_heads).
+struct PagedAttentionParams {
+  float* out = nullptr;               // [q_indptr[num_seqs]][out_stride]
+  const float* q = nullptr;           // [q_indptr[num_seqs]][q_stride], head-major
+  const int32_t* q_indptr = nullptr;  // [num_seqs + 1]
+  KvCacheView cache;
+  BlockTableView blocks;
+  int32_t num_q_heads = 0;
+  int32_t q_stride = 0;
+  int32_t out_stride = 0;
+  float sm_scale = 1.0f;  // usually 1/sqrt(head_dim)
+  bool causal = true;
+};
+
+// Copies whole blocks (every layer, K and V) src[i] -> dst[i], for defragmentation and
+// copy-on-write. REQUIRES: no block appears both as a source and a destination.
+struct CopyBlocksParams {
+  void* const* chunks = nullptr;   // arena chunk table, as in KvCacheView
+  int32_t chunk_shift = 0;
+  int64_t chunk_region_bytes = 0;  // bytes of one region (one layer's K or V) in a chunk
+  int32_t num_regions = 0;         // 2 * num_layers
+  int64_t block_bytes = 0;         // bytes of one block in one region
+  const int32_t* src = nullptr;    // [num_pairs]
+  const int32_t* dst = nullptr;    // [num_pairs]
+  int32_t num_pairs = 0;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_KERNELS_PARAMS_H_
