@@ -1,0 +1,160 @@
+// Micro-benchmarks of the KV cache's engine-thread paths: block allocation and release,
+// prefix matching, sequence admission with hits, and defragmentation moves with their
+// step-boundary pauses. Programs, not tests: they print tables and never fail on a time.
+// Each reports items/s; the defrag benchmark also reports its pause distribution.
+
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "cache/block_pool.h"
+#include "cache/clock.h"
+#include "cache/eviction_policy.h"
+#include "cache/kv_cache_manager.h"
+#include "kernels/cpu_backend.h"
+
+namespace kvd {
+namespace {
+
+std::unique_ptr<BlockPool> MakePool(int32_t chunk_shift, int32_t chunks) {
+  return *BlockPool::Create({chunk_shift, chunks, chunks}, *MakeEvictionPolicy("lru", chunk_shift),
+                            nullptr, nullptr);
+}
+
+// Allocate a batch of free blocks, then release them (a sequence's lifetime).
+void BM_AllocateRelease(benchmark::State& state) {
+  const int32_t batch = static_cast<int32_t>(state.range(0));
+  auto pool = MakePool(10, 64);  // 65,536 blocks
+  std::vector<BlockId> got(batch);
+  for (auto _ : state) {
+    for (int32_t i = 0; i < batch; ++i) got[i] = *pool->Allocate();
+    for (int32_t i = batch - 1; i >= 0; --i) pool->Release(got[i]);
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+BENCHMARK(BM_AllocateRelease)->Arg(1)->Arg(64)->Arg(1024);
+
+// Every allocation evicts the LRU cached block (the pool is full of cache).
+void BM_AllocateEvict(benchmark::State& state) {
+  auto pool = MakePool(10, 16);
+  std::vector<BlockId> all;
+  for (int32_t i = 0; i < pool->num_blocks(); ++i) {
+    all.push_back(*pool->Allocate());
+    pool->MarkCached(all.back());
+  }
+  for (BlockId b : all) pool->Release(b);
+  for (auto _ : state) {
+    const BlockId b = *pool->Allocate();
+    pool->MarkCached(b);
+    pool->Release(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_AllocateEvict);
+
+KvCacheOptions ManagerOptions() {
+  KvCacheOptions o;
+  o.block_size = 16;
+  o.chunk_bytes = int64_t{64} << 20;
+  o.initial_pool_bytes = int64_t{1} << 30;
+  o.max_pool_bytes = int64_t{1} << 30;
+  o.defrag_background_planning = false;
+  return o;
+}
+
+// ProbePrefix of a prompt whose first `range(0)` tokens (all but the last) are cached.
+void BM_PrefixMatch(benchmark::State& state) {
+  const int32_t len = static_cast<int32_t>(state.range(0));
+  FakeClock clock;
+  auto m = *KvCacheManager::Create(ManagerOptions(), {2, 1, 16}, nullptr, &clock);
+  std::vector<int32_t> prompt(len + 1);
+  for (int32_t i = 0; i <= len; ++i) prompt[i] = (i * 7919) % 32000;
+  (void)m->AddSequence(0, prompt);
+  (void)m->Reserve(0, len + 1);
+  m->MarkComputed(0, len + 1);
+  for (auto _ : state) benchmark::DoNotOptimize(m->ProbePrefix(prompt));
+  state.SetItemsProcessed(state.iterations() * len);  // tokens matched
+  m->Free(0);
+}
+BENCHMARK(BM_PrefixMatch)->Arg(128)->Arg(2048)->Arg(16384);
+
+// Admission with a 2,048-token cached prefix: AddSequence + Reserve the rest + Free.
+void BM_AddSequenceWithHits(benchmark::State& state) {
+  FakeClock clock;
+  auto m = *KvCacheManager::Create(ManagerOptions(), {2, 1, 16}, nullptr, &clock);
+  std::vector<int32_t> prompt(2048 + 100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i % 1000);
+  (void)m->AddSequence(0, prompt);
+  (void)m->Reserve(0, 2048);
+  m->MarkComputed(0, 2048);
+  m->Free(0);
+  SeqId id = 1;
+  for (auto _ : state) {
+    const int32_t cached = *m->AddSequence(id, prompt);
+    (void)m->Reserve(id, static_cast<int32_t>(prompt.size()) - cached);
+    m->Free(id++);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_AddSequenceWithHits);
+
+// A pool grown to 4 chunks by 64 sequences drains to 1 when 48 of them finish:
+// defragmentation moves the survivors' blocks down at most range(0) per step. Block
+// copies go through the CPU backend (f32, stories260K-sized and a 1B-class shape).
+void BM_DefragMoves(benchmark::State& state) {
+  const int32_t moves_per_step = static_cast<int32_t>(state.range(0));
+  const KvShape shape = state.range(1) == 0 ? KvShape{5, 4, 8} : KvShape{16, 8, 64};
+  CpuBackend backend(1);
+  FakeClock clock;
+  KvCacheOptions o = ManagerOptions();
+  o.defrag_max_moves_per_step = moves_per_step;
+  o.defrag_low_water = 0.75;
+  const int64_t block_bytes =
+      int64_t{2} * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4 * o.block_size;
+  o.chunk_bytes = block_bytes * 256;
+  o.initial_pool_bytes = o.chunk_bytes;
+  o.max_pool_bytes = 4 * o.chunk_bytes;
+  int64_t moves = 0;
+  DefragPauseStats pauses;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto m = *KvCacheManager::Create(o, shape, &backend, &clock);
+    std::vector<int32_t> prompt(256);
+    for (SeqId id = 0; id < 64; ++id) {
+      for (int32_t i = 0; i < 256; ++i) prompt[i] = static_cast<int32_t>(id * 1000 + i);
+      (void)m->AddSequence(id, prompt);
+      (void)m->Reserve(id, 255);
+      m->MarkComputed(id, 255);
+    }
+    for (SeqId id = 0; id < 64; ++id) {
+      if (id % 4 != 3) m->Free(id);
+    }
+    state.ResumeTiming();
+    for (int i = 0; i < 10000 && m->stats().num_chunks > 1; ++i) m->Tick();
+    state.PauseTiming();
+    const KvCacheStats st = m->stats();
+    moves += st.defrag_moves;
+    pauses = st.defrag_pauses;
+    m.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(moves);
+  state.counters["block_KiB"] = static_cast<double>(block_bytes) / 1024;
+  state.counters["pause_p50_us"] = absl::ToDoubleMicroseconds(pauses.p50);
+  state.counters["pause_p99_us"] = absl::ToDoubleMicroseconds(pauses.p99);
+  state.counters["pause_max_us"] = absl::ToDoubleMicroseconds(pauses.max);
+}
+BENCHMARK(BM_DefragMoves)
+    ->Args({8, 0})
+    ->Args({32, 0})
+    ->Args({128, 0})
+    ->Args({8, 1})
+    ->Args({32, 1})
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace kvd
+
+BENCHMARK_MAIN();

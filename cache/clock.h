@@ -1,0 +1,49 @@
+#ifndef KVD_CACHE_CLOCK_H_
+#define KVD_CACHE_CLOCK_H_
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace kvd {
+
+// Source of wall-clock time, injected wherever a component makes time-based decisions
+// (session idle timeouts, TTLs) so that tests can drive time by hand. Implementations are
+// thread safe. Not owned by its users: whoever builds the component keeps it alive longer.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+};
+
+// The system clock.
+class RealClock final : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+};
+
+// A clock that only moves when told to. Starts at `start` (the Unix epoch by default).
+// Thread safe.
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(absl::Time start = absl::UnixEpoch()) : now_(start) {}
+
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  // REQUIRES: d >= absl::ZeroDuration() (time never goes back).
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    if (d > absl::ZeroDuration()) now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_CLOCK_H_

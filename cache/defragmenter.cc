@@ -1,0 +1,115 @@
+#include "cache/defragmenter.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvd {
+
+Defragmenter::Defragmenter(const DefragOptions& options) : options_(options) {
+  if (options_.background_planning) planner_ = std::thread([this] { PlannerLoop(); });
+}
+
+Defragmenter::~Defragmenter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (planner_.joinable()) planner_.join();
+}
+
+std::vector<BlockMove> Defragmenter::Plan(const DefragSnapshot& snapshot) {
+  std::vector<BlockMove> moves;
+  if (snapshot.num_chunks <= 1) return moves;
+  const BlockId top_begin = (snapshot.num_chunks - 1) << snapshot.chunk_shift;
+  const BlockId top_end = snapshot.num_chunks << snapshot.chunk_shift;
+  std::vector<BlockId> sources;
+  for (BlockId b = top_begin; b < top_end; ++b) {
+    if (snapshot.state[b] == BlockState::kUsed) sources.push_back(b);
+  }
+  if (sources.empty()) return moves;
+  // Destinations: free slots lowest first, then cached slots lowest first.
+  std::vector<BlockId> dests;
+  for (BlockState wanted : {BlockState::kFree, BlockState::kCached}) {
+    for (BlockId b = 0; b < top_begin && dests.size() < sources.size(); ++b) {
+      if (snapshot.state[b] == wanted) dests.push_back(b);
+    }
+  }
+  if (dests.size() < sources.size()) return moves;  // the top chunk cannot be emptied
+  moves.reserve(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) moves.push_back({sources[i], dests[i]});
+  return moves;
+}
+
+void Defragmenter::Submit(DefragSnapshot snapshot) {
+  if (!options_.background_planning) {
+    absl::MutexLock lock(&mu_);
+    if (pending_.has_value() || plan_.has_value()) return;
+    plan_ = Plan(snapshot);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (pending_.has_value() || plan_.has_value()) return;
+  pending_ = std::move(snapshot);
+}
+
+void Defragmenter::PlannerLoop() {
+  while (true) {
+    DefragSnapshot snapshot;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || pending_.has_value(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      snapshot = *std::move(pending_);
+    }
+    std::vector<BlockMove> plan = Plan(snapshot);
+    absl::MutexLock lock(&mu_);
+    pending_.reset();
+    plan_ = std::move(plan);
+  }
+}
+
+std::optional<std::vector<BlockMove>> Defragmenter::TakePlan() {
+  absl::MutexLock lock(&mu_);
+  std::optional<std::vector<BlockMove>> out = std::move(plan_);
+  plan_.reset();
+  return out;
+}
+
+bool Defragmenter::busy() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.has_value() || plan_.has_value();
+}
+
+void Defragmenter::WaitForPlan() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_.has_value(); };
+  mu_.Await(absl::Condition(&done));
+}
+
+void Defragmenter::RecordPause(absl::Duration pause, int32_t num_moves) {
+  ++stats_.num_pauses;
+  stats_.num_moves += num_moves;
+  stats_.total += pause;
+  stats_.max = std::max(stats_.max, pause);
+  if (static_cast<int32_t>(recent_pauses_.size()) < kPauseWindow) {
+    recent_pauses_.push_back(pause);
+  } else {
+    recent_pauses_[next_pause_slot_ % kPauseWindow] = pause;
+  }
+  ++next_pause_slot_;
+}
+
+DefragPauseStats Defragmenter::pause_stats() const {
+  DefragPauseStats s = stats_;
+  if (!recent_pauses_.empty()) {
+    std::vector<absl::Duration> sorted = recent_pauses_;
+    std::sort(sorted.begin(), sorted.end());
+    s.p50 = sorted[(sorted.size() - 1) / 2];
+    s.p99 = sorted[(sorted.size() - 1) * 99 / 100];
+  }
+  return s;
+}
+
+}  // namespace kvd

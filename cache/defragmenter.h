@@ -1,0 +1,107 @@
+#ifndef KVD_CACHE_DEFRAGMENTER_H_
+#define KVD_CACHE_DEFRAGMENTER_H_
+
+#include <cstdint>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache/block_links.h"
+
+namespace kvd {
+
+struct DefragOptions {
+  // Block moves applied at one step boundary, bounding the pause.
+  int32_t max_moves_per_step = 32;
+  // Shrinking starts when used blocks <= low_water * (blocks in the chunks below the top).
+  double low_water = 0.5;
+  // Plan on the defragmenter's own thread (true) or inline in Submit() (deterministic;
+  // for tests).
+  bool background_planning = true;
+};
+
+// What a block is at a snapshot.
+enum class BlockState : uint8_t { kFree = 0, kCached = 1, kUsed = 2 };
+
+// A copy of the pool's block states taken at a step boundary; the planner reads nothing
+// else, so it never touches engine state.
+struct DefragSnapshot {
+  int32_t chunk_shift = 0;
+  int32_t num_chunks = 0;
+  std::vector<BlockState> state;  // [num_chunks << chunk_shift]
+};
+
+struct BlockMove {
+  BlockId src = kNoBlock;
+  BlockId dst = kNoBlock;
+};
+
+// Distribution of the step-boundary pauses spent applying moves.
+struct DefragPauseStats {
+  int64_t num_pauses = 0;
+  int64_t num_moves = 0;
+  absl::Duration total;
+  absl::Duration max;
+  absl::Duration p50;  // over the last kPauseWindow pauses
+  absl::Duration p99;
+};
+
+// Defragmenter plans how to empty the arena's top chunk: every used block there moves to
+// a slot in a lower chunk, free slots first (lowest ids first), then slots of cached
+// blocks (evicted to make room). Planning runs on its own thread from a snapshot;
+// KvCacheManager applies the plan at step boundaries, at most max_moves_per_step moves
+// each, re-checking every move against the pool's state then (it may have changed), and
+// records each pause here.
+//
+// Thread safety: Submit/TakePlan/busy/WaitForPlan may be called from any one thread (the
+// engine thread) concurrently with the planner thread; RecordPause/pause_stats are engine
+// thread only.
+class Defragmenter {
+ public:
+  static constexpr int32_t kPauseWindow = 4096;
+
+  explicit Defragmenter(const DefragOptions& options);
+  ~Defragmenter();  // stops and joins the planner thread
+  Defragmenter(const Defragmenter&) = delete;
+  Defragmenter& operator=(const Defragmenter&) = delete;
+
+  const DefragOptions& options() const { return options_; }
+
+  // Moves that empty the top chunk of `snapshot`; empty when it has one chunk or the
+  // chunks below cannot take all of the top chunk's used blocks. Pure.
+  static std::vector<BlockMove> Plan(const DefragSnapshot& snapshot);
+
+  // Hands a snapshot to the planner. Ignored while busy().
+  void Submit(DefragSnapshot snapshot);
+  // The finished plan, moved out; nullopt when none is ready.
+  std::optional<std::vector<BlockMove>> TakePlan();
+  // A snapshot was submitted and its plan not yet taken.
+  bool busy() const;
+  // Blocks until the submitted snapshot has been planned (tests).
+  void WaitForPlan();
+
+  void RecordPause(absl::Duration pause, int32_t num_moves);
+  DefragPauseStats pause_stats() const;
+
+ private:
+  void PlannerLoop();
+
+  const DefragOptions options_;
+  mutable absl::Mutex mu_;
+  std::optional<DefragSnapshot> pending_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::vector<BlockMove>> plan_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread planner_;
+
+  // Engine thread only.
+  DefragPauseStats stats_;
+  std::vector<absl::Duration> recent_pauses_;  // ring of the last kPauseWindow
+  int64_t next_pause_slot_ = 0;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_DEFRAGMENTER_H_

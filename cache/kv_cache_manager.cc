@@ -1,0 +1,349 @@
+#include "cache/kv_cache_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "cache/cache_check.h"
+#include "cache/eviction_policy.h"
+
+namespace kvd {
+
+absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
+    const KvCacheOptions& options, const KvShape& shape, Backend* backend, Clock* clock) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (clock == nullptr) return absl::InvalidArgumentError("KvCacheManager needs a clock");
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(shape, options.kv_dtype, options.block_size);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<KvPoolGeometry> geometry = KvPoolGeometry::Compute(options, *layout);
+  if (!geometry.ok()) return geometry.status();
+  std::unique_ptr<KvCacheManager> m(new KvCacheManager(options, *layout, *geometry, clock));
+  if (backend != nullptr) {
+    absl::StatusOr<std::unique_ptr<KvArena>> arena =
+        KvArena::Create(*layout, geometry->chunk_shift, geometry->max_chunks, backend);
+    if (!arena.ok()) return arena.status();
+    m->arena_ = *std::move(arena);
+  }
+  absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy =
+      MakeEvictionPolicy(options.eviction_policy, geometry->chunk_shift);
+  if (!policy.ok()) return policy.status();
+  KvCacheManager* raw = m.get();
+  absl::StatusOr<std::unique_ptr<BlockPool>> pool = BlockPool::Create(
+      {geometry->chunk_shift, geometry->initial_chunks, geometry->max_chunks}, *std::move(policy),
+      m->arena_.get(), [raw](BlockId b) { raw->index_.Remove(b); });
+  if (!pool.ok()) return pool.status();
+  m->pool_ = *std::move(pool);
+  if (options.enable_defrag) {
+    DefragOptions d;
+    d.max_moves_per_step = options.defrag_max_moves_per_step;
+    d.low_water = options.defrag_low_water;
+    d.background_planning = options.defrag_background_planning;
+    m->defrag_ = std::make_unique<Defragmenter>(d);
+  }
+  return m;
+}
+
+KvCacheManager::KvCacheManager(const KvCacheOptions& options, const KvLayout& layout,
+                               const KvPoolGeometry& geometry, Clock* clock)
+    : options_(options),
+      layout_(layout),
+      geometry_(geometry),
+      clock_(clock),
+      index_(layout.block_size(),
+             layout.Fingerprint() ^ (options.prefix_extra_key * 0x9e3779b97f4a7c15ULL)),
+      sessions_(clock, options.session_idle_timeout) {}
+
+KvCacheManager::~KvCacheManager() {
+  if (pool_ == nullptr) return;  // Create failed half way
+  for (auto& [id, s] : seqs_) ReleaseTailFirst(s.blocks);
+  seqs_.clear();
+  std::vector<std::string> ids;
+  sessions_.ForEach([&ids](const Session& s) { ids.push_back(s.id); });
+  for (const std::string& id : ids) {
+    if (std::optional<SessionTable::Released> r = sessions_.Close(id)) ReleaseTailFirst(r->chain);
+  }
+}
+
+KvCacheManager::SeqState& KvCacheManager::Seq(SeqId id) {
+  auto it = seqs_.find(id);
+  KVD_CACHE_CHECK(it != seqs_.end(), "unknown sequence id");
+  return it->second;
+}
+
+const KvCacheManager::SeqState& KvCacheManager::Seq(SeqId id) const {
+  auto it = seqs_.find(id);
+  KVD_CACHE_CHECK(it != seqs_.end(), "unknown sequence id");
+  return it->second;
+}
+
+void KvCacheManager::ReleaseTailFirst(absl::Span<const BlockId> blocks) {
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) pool_->Release(*it);
+}
+
+KvCacheManager::Match KvCacheManager::MatchPrompt(absl::Span<const int32_t> prompt,
+                                                  const Session* session) const {
+  const int32_t bs = layout_.block_size();
+  const int32_t max_reuse = static_cast<int32_t>(prompt.size()) - 1;
+  Match m;
+  if (session != nullptr && !session->attached) {
+    const int32_t limit = std::min<int32_t>(max_reuse, session->tokens.size());
+    int32_t lcp = 0;
+    while (lcp < limit && prompt[lcp] == session->tokens[lcp]) ++lcp;
+    m.session_blocks = lcp / bs;
+    m.session_tokens = m.session_blocks * bs;
+    // A partly matching block is taken only when the session is its sole holder and it
+    // has no key: the new sequence will overwrite the positions after the match.
+    if (lcp % bs != 0 && m.session_blocks < static_cast<int32_t>(session->chain.size())) {
+      const BlockId b = session->chain[m.session_blocks];
+      if (pool_->RefCount(b) == 1 && !pool_->IsCached(b)) {
+        ++m.session_blocks;
+        m.session_tokens = lcp;
+      }
+    }
+  }
+  m.computed = m.session_tokens;
+  if (!options_.enable_prefix_caching || m.computed % bs != 0) return m;
+  uint64_t parent = index_.root_key();
+  int32_t i = 0;
+  for (; i < m.session_blocks; ++i) parent = index_.ChildKey(parent, prompt.subspan(i * bs, bs));
+  for (; (i + 1) * bs <= max_reuse; ++i) {
+    const absl::Span<const int32_t> tokens = prompt.subspan(i * bs, bs);
+    const uint64_t key = index_.ChildKey(parent, tokens);
+    std::optional<BlockId> b = index_.Find(key, parent, tokens);
+    if (!b.has_value()) break;
+    m.index_blocks.push_back(*b);
+    parent = key;
+  }
+  m.computed += static_cast<int32_t>(m.index_blocks.size()) * bs;
+  return m;
+}
+
+absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const int32_t> prompt,
+                                                    std::string_view session_id) {
+  if (prompt.empty()) return absl::InvalidArgumentError("AddSequence: empty prompt");
+  if (seqs_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("AddSequence: sequence ", id, " is live"));
+  }
+  const Session* session = session_id.empty() ? nullptr : sessions_.Find(session_id);
+  const Match m = MatchPrompt(prompt, session);
+  SeqState s;
+  s.tokens.assign(prompt.begin(), prompt.end());
+  if (!session_id.empty()) {
+    absl::StatusOr<Session*> attached = sessions_.Attach(session_id);
+    if (!attached.ok()) return attached.status();
+    Session& se = **attached;
+    s.session_id = se.id;
+    s.session_serial = se.serial;
+    std::vector<BlockId> chain = std::move(se.chain);
+    se.chain.clear();
+    se.tokens.clear();
+    s.blocks.assign(chain.begin(), chain.begin() + m.session_blocks);
+    ReleaseTailFirst(absl::MakeConstSpan(chain).subspan(m.session_blocks));
+  }
+  for (BlockId b : m.index_blocks) {
+    pool_->Acquire(b);
+    s.blocks.push_back(b);
+  }
+  s.num_computed = m.computed;
+  RegisterFullBlocks(s);
+  prefix_query_tokens_ += static_cast<int64_t>(prompt.size());
+  prefix_hit_tokens_ += static_cast<int64_t>(m.index_blocks.size()) * layout_.block_size();
+  session_hit_tokens_ += m.session_tokens;
+  seqs_.emplace(id, std::move(s));
+  return m.computed;
+}
+
+int32_t KvCacheManager::ProbePrefix(absl::Span<const int32_t> prompt,
+                                    std::string_view session_id) const {
+  if (prompt.empty()) return 0;
+  const Session* session = session_id.empty() ? nullptr : sessions_.Find(session_id);
+  return MatchPrompt(prompt, session).computed;
+}
+
+void KvCacheManager::AppendTokens(SeqId id, absl::Span<const int32_t> tokens) {
+  SeqState& s = Seq(id);
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+}
+
+int32_t KvCacheManager::BlocksToReserve(SeqId id, int32_t n) const {
+  const SeqState& s = Seq(id);
+  const int64_t needed = layout_.BlocksForTokens(int64_t{s.num_computed} + n);
+  return static_cast<int32_t>(std::max<int64_t>(0, needed - static_cast<int64_t>(s.blocks.size())));
+}
+
+bool KvCacheManager::Reserve(SeqId id, int32_t n) {
+  KVD_CACHE_CHECK(n >= 0, "Reserve: n must be >= 0");
+  const int32_t need = BlocksToReserve(id, n);
+  if (need == 0) return true;
+  if (need > pool_->NumObtainable()) return false;
+  std::vector<BlockId> got;
+  got.reserve(need);
+  for (int32_t i = 0; i < need; ++i) {
+    std::optional<BlockId> b = pool_->Allocate();
+    if (!b.has_value()) {  // the arena failed to grow
+      ReleaseTailFirst(got);
+      return false;
+    }
+    got.push_back(*b);
+  }
+  SeqState& s = Seq(id);
+  s.blocks.insert(s.blocks.end(), got.begin(), got.end());
+  return true;
+}
+
+int64_t KvCacheManager::SlotOf(SeqId id, int32_t position) const {
+  const SeqState& s = Seq(id);
+  const int32_t bs = layout_.block_size();
+  KVD_CACHE_CHECK(position >= 0 && position / bs < static_cast<int32_t>(s.blocks.size()),
+                  "SlotOf: position has no reserved slot");
+  return int64_t{s.blocks[position / bs]} * bs + position % bs;
+}
+
+void KvCacheManager::RegisterFullBlocks(SeqState& s) {
+  if (!options_.enable_prefix_caching) return;
+  const int32_t bs = layout_.block_size();
+  const absl::Span<const int32_t> tokens = s.tokens;
+  while ((static_cast<int32_t>(s.keys.size()) + 1) * bs <= s.num_computed) {
+    const int32_t i = static_cast<int32_t>(s.keys.size());
+    const uint64_t parent = i == 0 ? index_.root_key() : s.keys[i - 1];
+    const absl::Span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
+    const uint64_t key = index_.ChildKey(parent, block_tokens);
+    const BlockId b = s.blocks[i];
+    if (!index_.HasKey(b) && index_.Insert(b, key, parent, block_tokens)) pool_->MarkCached(b);
+    s.keys.push_back(key);
+  }
+}
+
+void KvCacheManager::MarkComputed(SeqId id, int32_t n) {
+  SeqState& s = Seq(id);
+  const int64_t after = int64_t{s.num_computed} + n;
+  KVD_CACHE_CHECK(n >= 0 && after <= static_cast<int64_t>(s.tokens.size()),
+                  "MarkComputed: past the known tokens");
+  KVD_CACHE_CHECK(after <= static_cast<int64_t>(s.blocks.size()) * layout_.block_size(),
+                  "MarkComputed: past the reserved slots");
+  s.num_computed = static_cast<int32_t>(after);
+  RegisterFullBlocks(s);
+}
+
+absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
+  KVD_CACHE_CHECK(!seqs_.contains(child), "Fork: child id is live");
+  const SeqState& p = Seq(parent);
+  const int32_t bs = layout_.block_size();
+  const int32_t full = p.num_computed / bs;
+  const bool partial = p.num_computed % bs != 0;
+  SeqState c;
+  if (partial) {
+    std::optional<BlockId> copy = pool_->Allocate();
+    if (!copy.has_value()) return absl::ResourceExhaustedError("Fork: no free KV block");
+    if (arena_ != nullptr) {
+      const BlockId src = p.blocks[full];
+      if (absl::Status s = arena_->CopyBlocks({&src, 1}, {&*copy, 1}); !s.ok()) {
+        pool_->Release(*copy);
+        return s;
+      }
+    }
+    ++fork_copies_;
+    c.blocks.assign(p.blocks.begin(), p.blocks.begin() + full);
+    c.blocks.push_back(*copy);
+  } else {
+    c.blocks.assign(p.blocks.begin(), p.blocks.begin() + full);
+  }
+  for (int32_t i = 0; i < full; ++i) pool_->Acquire(c.blocks[i]);
+  c.tokens = p.tokens;
+  c.keys = p.keys;
+  c.num_computed = p.num_computed;
+  seqs_.emplace(child, std::move(c));  // invalidates p
+  return absl::OkStatus();
+}
+
+void KvCacheManager::Free(SeqId id) {
+  auto it = seqs_.find(id);
+  KVD_CACHE_CHECK(it != seqs_.end(), "Free: unknown sequence id");
+  SeqState& s = it->second;
+  if (s.session_id.empty()) {
+    ReleaseTailFirst(s.blocks);
+  } else {
+    const size_t keep = static_cast<size_t>(layout_.BlocksForTokens(s.num_computed));
+    ReleaseTailFirst(absl::MakeConstSpan(s.blocks).subspan(keep));
+    std::vector<BlockId> chain(s.blocks.begin(), s.blocks.begin() + keep);
+    std::vector<int32_t> tokens(s.tokens.begin(), s.tokens.begin() + s.num_computed);
+    if (sessions_.Detach(s.session_id, s.session_serial, chain, std::move(tokens))) {
+      ReleaseSessions(sessions_.EnforcePinCap(MaxPinnedBlocks()));
+    } else {
+      ReleaseTailFirst(chain);
+    }
+  }
+  seqs_.erase(it);
+}
+
+void KvCacheManager::ReleaseSessions(const std::vector<SessionTable::Released>& released) {
+  for (const SessionTable::Released& r : released) {
+    ReleaseTailFirst(r.chain);
+    ++session_releases_[static_cast<int>(r.reason)];
+  }
+}
+
+absl::Status KvCacheManager::CloseSession(std::string_view session_id) {
+  std::optional<SessionTable::Released> r = sessions_.Close(session_id);
+  if (!r.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no session \"", std::string(session_id), "\""));
+  }
+  ReleaseSessions({*std::move(r)});
+  return absl::OkStatus();
+}
+
+int64_t KvCacheManager::MaxPinnedBlocks() const {
+  return static_cast<int64_t>(options_.max_pinned_fraction * pool_->max_blocks());
+}
+
+void KvCacheManager::Tick() {
+  ReleaseSessions(sessions_.ExpireIdle());
+  ReleaseSessions(sessions_.EnforcePinCap(MaxPinnedBlocks()));
+  if (defrag_ != nullptr) DefragStep();
+}
+
+int32_t KvCacheManager::NumComputed(SeqId id) const { return Seq(id).num_computed; }
+int32_t KvCacheManager::NumTokens(SeqId id) const {
+  return static_cast<int32_t>(Seq(id).tokens.size());
+}
+absl::Span<const int32_t> KvCacheManager::Tokens(SeqId id) const { return Seq(id).tokens; }
+absl::Span<const int32_t> KvCacheManager::BlockIds(SeqId id) const { return Seq(id).blocks; }
+
+KvCacheStats KvCacheManager::stats() const {
+  KvCacheStats st;
+  st.block_size = layout_.block_size();
+  st.block_bytes = layout_.block_data_bytes();
+  st.blocks_per_chunk = pool_->blocks_per_chunk();
+  st.num_chunks = pool_->num_chunks();
+  st.max_chunks = pool_->max_chunks();
+  st.total_blocks = pool_->num_blocks();
+  st.max_blocks = pool_->max_blocks();
+  st.free_blocks = pool_->num_free();
+  st.used_blocks = pool_->num_used();
+  st.cached_blocks = pool_->num_cached();
+  st.pinned_blocks = sessions_.num_pinned_blocks();
+  st.total_bytes = st.total_blocks * st.block_bytes;
+  st.used_bytes = st.used_blocks * st.block_bytes;
+  st.cached_bytes = st.cached_blocks * st.block_bytes;
+  st.max_bytes = st.max_blocks * st.block_bytes;
+  st.num_sequences = static_cast<int32_t>(seqs_.size());
+  st.num_sessions = sessions_.num_sessions();
+  st.num_prefix_keys = index_.size();
+  st.prefix_query_tokens = prefix_query_tokens_;
+  st.prefix_hit_tokens = prefix_hit_tokens_;
+  st.session_hit_tokens = session_hit_tokens_;
+  st.evictions = pool_->num_evictions();
+  st.session_releases_idle = session_releases_[static_cast<int>(SessionReleaseReason::kIdle)];
+  st.session_releases_pin_cap = session_releases_[static_cast<int>(SessionReleaseReason::kPinCap)];
+  st.session_releases_closed = session_releases_[static_cast<int>(SessionReleaseReason::kClosed)];
+  st.fork_copies = fork_copies_;
+  st.chunks_grown = pool_->num_chunks_grown();
+  st.chunks_released = pool_->num_chunks_released();
+  st.defrag_moves = defrag_moves_;
+  if (defrag_ != nullptr) st.defrag_pauses = defrag_->pause_stats();
+  return st;
+}
+
+}  // namespace kvd

@@ -1,0 +1,182 @@
+#ifndef KVD_CACHE_KV_CACHE_MANAGER_H_
+#define KVD_CACHE_KV_CACHE_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cache/block_pool.h"
+#include "cache/clock.h"
+#include "cache/defragmenter.h"
+#include "cache/kv_arena.h"
+#include "cache/kv_cache_options.h"
+#include "cache/kv_cache_stats.h"
+#include "cache/kv_layout.h"
+#include "cache/prefix_index.h"
+#include "cache/session_table.h"
+#include "kernels/backend.h"
+
+namespace kvd {
+
+using SeqId = int64_t;
+
+// KvCacheManager is the request-level API over the KV cache: it owns the arena, block
+// pool, prefix index, session table and defragmenter, and speaks in sequences.
+//
+// A sequence has tokens (prompt + known generated tokens), num_computed of which have K/V
+// in its blocks, and a block table: block i holds positions [i * B, (i + 1) * B) where
+// B = block_size. A step: Reserve(id, n) gives positions [num_computed, num_computed + n)
+// slots (SlotOf), the backend writes their K/V, MarkComputed(id, n) advances
+// num_computed and registers newly full blocks in the prefix index. Full computed blocks
+// are immutable and may be shared; only a sequence's own partial last block is written.
+//
+// Invariants (CheckInvariants): each block's refcount equals its holders (sequence
+// tables + pinned session chains); no block is both free and referenced; every prefix
+// key matches its block's tokens; free + used + cached == total; nothing leaks.
+//
+// Thread safety: none; the engine thread calls everything. Block ids, BlockIds() spans
+// and slots are valid until the next Tick() (defragmentation rewrites block tables) or
+// the next call that changes that sequence. Does not own the backend or the clock.
+class KvCacheManager {
+ public:
+  // InvalidArgument for bad options or shape; Unimplemented for KV dtypes the arena does
+  // not store; the backend's error if the initial chunks cannot be allocated. A null
+  // backend makes an id-only cache (no memory; LayerView and byte copies unavailable),
+  // for scheduler tests and planning.
+  static absl::StatusOr<std::unique_ptr<KvCacheManager>> Create(const KvCacheOptions& options,
+                                                                const KvShape& shape,
+                                                                Backend* backend, Clock* clock);
+  ~KvCacheManager();  // frees every sequence and session
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  // Starts sequence `id` with its prompt and returns how many leading prompt tokens are
+  // already computed: the session's pinned chain (when `session_id` names a detached
+  // session; the session attaches to this sequence, and is created if unknown), then full
+  // blocks found in the prefix index. At least the last prompt token is always left to
+  // compute, so the step has logits. Takes no new blocks (Reserve does).
+  // InvalidArgument for an empty prompt, AlreadyExists for a live id, FailedPrecondition
+  // when the session is attached to another live sequence; nothing changes then.
+  absl::StatusOr<int32_t> AddSequence(SeqId id, absl::Span<const int32_t> prompt,
+                                      std::string_view session_id = "");
+  // Appends known tokens (sampled ones) whose K/V are still to be computed.
+  void AppendTokens(SeqId id, absl::Span<const int32_t> tokens);
+  // Ensures slots for positions [num_computed, num_computed + n): takes free blocks, grows
+  // the arena, then evicts cached blocks. Returns false and changes nothing when the pool
+  // cannot supply them (the caller preempts someone and retries). REQUIRES: n >= 0.
+  bool Reserve(SeqId id, int32_t n);
+  // New blocks Reserve(id, n) would take.
+  int32_t BlocksToReserve(SeqId id, int32_t n) const;
+  // block_id * block_size + offset. REQUIRES: position < blocks * block_size.
+  int64_t SlotOf(SeqId id, int32_t position) const;
+  // K/V of the next n positions were written. REQUIRES: num_computed + n <= num tokens and
+  // <= reserved slots.
+  void MarkComputed(SeqId id, int32_t n);
+  // Makes `child` a copy of `parent` (tokens, num_computed): shares its full computed
+  // blocks and copies its partial last block through the backend (copy-on-write), for
+  // n > 1 sampling. The child has no session. ResourceExhausted when no block is available
+  // for the copy (nothing changes; preempt and retry), or the backend's copy error.
+  // REQUIRES: parent live, child not.
+  absl::Status Fork(SeqId parent, SeqId child);
+  // Ends the sequence. Blocks are released tail first (so its tail is evicted before its
+  // prefix); with an attached session, the blocks of its computed tokens become the
+  // session's pinned chain instead (then the pin cap applies).
+  void Free(SeqId id);
+  // Releases the session's pins at once (blocks stay as ordinary cached blocks) and forgets
+  // it. NotFound for an unknown (or already expired) id.
+  absl::Status CloseSession(std::string_view session_id);
+  // The step boundary: expires idle sessions, enforces the pin cap, applies up to
+  // defrag_max_moves_per_step block moves (and defrag_max_bytes_per_step bytes; copy +
+  // block-table rewrite) and releases an emptied top chunk. Shrinking starts once used
+  // blocks <= defrag_low_water * blocks below the top chunk and stops at the initial size.
+  // Invalidates block ids, BlockIds() spans and slots.
+  void Tick();
+
+  // --- Queries. REQUIRES for the per-sequence ones: the sequence is live. ---
+  bool HasSequence(SeqId id) const { return seqs_.contains(id); }
+  int32_t NumComputed(SeqId id) const;
+  int32_t NumTokens(SeqId id) const;
+  absl::Span<const int32_t> Tokens(SeqId id) const;
+  absl::Span<const int32_t> BlockIds(SeqId id) const;
+  // Prompt tokens AddSequence(prompt, session_id) would find computed now. Pure.
+  int32_t ProbePrefix(absl::Span<const int32_t> prompt, std::string_view session_id = "") const;
+  // Blocks obtainable now for admission: free + evictable cached + room to grow.
+  int64_t NumObtainableBlocks() const { return pool_->NumObtainable(); }
+  int32_t num_free_blocks() const { return pool_->num_free(); }
+  int32_t block_size() const { return layout_.block_size(); }
+  const KvLayout& layout() const { return layout_; }
+  const KvCacheOptions& options() const { return options_; }
+  const KvPoolGeometry& geometry() const { return geometry_; }
+  // REQUIRES: a backend was given; 0 <= layer < num_layers.
+  KvCacheView LayerView(int32_t layer) const { return arena_->LayerView(layer); }
+  // The arena (null without a backend), for tests that inspect bytes.
+  const KvArena* arena() const { return arena_.get(); }
+  KvCacheStats stats() const;
+
+  // Blocks until a submitted defragmentation plan is ready (tests; no-op without defrag).
+  void WaitForDefragPlan();
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct SeqState {
+    std::vector<int32_t> tokens;
+    std::vector<BlockId> blocks;
+    std::vector<uint64_t> keys;  // prefix keys of the first keys.size() full blocks
+    int32_t num_computed = 0;
+    std::string session_id;  // empty: none
+    uint64_t session_serial = 0;
+  };
+  // What AddSequence would reuse for a prompt.
+  struct Match {
+    int32_t session_blocks = 0;         // leading chain blocks taken from the session
+    int32_t session_tokens = 0;         // computed tokens they hold
+    std::vector<BlockId> index_blocks;  // then these from the prefix index
+    int32_t computed = 0;
+  };
+
+  KvCacheManager(const KvCacheOptions& options, const KvLayout& layout,
+                 const KvPoolGeometry& geometry, Clock* clock);
+
+  Match MatchPrompt(absl::Span<const int32_t> prompt, const Session* session) const;
+  SeqState& Seq(SeqId id);
+  const SeqState& Seq(SeqId id) const;
+  void ReleaseTailFirst(absl::Span<const BlockId> blocks);
+  void ReleaseSessions(const std::vector<SessionTable::Released>& released);
+  void RegisterFullBlocks(SeqState& s);
+  int64_t MaxPinnedBlocks() const;
+  bool ShouldShrink() const;
+  void DefragStep();
+  void ApplyMoves();
+
+  const KvCacheOptions options_;
+  const KvLayout layout_;
+  const KvPoolGeometry geometry_;
+  Clock* const clock_;
+  // Destruction order matters: the pool (which calls back into the index) goes before
+  // the index, and the arena outlives both.
+  std::unique_ptr<KvArena> arena_;
+  PrefixIndex index_;
+  std::unique_ptr<BlockPool> pool_;
+  SessionTable sessions_;
+  std::unique_ptr<Defragmenter> defrag_;
+  absl::flat_hash_map<SeqId, SeqState> seqs_;
+  std::deque<BlockMove> pending_moves_;
+
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+  int64_t session_hit_tokens_ = 0;
+  int64_t session_releases_[3] = {0, 0, 0};  // by SessionReleaseReason
+  int64_t fork_copies_ = 0;
+  int64_t defrag_moves_ = 0;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_KV_CACHE_MANAGER_H_

@@ -1,0 +1,112 @@
+// KvCacheManager's step-boundary half of defragmentation: deciding when to shrink,
+// handing snapshots to the Defragmenter's planner, and applying its moves.
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "cache/kv_cache_manager.h"
+
+namespace kvd {
+
+bool KvCacheManager::ShouldShrink() const {
+  if (pool_->num_chunks() <= pool_->initial_chunks()) return false;
+  const int64_t below = int64_t{pool_->num_chunks() - 1} * pool_->blocks_per_chunk();
+  return pool_->num_used() <= options_.defrag_low_water * static_cast<double>(below);
+}
+
+void KvCacheManager::DefragStep() {
+  if (!ShouldShrink()) {
+    pending_moves_.clear();
+    defrag_->TakePlan();  // stale: the load came back
+    return;
+  }
+  const int32_t top = pool_->num_chunks() - 1;
+  if (pending_moves_.empty()) {
+    if (std::optional<std::vector<BlockMove>> plan = defrag_->TakePlan()) {
+      pending_moves_.assign(plan->begin(), plan->end());
+    }
+  }
+  if (!pending_moves_.empty()) ApplyMoves();
+  if (pool_->NumUsedInChunk(top) == 0) {
+    pending_moves_.clear();
+    defrag_->TakePlan();
+    // Failing to free device memory leaves the chunk out of the pool's view either way.
+    pool_->ReleaseTopChunk().IgnoreError();
+    return;
+  }
+  if (pending_moves_.empty() && !defrag_->busy()) {
+    DefragSnapshot snapshot;
+    snapshot.chunk_shift = pool_->chunk_shift();
+    snapshot.num_chunks = pool_->num_chunks();
+    snapshot.state.resize(pool_->num_blocks());
+    for (BlockId b = 0; b < pool_->num_blocks(); ++b) {
+      snapshot.state[b] = pool_->RefCount(b) > 0 ? BlockState::kUsed
+                          : pool_->IsCached(b)   ? BlockState::kCached
+                                                 : BlockState::kFree;
+    }
+    defrag_->Submit(std::move(snapshot));
+  }
+}
+
+void KvCacheManager::ApplyMoves() {
+  const auto start = std::chrono::steady_clock::now();
+  const BlockId top_begin = (pool_->num_chunks() - 1) << pool_->chunk_shift();
+  const BlockId top_end = pool_->num_blocks();
+  std::vector<BlockId> src;
+  std::vector<BlockId> dst;
+  absl::flat_hash_set<BlockId> taken;
+  const int64_t by_bytes =
+      std::max<int64_t>(1, options_.defrag_max_bytes_per_step / layout_.block_data_bytes());
+  const int32_t max_moves =
+      static_cast<int32_t>(std::min<int64_t>(options_.defrag_max_moves_per_step, by_bytes));
+  // Re-check every planned move against the pool now: the plan came from an older
+  // snapshot. Sources freed since then need no move; destinations used since are skipped
+  // (the next plan finds others).
+  while (!pending_moves_.empty() && static_cast<int32_t>(src.size()) < max_moves) {
+    const BlockMove m = pending_moves_.front();
+    pending_moves_.pop_front();
+    if (m.src < top_begin || m.src >= top_end || pool_->RefCount(m.src) == 0) continue;
+    if (m.dst < 0 || m.dst >= top_begin || pool_->RefCount(m.dst) != 0) continue;
+    if (!taken.insert(m.dst).second) continue;
+    src.push_back(m.src);
+    dst.push_back(m.dst);
+  }
+  if (src.empty()) return;
+  // Evicting a cached destination is itself a state change, so do it only once the copy
+  // can go ahead; the copy reads sources only, so the order is safe.
+  if (arena_ != nullptr) {
+    if (absl::Status s = arena_->CopyBlocks(src, dst); !s.ok()) {
+      pending_moves_.clear();  // the destinations were unused; nothing changed
+      return;
+    }
+  }
+  absl::flat_hash_map<BlockId, BlockId> moved;
+  moved.reserve(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (pool_->IsCached(dst[i])) pool_->Evict(dst[i]);
+    pool_->Move(src[i], dst[i]);
+    if (index_.HasKey(src[i])) index_.Rebind(src[i], dst[i]);
+    moved.emplace(src[i], dst[i]);
+  }
+  for (auto& [id, s] : seqs_) {
+    for (BlockId& b : s.blocks) {
+      if (b >= top_begin) {
+        auto it = moved.find(b);
+        if (it != moved.end()) b = it->second;
+      }
+    }
+  }
+  sessions_.RemapBlocks(moved);
+  defrag_moves_ += static_cast<int64_t>(src.size());
+  const auto end = std::chrono::steady_clock::now();
+  defrag_->RecordPause(absl::FromChrono(end - start), static_cast<int32_t>(src.size()));
+}
+
+void KvCacheManager::WaitForDefragPlan() {
+  if (defrag_ != nullptr) defrag_->WaitForPlan();
+}
+
+}  // namespace kvd

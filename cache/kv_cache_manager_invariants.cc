@@ -1,0 +1,88 @@
+// KvCacheManager::CheckInvariants: recomputes every reference count from its holders and
+// cross-checks pool, prefix index, sequences and sessions. O(blocks + table entries); for
+// tests and debugging.
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/kv_cache_manager.h"
+
+namespace kvd {
+
+absl::Status KvCacheManager::CheckInvariants() const {
+  if (absl::Status s = pool_->CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = index_.CheckInvariants(); !s.ok()) return s;
+  const int32_t n = pool_->num_blocks();
+  const int32_t bs = layout_.block_size();
+  std::vector<int32_t> holders(n, 0);
+  absl::Status status;
+  auto hold = [&](BlockId b, const std::string& who) {
+    if (b < 0 || b >= n) {
+      if (status.ok()) status = absl::InternalError(absl::StrCat(who, " holds absent block ", b));
+      return;
+    }
+    ++holders[b];
+  };
+  for (const auto& [id, s] : seqs_) {
+    const std::string who = absl::StrCat("sequence ", id);
+    if (static_cast<int64_t>(s.blocks.size()) * bs < s.num_computed ||
+        s.num_computed > static_cast<int32_t>(s.tokens.size())) {
+      return absl::InternalError(absl::StrCat(who, ": num_computed beyond blocks or tokens"));
+    }
+    for (BlockId b : s.blocks) hold(b, who);
+    if (!status.ok()) return status;
+    if (static_cast<int32_t>(s.keys.size()) * bs > s.num_computed) {
+      return absl::InternalError(absl::StrCat(who, ": a key for an unfinished block"));
+    }
+    uint64_t parent = index_.root_key();
+    for (size_t i = 0; i < s.keys.size(); ++i) {
+      const absl::Span<const int32_t> tokens = absl::MakeConstSpan(s.tokens).subspan(i * bs, bs);
+      if (index_.ChildKey(parent, tokens) != s.keys[i]) {
+        return absl::InternalError(absl::StrCat(who, ": key ", i, " does not match its tokens"));
+      }
+      const BlockId b = s.blocks[i];
+      if (index_.HasKey(b) && index_.KeyOf(b) != s.keys[i]) {
+        return absl::InternalError(absl::StrCat(who, ": block ", b, " is keyed for other tokens"));
+      }
+      parent = s.keys[i];
+    }
+  }
+  int64_t pinned = 0;
+  sessions_.ForEach([&](const Session& s) {
+    if (s.attached && !s.chain.empty() && status.ok()) {
+      status = absl::InternalError(absl::StrCat("attached session ", s.id, " still pins blocks"));
+    }
+    if (!s.attached &&
+        layout_.BlocksForTokens(s.tokens.size()) != static_cast<int64_t>(s.chain.size()) &&
+        status.ok()) {
+      status = absl::InternalError(absl::StrCat("session ", s.id, ": chain/token mismatch"));
+    }
+    pinned += static_cast<int64_t>(s.chain.size());
+    for (BlockId b : s.chain) hold(b, absl::StrCat("session ", s.id));
+  });
+  if (!status.ok()) return status;
+  if (pinned != sessions_.num_pinned_blocks()) {
+    return absl::InternalError("session pinned-block count is stale");
+  }
+  for (BlockId b = 0; b < n; ++b) {
+    if (holders[b] != pool_->RefCount(b)) {
+      return absl::InternalError(absl::StrCat("block ", b, ": refcount ", pool_->RefCount(b),
+                                              " but ", holders[b], " holders"));
+    }
+    if (pool_->IsCached(b) != index_.HasKey(b)) {
+      return absl::InternalError(absl::StrCat("block ", b, ": pool and index disagree on key"));
+    }
+  }
+  if (index_.size() != 0) {
+    // Keys only on present blocks.
+    int64_t keyed_present = 0;
+    for (BlockId b = 0; b < n; ++b) keyed_present += index_.HasKey(b) ? 1 : 0;
+    if (keyed_present != index_.size()) {
+      return absl::InternalError("prefix key on a block of a released chunk");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvd

@@ -1,0 +1,84 @@
+#include "cache/kv_cache_options.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvd {
+
+absl::Status KvCacheOptions::Validate() const {
+  if (block_size <= 0 || block_size > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size: must be in [1, 4096], got ", block_size));
+  }
+  if (initial_pool_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial_pool_bytes: must be positive, got ", initial_pool_bytes));
+  }
+  if (max_pool_bytes < initial_pool_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pool_bytes: must be >= initial_pool_bytes (", initial_pool_bytes,
+                     "), got ", max_pool_bytes));
+  }
+  if (chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes: must be positive, got ", chunk_bytes));
+  }
+  if (eviction_policy != "lru" && eviction_policy != "chunk_lru") {
+    return absl::InvalidArgumentError(absl::StrCat("eviction_policy: unknown value \"",
+                                                   eviction_policy, "\"; allowed: lru, chunk_lru"));
+  }
+  if (session_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("session_idle_timeout: must be >= 0, got ",
+                                                   absl::FormatDuration(session_idle_timeout)));
+  }
+  if (!(max_pinned_fraction >= 0.0 && max_pinned_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pinned_fraction: must be in [0, 1], got ", max_pinned_fraction));
+  }
+  if (defrag_max_moves_per_step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("defrag_max_moves_per_step: must be >= 1, got ", defrag_max_moves_per_step));
+  }
+  if (defrag_max_bytes_per_step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("defrag_max_bytes_per_step: must be >= 1, got ", defrag_max_bytes_per_step));
+  }
+  if (!(defrag_low_water >= 0.0 && defrag_low_water <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("defrag_low_water: must be in [0, 1], got ", defrag_low_water));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& options,
+                                                       const KvLayout& layout) {
+  const int64_t block_bytes = layout.block_data_bytes();
+  if (options.chunk_bytes < block_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("chunk_bytes: %d is smaller than one KV block (%d bytes for %s)",
+                        options.chunk_bytes, block_bytes, layout.DebugString()));
+  }
+  KvPoolGeometry g;
+  const int64_t blocks = options.chunk_bytes / block_bytes;
+  while (g.chunk_shift < 24 && (int64_t{2} << g.chunk_shift) <= blocks) ++g.chunk_shift;
+  g.chunk_bytes = block_bytes << g.chunk_shift;
+  const int64_t max_chunks = options.max_pool_bytes / g.chunk_bytes;
+  if (max_chunks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_pool_bytes: %d is smaller than one chunk (%d bytes)",
+                        options.max_pool_bytes, g.chunk_bytes));
+  }
+  if (max_chunks > (int64_t{1} << 20) || (max_chunks << g.chunk_shift) > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_pool_bytes: %d makes too many chunks or blocks; raise chunk_bytes",
+                        options.max_pool_bytes));
+  }
+  g.max_chunks = static_cast<int32_t>(max_chunks);
+  const int64_t initial = (options.initial_pool_bytes + g.chunk_bytes - 1) / g.chunk_bytes;
+  g.initial_chunks = static_cast<int32_t>(std::clamp<int64_t>(initial, 1, g.max_chunks));
+  return g;
+}
+
+}  // namespace kvd

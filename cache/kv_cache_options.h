@@ -1,0 +1,66 @@
+#ifndef KVD_CACHE_KV_CACHE_OPTIONS_H_
+#define KVD_CACHE_KV_CACHE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/kv_layout.h"
+#include "kernels/dtype.h"
+
+namespace kvd {
+
+// Options of the KV cache. Plain aggregate with defaults; Validate() names the first bad
+// key, its value and what is allowed.
+struct KvCacheOptions {
+  int32_t block_size = 16;       // tokens per block
+  DType kv_dtype = DType::kF32;  // the arena stores f32, bf16 and fp16 for now
+  // Arena sizes (see KvPoolGeometry for the rounding).
+  int64_t initial_pool_bytes = int64_t{64} << 20;
+  int64_t max_pool_bytes = int64_t{256} << 20;
+  int64_t chunk_bytes = int64_t{16} << 20;
+  bool enable_prefix_caching = true;
+  std::string eviction_policy = "lru";  // "lru" or "chunk_lru" (eviction_policy.h)
+  absl::Duration session_idle_timeout = absl::Seconds(30);
+  // Pinned session blocks may use at most this fraction of max_pool_bytes' blocks.
+  double max_pinned_fraction = 0.5;
+  bool enable_defrag = true;
+  int32_t defrag_max_moves_per_step = 32;
+  // ...and at most this many bytes copied per step (at least one block), so the pause
+  // stays bounded for large blocks on a backend whose copies are synchronous (CPU).
+  int64_t defrag_max_bytes_per_step = int64_t{4} << 20;
+  double defrag_low_water = 0.5;  // DefragOptions::low_water
+  bool defrag_background_planning = true;
+  // Mixed into every prefix key with the KV layout: e.g. a digest of the model's weights,
+  // so caches of different models can never match.
+  uint64_t prefix_extra_key = 0;
+
+  absl::Status Validate() const;
+};
+
+// How the byte sizes of KvCacheOptions become whole blocks and chunks:
+//   blocks_per_chunk = the largest power of two <= chunk_bytes / block bytes
+//                      (InvalidArgument if chunk_bytes is smaller than one block),
+//   max_chunks       = floor(max_pool_bytes / actual chunk bytes) (never above the
+//                      budget; InvalidArgument if it is smaller than one chunk),
+//   initial_chunks   = ceil(initial_pool_bytes / actual chunk bytes), at least 1 and at
+//                      most max_chunks.
+// Block bytes are the arena bytes of one block, all layers, K and V (KvLayout).
+struct KvPoolGeometry {
+  int32_t chunk_shift = 0;
+  int32_t initial_chunks = 0;
+  int32_t max_chunks = 0;
+  int64_t chunk_bytes = 0;  // actual, after rounding
+
+  int32_t blocks_per_chunk() const { return int32_t{1} << chunk_shift; }
+
+  // REQUIRES: options.Validate() is OK.
+  static absl::StatusOr<KvPoolGeometry> Compute(const KvCacheOptions& options,
+                                                const KvLayout& layout);
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_KV_CACHE_OPTIONS_H_

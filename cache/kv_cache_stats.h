@@ -1,0 +1,51 @@
+#ifndef KVD_CACHE_KV_CACHE_STATS_H_
+#define KVD_CACHE_KV_CACHE_STATS_H_
+
+#include <cstdint>
+
+#include "cache/defragmenter.h"
+
+namespace kvd {
+
+// A snapshot of KvCacheManager's gauges and counters (counters only grow).
+// Blocks: free + used + cached == total_blocks; pinned_blocks is the part of used_blocks
+// held by idle sessions between turns.
+struct KvCacheStats {
+  // Geometry.
+  int32_t block_size = 0;
+  int64_t block_bytes = 0;  // one block, all layers, K and V
+  int32_t blocks_per_chunk = 0;
+  int32_t num_chunks = 0;
+  int32_t max_chunks = 0;
+  // Gauges.
+  int64_t total_blocks = 0;
+  int64_t max_blocks = 0;
+  int64_t free_blocks = 0;    // refcount 0, no prefix key
+  int64_t used_blocks = 0;    // refcount > 0
+  int64_t cached_blocks = 0;  // refcount 0 with a prefix key: evictable
+  int64_t pinned_blocks = 0;  // held by detached sessions
+  int64_t total_bytes = 0;    // arena bytes held now
+  int64_t used_bytes = 0;
+  int64_t cached_bytes = 0;
+  int64_t max_bytes = 0;
+  int32_t num_sequences = 0;
+  int32_t num_sessions = 0;
+  int64_t num_prefix_keys = 0;
+  // Counters.
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up
+  int64_t prefix_hit_tokens = 0;    // ...found computed in the prefix index
+  int64_t session_hit_tokens = 0;   // ...found computed in a session's pinned chain
+  int64_t evictions = 0;
+  int64_t session_releases_idle = 0;
+  int64_t session_releases_pin_cap = 0;
+  int64_t session_releases_closed = 0;
+  int64_t fork_copies = 0;  // partial blocks copied by Fork
+  int64_t chunks_grown = 0;
+  int64_t chunks_released = 0;
+  int64_t defrag_moves = 0;
+  DefragPauseStats defrag_pauses;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_KV_CACHE_STATS_H_

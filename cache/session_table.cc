@@ -1,0 +1,105 @@
+#include "cache/session_table.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvd {
+namespace {
+
+// This abseil build's string_view is its own type; heterogeneous lookup needs it.
+absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+SessionTable::SessionTable(const Clock* clock, absl::Duration idle_timeout)
+    : clock_(clock), idle_timeout_(idle_timeout) {}
+
+absl::StatusOr<Session*> SessionTable::Attach(std::string_view id) {
+  auto [it, inserted] = sessions_.try_emplace(Key(id));
+  Session& s = it->second;
+  if (inserted) {
+    s.id = std::string(id);
+    s.serial = next_serial_++;
+    s.attached = true;
+    s.last_use = clock_->Now();
+    return &s;
+  }
+  if (s.attached) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session \"", Key(id), "\" is in use by another running request"));
+  }
+  detached_.erase({s.last_use, s.id});
+  num_pinned_blocks_ -= static_cast<int64_t>(s.chain.size());
+  s.attached = true;
+  return &s;
+}
+
+bool SessionTable::Detach(std::string_view id, uint64_t serial, std::vector<BlockId> chain,
+                          std::vector<int32_t> tokens) {
+  auto it = sessions_.find(Key(id));
+  if (it == sessions_.end() || it->second.serial != serial || !it->second.attached) return false;
+  Session& s = it->second;
+  s.attached = false;
+  s.chain = std::move(chain);
+  s.tokens = std::move(tokens);
+  s.last_use = clock_->Now();
+  num_pinned_blocks_ += static_cast<int64_t>(s.chain.size());
+  detached_.insert({s.last_use, s.id});
+  return true;
+}
+
+SessionTable::Released SessionTable::Forget(std::string id, SessionReleaseReason reason) {
+  auto it = sessions_.find(Key(id));
+  Session& s = it->second;
+  Released r{s.id, {}, reason};
+  if (!s.attached) {
+    detached_.erase({s.last_use, s.id});
+    num_pinned_blocks_ -= static_cast<int64_t>(s.chain.size());
+    r.chain = std::move(s.chain);
+  }
+  sessions_.erase(it);
+  return r;
+}
+
+std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
+  std::vector<Released> out;
+  const absl::Time cutoff = clock_->Now() - idle_timeout_;
+  while (!detached_.empty() && detached_.begin()->first <= cutoff) {
+    out.push_back(Forget(detached_.begin()->second, SessionReleaseReason::kIdle));
+  }
+  return out;
+}
+
+std::vector<SessionTable::Released> SessionTable::EnforcePinCap(int64_t max_pinned_blocks) {
+  std::vector<Released> out;
+  while (num_pinned_blocks_ > max_pinned_blocks && !detached_.empty()) {
+    out.push_back(Forget(detached_.begin()->second, SessionReleaseReason::kPinCap));
+  }
+  return out;
+}
+
+std::optional<SessionTable::Released> SessionTable::Close(std::string_view id) {
+  auto it = sessions_.find(Key(id));
+  if (it == sessions_.end()) return std::nullopt;
+  return Forget(it->second.id, SessionReleaseReason::kClosed);
+}
+
+const Session* SessionTable::Find(std::string_view id) const {
+  auto it = sessions_.find(Key(id));
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+void SessionTable::ForEach(const std::function<void(const Session&)>& fn) const {
+  for (const auto& [id, s] : sessions_) fn(s);
+}
+
+void SessionTable::RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves) {
+  for (auto& [id, s] : sessions_) {
+    for (BlockId& b : s.chain) {
+      auto it = moves.find(b);
+      if (it != moves.end()) b = it->second;
+    }
+  }
+}
+
+}  // namespace kvd

@@ -1,0 +1,92 @@
+#ifndef KVD_CACHE_SESSION_TABLE_H_
+#define KVD_CACHE_SESSION_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/block_links.h"
+#include "cache/clock.h"
+
+namespace kvd {
+
+// Why a session's pinned chain was let go.
+enum class SessionReleaseReason { kIdle, kPinCap, kClosed };
+
+// One multi-turn session: between turns it pins the block chain that holds the KV of its
+// history so the next turn only prefills new tokens.
+struct Session {
+  std::string id;
+  uint64_t serial = 0;          // distinguishes a re-created session from an earlier one
+  bool attached = false;        // a live sequence holds the chain (not pinned now)
+  std::vector<BlockId> chain;   // pinned blocks, one reference each, in order
+  std::vector<int32_t> tokens;  // the tokens whose KV the chain holds
+  absl::Time last_use;          // when it was last detached
+};
+
+// SessionTable: session id -> pinned chain + token history + last use. It decides which
+// sessions to let go (idle past the timeout, over the pin cap oldest first, or closed)
+// and hands their chains back; the caller (KvCacheManager) owns the references and drops
+// them. A session is either attached (its chain is lent to one live sequence) or
+// detached (pinned). A released session is forgotten: its blocks stay in the prefix
+// index as ordinary cached blocks (lazy release), and the next turn starts it afresh.
+//
+// Not thread safe: the engine thread only. Does not own the clock.
+class SessionTable {
+ public:
+  struct Released {
+    std::string id;
+    std::vector<BlockId> chain;
+    SessionReleaseReason reason;
+  };
+
+  // REQUIRES: clock outlives the table.
+  SessionTable(const Clock* clock, absl::Duration idle_timeout);
+
+  // Attaches to session `id`, creating it when unknown, and lends the caller its pinned
+  // chain and tokens (moved out; the references go with them). FailedPrecondition when
+  // another sequence has it attached.
+  absl::StatusOr<Session*> Attach(std::string_view id);
+  // Detaches: `chain` (whose references the caller hands over) becomes the pinned chain.
+  // Returns false, taking nothing, when the session was released or re-created meanwhile.
+  bool Detach(std::string_view id, uint64_t serial, std::vector<BlockId> chain,
+              std::vector<int32_t> tokens);
+  // Detached sessions idle for at least the timeout, oldest first.
+  std::vector<Released> ExpireIdle();
+  // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned.
+  std::vector<Released> EnforcePinCap(int64_t max_pinned_blocks);
+  // nullopt for an unknown id. An attached session is forgotten at once; its sequence
+  // later frees its blocks as if it had no session.
+  std::optional<Released> Close(std::string_view id);
+
+  const Session* Find(std::string_view id) const;
+  int64_t num_pinned_blocks() const { return num_pinned_blocks_; }
+  int32_t num_sessions() const { return static_cast<int32_t>(sessions_.size()); }
+  absl::Duration idle_timeout() const { return idle_timeout_; }
+  void ForEach(const std::function<void(const Session&)>& fn) const;
+  // Rewrites pinned chains after defragmentation moved blocks (old id -> new id).
+  void RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves);
+
+ private:
+  Released Forget(std::string id, SessionReleaseReason reason);
+
+  const Clock* const clock_;
+  const absl::Duration idle_timeout_;
+  uint64_t next_serial_ = 1;
+  int64_t num_pinned_blocks_ = 0;
+  absl::flat_hash_map<std::string, Session> sessions_;
+  // Detached sessions by last use: expiry and the pin cap take the oldest first.
+  std::set<std::pair<absl::Time, std::string>> detached_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_CACHE_SESSION_TABLE_H_

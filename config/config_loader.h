@@ -1,0 +1,46 @@
+#ifndef KVD_CONFIG_CONFIG_LOADER_H_
+#define KVD_CONFIG_CONFIG_LOADER_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "config/inference_config.h"
+
+namespace kvd {
+
+// Reading and writing inference_config.yaml, and command-line overrides. Every key goes
+// through the one table in config_key.h, so the file and the flags parse and check a value
+// the same way. Errors are InvalidArgument (NotFound for a missing file) and name the key
+// path, the offending value and what is allowed; an unknown key is an error that names it and
+// suggests the closest known key. No exception leaves these functions. Thread compatible.
+
+// Parses a whole config document. Keys that are absent keep their defaults; an empty document
+// gives InferenceConfig{}. The result has passed Validate(). YAML syntax errors report the
+// line and column (1-based); a key's error reports the key's line.
+absl::StatusOr<InferenceConfig> ParseConfigYaml(std::string_view yaml);
+
+// ParseConfigYaml on the contents of the file at `path`; errors are prefixed with the path.
+absl::StatusOr<InferenceConfig> LoadConfigFile(const std::string& path);
+
+// Sets one key from its text form, e.g. ("kv_cache_config.block_size", "32"), with the same
+// parsing and per-key check as the YAML path. Does not run the checks between keys (such as
+// initial_size <= max_size): call config.Validate() after the last override. On error the
+// config is unchanged.
+absl::Status ApplyOverride(InferenceConfig& config, std::string_view dotted_key,
+                           std::string_view value);
+
+// Applies each "dotted.key=value" in order (as given to `kvd serve --set`), then Validate().
+// Stops at the first error.
+absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::string> assignments);
+
+// The whole config as YAML, every key present, in the README's order, values in their
+// canonical spelling (e.g. 16GB, 30s). ParseConfigYaml(DumpConfigYaml(c)) == c for any c
+// that passes Validate().
+std::string DumpConfigYaml(const InferenceConfig& config);
+
+}  // namespace kvd
+
+#endif  // KVD_CONFIG_CONFIG_LOADER_H_

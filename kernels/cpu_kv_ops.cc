@@ -1,0 +1,110 @@
+#include "kernels/cpu_kv_ops.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "kernels/kv_addressing.h"
+
+namespace kvd {
+namespace {
+
+// Bytes a parallel chunk should copy at least.
+constexpr int64_t kMinChunkBytes = int64_t{1} << 16;
+
+absl::Status Invalid(absl::string_view op, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+}  // namespace
+
+absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
+  constexpr absl::string_view kOp = "AppendKv";
+  if (p.num_tokens < 0) return Invalid(kOp, absl::StrCat("num_tokens is ", p.num_tokens));
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (absl::Status s = ValidateKvCacheView(kOp, p.cache); !s.ok()) return s;
+  if (p.k == nullptr) return Invalid(kOp, "k is null");
+  if (p.v == nullptr) return Invalid(kOp, "v is null");
+  if (p.slot_mapping == nullptr) return Invalid(kOp, "slot_mapping is null");
+  const KvCacheView& c = p.cache;
+  const int64_t width = int64_t{c.num_kv_heads} * c.head_dim;
+  if (p.k_stride < width || p.v_stride < width) {
+    return Invalid(kOp, absl::StrCat("k_stride (", p.k_stride, ") and v_stride (", p.v_stride,
+                                     ") must be >= num_kv_heads * head_dim (", width, ")"));
+  }
+  for (int32_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0) return Invalid(kOp, absl::StrCat("slot_mapping[", t, "] is ", slot));
+    if (absl::Status s =
+            ValidateBlockId(kOp, absl::StrCat("slot_mapping[", t, "]"), slot / c.block_size,
+                            c.chunks, c.num_chunks, c.chunk_shift);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t row_bytes = sizeof(float) * int64_t{c.head_dim};
+  const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / (2 * width * sizeof(float)));
+  pool.ParallelFor(p.num_tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t block = p.slot_mapping[t] / c.block_size;
+      const int64_t offset = p.slot_mapping[t] % c.block_size;
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        std::memcpy(KeyBlockHead(c, block, h) + offset * c.head_dim,
+                    p.k + t * p.k_stride + int64_t{h} * c.head_dim, row_bytes);
+        std::memcpy(ValueBlockHead(c, block, h) + offset * c.head_dim,
+                    p.v + t * p.v_stride + int64_t{h} * c.head_dim, row_bytes);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuCopyBlocks(const CopyBlocksParams& p, ThreadPool& pool) {
+  constexpr absl::string_view kOp = "CopyBlocks";
+  if (p.num_pairs < 0) return Invalid(kOp, absl::StrCat("num_pairs is ", p.num_pairs));
+  if (p.num_pairs == 0) return absl::OkStatus();
+  if (p.chunks == nullptr) return Invalid(kOp, "chunks is null");
+  if (p.src == nullptr) return Invalid(kOp, "src is null");
+  if (p.dst == nullptr) return Invalid(kOp, "dst is null");
+  if (p.num_regions <= 0 || p.block_bytes <= 0) {
+    return Invalid(kOp, absl::StrCat("num_regions (", p.num_regions, ") and block_bytes (",
+                                     p.block_bytes, ") must be positive"));
+  }
+  if (p.chunk_shift < 0 || p.chunk_shift > 30) {
+    return Invalid(kOp, absl::StrCat("chunk_shift must be in [0, 30], got ", p.chunk_shift));
+  }
+  if (p.chunk_region_bytes < (p.block_bytes << p.chunk_shift)) {
+    return Invalid(kOp, absl::StrCat("chunk_region_bytes (", p.chunk_region_bytes,
+                                     ") cannot hold 1 << chunk_shift blocks of block_bytes (",
+                                     p.block_bytes, ")"));
+  }
+  // CopyBlocksParams carries no chunk count, so the upper bound of an id cannot be checked
+  // here (see the header); negative ids and ids in a null chunk are rejected.
+  for (int32_t i = 0; i < p.num_pairs; ++i) {
+    for (int64_t block : {int64_t{p.src[i]}, int64_t{p.dst[i]}}) {
+      if (block < 0) return Invalid(kOp, absl::StrCat("pair ", i, " names block ", block));
+      if (p.chunks[block >> p.chunk_shift] == nullptr) {
+        return Invalid(kOp, absl::StrCat("pair ", i, " names block ", block,
+                                         " in released (null) chunk ", block >> p.chunk_shift));
+      }
+    }
+  }
+  const int64_t pair_bytes = p.block_bytes * p.num_regions;
+  pool.ParallelFor(p.num_pairs, std::max<int64_t>(1, kMinChunkBytes / pair_bytes),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t i = begin; i < end; ++i) {
+                       for (int32_t r = 0; r < p.num_regions; ++r) {
+                         const int64_t region = int64_t{r} * p.chunk_region_bytes;
+                         std::memcpy(
+                             BlockAddress(p.chunks, p.chunk_shift, region, p.block_bytes, p.dst[i]),
+                             BlockAddress(p.chunks, p.chunk_shift, region, p.block_bytes, p.src[i]),
+                             p.block_bytes);
+                       }
+                     }
+                   });
+  return absl::OkStatus();
+}
+
+}  // namespace kvd

@@ -1,0 +1,180 @@
+#include "kernels/cpu_paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/kv_addressing.h"
+
+namespace kvd {
+namespace {
+
+constexpr int kLanes = 8;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+// Score or value multiply-adds a parallel chunk should hold at least.
+constexpr int64_t kMinChunkWork = int64_t{1} << 15;
+
+// Vectors go through pointers and references only: these helpers are always inlined,
+// and a by-value vector would change the ABI between the generic and AVX2 builds.
+inline void LoadVec(const float* p, Vec* v) { std::memcpy(v, p, sizeof(*v)); }
+
+// Dot product in a fixed order: 8 lane sums, a fixed reduction tree, then the tail.
+inline float Dot(const float* a, const float* b, int n) {
+  Vec acc{};
+  const int n_main = n - n % kLanes;
+  for (int i = 0; i < n_main; i += kLanes) {
+    Vec x, y;
+    LoadVec(a + i, &x);
+    LoadVec(b + i, &y);
+    acc += x * y;
+  }
+  float tail = 0.0f;
+  for (int i = n_main; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail;
+}
+
+int64_t KvLen(const BlockTableView& b, int32_t block_size, int32_t s) {
+  return int64_t{b.indptr[s + 1] - b.indptr[s] - 1} * block_size + b.last_block_len[s];
+}
+
+absl::Status Invalid(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", what));
+}
+
+absl::Status Validate(const PagedAttentionParams& p) {
+  if (p.blocks.num_seqs < 0) return Invalid(absl::StrCat("blocks.num_seqs is ", p.blocks.num_seqs));
+  if (p.blocks.num_seqs == 0) return absl::OkStatus();
+  if (absl::Status s = ValidateKvCacheView("PagedAttention", p.cache); !s.ok()) return s;
+  if (p.out == nullptr) return Invalid("out is null");
+  if (p.q == nullptr) return Invalid("q is null");
+  if (p.q_indptr == nullptr) return Invalid("q_indptr is null");
+  if (p.blocks.indptr == nullptr) return Invalid("blocks.indptr is null");
+  if (p.blocks.indices == nullptr) return Invalid("blocks.indices is null");
+  if (p.blocks.last_block_len == nullptr) return Invalid("blocks.last_block_len is null");
+  if (p.num_q_heads <= 0 || p.num_q_heads % p.cache.num_kv_heads != 0) {
+    return Invalid(absl::StrCat("num_q_heads (", p.num_q_heads,
+                                ") must be a positive multiple of cache.num_kv_heads (",
+                                p.cache.num_kv_heads, ")"));
+  }
+  const int64_t width = int64_t{p.num_q_heads} * p.cache.head_dim;
+  if (p.q_stride < width || p.out_stride < width) {
+    return Invalid(absl::StrCat("q_stride (", p.q_stride, ") and out_stride (", p.out_stride,
+                                ") must be >= num_q_heads * head_dim (", width, ")"));
+  }
+  const BlockTableView& b = p.blocks;
+  if (p.q_indptr[0] < 0 || b.indptr[0] < 0) return Invalid("q_indptr[0] or blocks.indptr[0] < 0");
+  for (int32_t s = 0; s < b.num_seqs; ++s) {
+    const int32_t q_len = p.q_indptr[s + 1] - p.q_indptr[s];
+    const int32_t num_blocks = b.indptr[s + 1] - b.indptr[s];
+    if (q_len < 0) return Invalid(absl::StrCat("q_indptr decreases at sequence ", s));
+    if (num_blocks < 0) return Invalid(absl::StrCat("blocks.indptr decreases at sequence ", s));
+    for (int32_t i = b.indptr[s]; i < b.indptr[s + 1]; ++i) {
+      if (absl::Status st =
+              ValidateBlockId("PagedAttention", "blocks.indices", b.indices[i], p.cache.chunks,
+                              p.cache.num_chunks, p.cache.chunk_shift);
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (q_len == 0) continue;
+    if (num_blocks == 0) return Invalid(absl::StrCat("sequence ", s, " has queries but no blocks"));
+    if (b.last_block_len[s] < 1 || b.last_block_len[s] > p.cache.block_size) {
+      return Invalid(absl::StrCat("blocks.last_block_len[", s, "] is ", b.last_block_len[s],
+                                  ", not in [1, block_size=", p.cache.block_size, "]"));
+    }
+    if (p.causal && q_len > KvLen(b, p.cache.block_size, s)) {
+      return Invalid(absl::StrCat("sequence ", s, " has q_len ", q_len, " > kv_len ",
+                                  KvLen(b, p.cache.block_size, s), " with causal"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Attention of one query row of sequence `seq` (row `j` of its q_len) for query head `h`.
+// `scores` is scratch of at least the sequence's kv_len floats.
+void AttendOne(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t j, int32_t h,
+               float* scores) {
+  const KvCacheView& c = p.cache;
+  const int32_t hd = c.head_dim;
+  const int32_t bs = c.block_size;
+  const int32_t kv_head = h / (p.num_q_heads / c.num_kv_heads);
+  const int64_t q_len = p.q_indptr[seq + 1] - p.q_indptr[seq];
+  const int64_t kv_len = KvLen(p.blocks, bs, seq);
+  const int64_t num_visible = p.causal ? kv_len - q_len + j + 1 : kv_len;
+  const int32_t* table = p.blocks.indices + p.blocks.indptr[seq];
+  const float* q = p.q + row * p.q_stride + int64_t{h} * hd;
+  float* out = p.out + row * p.out_stride + int64_t{h} * hd;
+
+  // Pass 1: scaled scores, block by block.
+  float max_score = -INFINITY;
+  for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
+    const float* k = KeyBlockHead(c, table[t0 / bs], kv_head);
+    const int64_t n = std::min<int64_t>(bs, num_visible - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const float s = Dot(q, k + i * hd, hd) * p.sm_scale;
+      scores[t0 + i] = s;
+      max_score = std::max(max_score, s);
+    }
+  }
+  // Softmax with the max subtracted, so exp never overflows.
+  float sum = 0.0f;
+  for (int64_t t = 0; t < num_visible; ++t) {
+    scores[t] = std::exp(scores[t] - max_score);
+    sum += scores[t];
+  }
+  for (int64_t t = 0; t < num_visible; ++t) scores[t] /= sum;
+  // Pass 2: probability-weighted V rows, in key order.
+  std::fill(out, out + hd, 0.0f);
+  for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
+    const float* v = ValueBlockHead(c, table[t0 / bs], kv_head);
+    const int64_t n = std::min<int64_t>(bs, num_visible - t0);
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = scores[t0 + i];
+      const float* vr = v + i * hd;
+      for (int32_t d = 0; d < hd; ++d) out[d] += w * vr[d];
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  const int32_t num_seqs = p.blocks.num_seqs;
+  if (num_seqs == 0) return absl::OkStatus();
+
+  // Rows are q_indptr[0] .. q_indptr[num_seqs]; map each to its sequence.
+  const int64_t first_row = p.q_indptr[0];
+  const int64_t num_rows = p.q_indptr[num_seqs] - first_row;
+  std::vector<int32_t> row_seq(num_rows);
+  int64_t max_kv_len = 0;
+  int64_t total_work = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = p.q_indptr[s + 1] - p.q_indptr[s];
+    if (q_len == 0) continue;
+    std::fill(row_seq.begin() + (p.q_indptr[s] - first_row),
+              row_seq.begin() + (p.q_indptr[s + 1] - first_row), s);
+    const int64_t kv_len = KvLen(p.blocks, p.cache.block_size, s);
+    max_kv_len = std::max(max_kv_len, kv_len);
+    total_work += q_len * kv_len;
+  }
+  const int64_t num_items = num_rows * p.num_q_heads;
+  if (num_items == 0) return absl::OkStatus();
+  const int64_t work_per_item = std::max<int64_t>(1, total_work * 2 * p.cache.head_dim / num_rows);
+  const int64_t grain = std::max<int64_t>(1, kMinChunkWork / work_per_item);
+  pool.ParallelFor(num_items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(max_kv_len);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row = first_row + item / p.num_q_heads;
+      const int32_t h = static_cast<int32_t>(item % p.num_q_heads);
+      const int32_t s = row_seq[row - first_row];
+      AttendOne(p, s, row, row - p.q_indptr[s], h, scores.data());
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace kvd

@@ -1,0 +1,29 @@
+#ifndef KVD_KERNELS_CPU_PAGED_ATTENTION_H_
+#define KVD_KERNELS_CPU_PAGED_ATTENTION_H_
+
+#include "absl/status/status.h"
+#include "kernels/params.h"
+#include "kernels/thread_pool.h"
+
+namespace kvd {
+
+// The CPU backend's paged attention (PagedAttentionParams): for every query row and query
+// head, softmax(sm_scale * q . K^T) V over the keys the row may see, reading K and V
+// through the sequence's CSR block table and the KvCacheView chunk addressing.
+//
+// Each (query row, query head) pair is one independent work item computed in fp32 by the
+// same code: scores in key order, a max-subtracted (numerically stable) softmax, then the
+// probability-weighted sum of V rows in key order. Items run in parallel on `pool`, so the
+// output is bitwise independent of the thread count and of the rest of the batch.
+//
+// Validation (InvalidArgument naming the field, nothing written): null pointers, a
+// non-positive head count or head_dim, num_kv_heads not dividing num_q_heads, strides
+// narrower than the heads, decreasing indptr, a sequence with queries but no blocks,
+// last_block_len outside [1, block_size], causal q_len > kv_len, a block id outside the
+// arena or in a null chunk. Unimplemented for a cache dtype other than f32.
+// num_seqs == 0 is a no-op. Thread safe if `pool` is.
+absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool);
+
+}  // namespace kvd
+
+#endif  // KVD_KERNELS_CPU_PAGED_ATTENTION_H_

@@ -1,0 +1,144 @@
+#include "kernels/cuda/blas_gemm.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "kernels/cuda/cuda_status.h"
+
+namespace kvd {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic must not assume
+// more alignment than the pointers have.
+int Alignment(const void* ptr) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  int alignment = 1;
+  while (alignment < 256 && address % (2 * alignment) == 0) alignment *= 2;
+  return alignment;
+}
+
+}  // namespace
+
+struct BlasGemm::Plan {
+  bool use_lt = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;  // weight, k x n column-major, op T
+  cublasLtMatrixLayout_t b = nullptr;  // in, k x m column-major
+  cublasLtMatrixLayout_t c = nullptr;  // out, n x m column-major
+  cublasLtMatmulAlgo_t algo{};
+
+  ~Plan() {
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<BlasGemm>> BlasGemm::Create(cudaStream_t stream) {
+  cublasLtHandle_t lt = nullptr;
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtCreate(&lt), "BlasGemm: cublasLtCreate");
+  cublasHandle_t blas = nullptr;
+  if (absl::Status s = CublasStatus(cublasCreate(&blas), "BlasGemm: cublasCreate"); !s.ok()) {
+    cublasLtDestroy(lt);
+    return s;
+  }
+  void* workspace = nullptr;
+  absl::Status s = CudaStatus(cudaMalloc(&workspace, kWorkspaceBytes), "BlasGemm: workspace");
+  if (s.ok()) s = CublasStatus(cublasSetStream(blas, stream), "BlasGemm: cublasSetStream");
+  if (!s.ok()) {
+    if (workspace != nullptr) cudaFree(workspace);
+    cublasDestroy(blas);
+    cublasLtDestroy(lt);
+    return s;
+  }
+  return std::unique_ptr<BlasGemm>(new BlasGemm(stream, lt, blas, workspace));
+}
+
+BlasGemm::BlasGemm(cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas, void* workspace)
+    : stream_(stream), lt_(lt), blas_(blas), workspace_(workspace) {}
+
+BlasGemm::~BlasGemm() {
+  plans_.clear();
+  cudaFree(workspace_);
+  cublasDestroy(blas_);
+  cublasLtDestroy(lt_);
+}
+
+absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  const auto [m, n, k, accumulate, align_in, align_weight, align_out] = key;
+  auto plan = std::make_unique<Plan>();
+  constexpr const char* kOp = "Matmul: cuBLASLt plan";
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                             kOp);
+  const cublasOperation_t trans_a = CUBLAS_OP_T;
+  const cublasOperation_t trans_b = CUBLAS_OP_N;
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                            &trans_a, sizeof(trans_a)),
+                             kOp);
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                            &trans_b, sizeof(trans_b)),
+                             kOp);
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, k), kOp);
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, k), kOp);
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, n, m, n), kOp);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatmulPreferenceCreate(&pref), kOp);
+  const uint64_t workspace_bytes = kWorkspaceBytes;
+  const uint32_t aligns[4] = {static_cast<uint32_t>(align_weight), static_cast<uint32_t>(align_in),
+                              static_cast<uint32_t>(align_out), static_cast<uint32_t>(align_out)};
+  const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes));
+  for (int i = 0; i < 4 && status == CUBLAS_STATUS_SUCCESS; ++i) {
+    status =
+        cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof(aligns[i]));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int num_results = 0;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c, plan->c,
+                                            pref, 1, &result, &num_results);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (status == CUBLAS_STATUS_SUCCESS && num_results > 0) {
+    plan->use_lt = true;
+    plan->algo = result.algo;
+  } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    return CublasStatus(status, kOp);
+  }
+  // Otherwise no cuBLASLt algorithm fits: Run takes the cublasGemmEx path.
+  const Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
+
+absl::Status BlasGemm::Run(float* out, const void* in, const void* weight, int m, int n, int k,
+                           bool accumulate) {
+  if (m == 0) return absl::OkStatus();
+  const PlanKey key{m, n, k, accumulate, Alignment(in), Alignment(weight), Alignment(out)};
+  absl::StatusOr<const Plan*> plan = GetPlan(key);
+  if (!plan.ok()) return plan.status();
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if ((*plan)->use_lt) {
+    KVD_RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(lt_, (*plan)->desc, &alpha, weight, (*plan)->a, in,
+                                              (*plan)->b, &beta, out, (*plan)->c, out, (*plan)->c,
+                                              &(*plan)->algo, workspace_, kWorkspaceBytes, stream_),
+                               "Matmul: cublasLtMatmul");
+    return absl::OkStatus();
+  }
+  KVD_RETURN_IF_CUBLAS_ERROR(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, weight,
+                                          CUDA_R_16BF, k, in, CUDA_R_16BF, k, &beta, out,
+                                          CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             "Matmul: cublasGemmEx");
+  return absl::OkStatus();
+}
+
+}  // namespace kvd

@@ -1,0 +1,58 @@
+#ifndef KVD_KERNELS_CUDA_BLAS_GEMM_H_
+#define KVD_KERNELS_CUDA_BLAS_GEMM_H_
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvd {
+
+// BlasGemm computes out[m][n] = in[m][:] . weight[n][:] (+ out[m][n] when accumulating) with
+// bf16 `in` and `weight`, fp32 `out` and fp32 accumulation, on one stream.
+//
+// Row-major out[m][n] is column-major out^T (n x m), so each call is the column-major
+// product  out^T = weight^T(op T, stored k x n) * in^T (stored k x m): cuBLAS's "TN" case.
+// cuBLASLt runs it with a plan (descriptors + heuristic algorithm) cached per shape,
+// accumulate flag and pointer alignment; where cuBLASLt offers no algorithm (odd shapes or
+// alignments) the call falls back to cublasGemmEx.
+//
+// Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
+class BlasGemm {
+ public:
+  // REQUIRES: the current device is the one `stream` belongs to.
+  static absl::StatusOr<std::unique_ptr<BlasGemm>> Create(cudaStream_t stream);
+  ~BlasGemm();
+  BlasGemm(const BlasGemm&) = delete;
+  BlasGemm& operator=(const BlasGemm&) = delete;
+
+  // Enqueues the product on the stream. REQUIRES: device pointers; in is [m][k] bf16,
+  // weight [n][k] bf16, out [m][n] fp32; m >= 0, n > 0, k > 0.
+  absl::Status Run(float* out, const void* in, const void* weight, int m, int n, int k,
+                   bool accumulate);
+
+ private:
+  struct Plan;
+  // (m, n, k, accumulate, alignment of in, weight and out in bytes, up to 256)
+  using PlanKey = std::tuple<int, int, int, bool, int, int, int>;
+
+  BlasGemm(cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas, void* workspace);
+  absl::StatusOr<const Plan*> GetPlan(const PlanKey& key);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_;
+  cublasHandle_t blas_;
+  void* workspace_;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_KERNELS_CUDA_BLAS_GEMM_H_

@@ -1,0 +1,306 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/blas_gemm.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/kv_cache_kernels.h"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace kvd {
+namespace {
+
+// fp32 values staged on the device per UploadWeights round (64 MiB).
+constexpr size_t kUploadChunkFloats = size_t{16} << 20;
+// Persistent prefill CTAs per multiprocessor.
+constexpr int kPrefillCtasPerSm = 4;
+
+bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+bool IsStorageDtype(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+size_t ElementBytes(DType t) { return static_cast<size_t>(DTypeBits(t) / 8); }
+
+size_t AlignUp(size_t x, size_t alignment) { return (x + alignment - 1) / alignment * alignment; }
+
+absl::Status Unsupported(absl::string_view op, absl::string_view what, DType t) {
+  return absl::UnimplementedError(absl::StrCat(op, ": ", what, " ", std::string(DTypeName(t)),
+                                               " is not supported (f32, bf16)"));
+}
+
+absl::Status Invalid(absl::string_view op, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+// The KV view checks shared by AppendKv and PagedAttention.
+absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
+  if (!IsStorageDtype(c.dtype)) return Unsupported(op, "KV dtype", c.dtype);
+  if (c.chunks == nullptr || c.num_chunks <= 0) return Invalid(op, "empty chunk table");
+  if (c.num_kv_heads <= 0 || c.head_dim <= 0 || c.block_size <= 0) {
+    return Invalid(op, "num_kv_heads, head_dim and block_size must be positive");
+  }
+  if (c.chunk_shift < 0 || c.chunk_shift > 30) return Invalid(op, "chunk_shift outside [0, 30]");
+  const int64_t needed = int64_t{c.num_kv_heads} * c.block_size * c.head_dim *
+                         static_cast<int64_t>(ElementBytes(c.dtype));
+  if (c.block_bytes < needed) {
+    return Invalid(op, absl::StrCat("block_bytes ", c.block_bytes, " < ", needed));
+  }
+  if (c.k_offset_bytes < 0 || c.v_offset_bytes < 0) return Invalid(op, "negative region offset");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
+  const int count = CudaDeviceCount();
+  if (device_index < 0 || device_index >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("CudaBackend: device ", device_index, " requested, ", count, " visible"));
+  }
+  KVD_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_index), "CudaBackend: cudaSetDevice");
+  int num_sms = 0;
+  KVD_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device_index),
+      "CudaBackend: multiprocessor count");
+  cudaStream_t stream = nullptr;
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                           "CudaBackend: cudaStreamCreate");
+  absl::StatusOr<std::unique_ptr<BlasGemm>> gemm = BlasGemm::Create(stream);
+  if (!gemm.ok()) {
+    cudaStreamDestroy(stream);
+    return gemm.status();
+  }
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(device_index, num_sms, stream, *std::move(gemm)));
+}
+
+CudaBackend::CudaBackend(int device_index, int num_sms, cudaStream_t stream,
+                         std::unique_ptr<BlasGemm> gemm)
+    : device_index_(device_index), num_sms_(num_sms), stream_(stream), gemm_(std::move(gemm)) {}
+
+CudaBackend::~CudaBackend() {
+  // Teardown cannot report errors; a fault already surfaced through an earlier call.
+  cudaSetDevice(device_index_);
+  cudaStreamSynchronize(stream_);
+  gemm_.reset();
+  cudaFree(matmul_input_.data);
+  cudaFree(attention_.data);
+  cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::Activate(absl::string_view op) {
+  return CudaStatus(cudaSetDevice(device_index_), op);
+}
+
+absl::Status CudaBackend::Grow(Scratch& scratch, size_t bytes, absl::string_view op) {
+  if (scratch.bytes >= bytes) return absl::OkStatus();
+  // cudaFree waits for the device, so kernels still reading the old buffer finish first.
+  KVD_RETURN_IF_CUDA_ERROR(cudaFree(scratch.data), op);
+  scratch = Scratch{};
+  const size_t grown = std::max(bytes, size_t{1} << 20);
+  KVD_RETURN_IF_CUDA_ERROR(cudaMalloc(&scratch.data, grown), op);
+  scratch.bytes = grown;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  if (absl::Status s = Activate("Allocate"); !s.ok()) return s;
+  if (bytes == 0) return DeviceBuffer();
+  void* data = nullptr;
+  KVD_RETURN_IF_CUDA_ERROR(cudaMalloc(&data, bytes), absl::StrCat("Allocate(", bytes, ")"));
+  return DeviceBuffer(this, data, bytes);
+}
+
+void CudaBackend::Free(void* data, size_t /*bytes*/) {
+  // Free cannot report errors (DeviceBuffer's destructor); cudaFree of a pointer from
+  // Allocate only fails after an earlier fault, which ops have already reported.
+  cudaSetDevice(device_index_);
+  cudaFree(data);
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = Activate("CopyToDevice"); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  KVD_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+                           "CopyToDevice");
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CopyToDevice: synchronize");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = Activate("CopyToHost"); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  KVD_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                           "CopyToHost");
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CopyToHost: synchronize");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  if (absl::Status s = Activate("Synchronize"); !s.ok()) return s;
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "Synchronize");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::UploadWeights(const float* host, size_t count) {
+  absl::StatusOr<DeviceBuffer> weights = Allocate(count * 2);
+  if (!weights.ok() || count == 0) return weights;
+  absl::StatusOr<DeviceBuffer> staging = Allocate(std::min(count, kUploadChunkFloats) * 4);
+  if (!staging.ok()) return staging.status();
+  for (size_t begin = 0; begin < count; begin += kUploadChunkFloats) {
+    const size_t n = std::min(kUploadChunkFloats, count - begin);
+    KVD_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(staging->data(), host + begin, n * 4, cudaMemcpyHostToDevice, stream_),
+        "UploadWeights: copy");
+    KVD_RETURN_IF_CUDA_ERROR(
+        cuda::LaunchF32ToBf16(weights->as<char>() + begin * 2, staging->as<float>(),
+                              static_cast<int64_t>(n), stream_),
+        "UploadWeights: convert");
+  }
+  // The staging buffer is freed on return: the conversions must be done with it.
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "UploadWeights: synchronize");
+  return weights;
+}
+
+absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
+  constexpr absl::string_view kOp = "Embedding";
+  if (!IsStorageDtype(p.table_dtype)) return Unsupported(kOp, "table dtype", p.table_dtype);
+  if (p.num_tokens < 0 || p.dim <= 0 || p.vocab_size <= 0) return Invalid(kOp, "bad shape");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchEmbedding(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
+  constexpr absl::string_view kOp = "RmsNorm";
+  if (!IsStorageDtype(p.weight_dtype)) return Unsupported(kOp, "weight dtype", p.weight_dtype);
+  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchRmsNorm(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::Matmul(const MatmulParams& p) {
+  constexpr absl::string_view kOp = "Matmul";
+  if (p.weight_dtype != DType::kBF16) {
+    return absl::UnimplementedError(absl::StrCat(kOp, ": weight dtype ",
+                                                 std::string(DTypeName(p.weight_dtype)),
+                                                 " (the CUDA backend stores bf16)"));
+  }
+  if (p.m < 0 || p.n <= 0 || p.k <= 0) return Invalid(kOp, "bad shape");
+  if (p.m == 0) return absl::OkStatus();
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  const int64_t input_count = int64_t{p.m} * p.k;
+  if (absl::Status s = Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp); !s.ok()) {
+    return s;
+  }
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchF32ToBf16(matmul_input_.data, p.in, input_count, stream_),
+                           "Matmul: input to bf16");
+  return gemm_->Run(p.out, matmul_input_.data, p.weight, p.m, p.n, p.k, p.accumulate);
+}
+
+absl::Status CudaBackend::Rope(const RopeParams& p) {
+  constexpr absl::string_view kOp = "Rope";
+  if (p.num_tokens < 0 || p.head_dim <= 0 || p.head_dim % 2 != 0 || p.num_q_heads < 0 ||
+      p.num_kv_heads < 0) {
+    return Invalid(kOp, "bad shape (head_dim must be even)");
+  }
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
+  constexpr absl::string_view kOp = "SiluMul";
+  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchSiluMul(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
+  constexpr absl::string_view kOp = "AppendKv";
+  if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
+  if (p.num_tokens < 0) return Invalid(kOp, "negative num_tokens");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchAppendKv(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
+  constexpr absl::string_view kOp = "PagedAttention";
+  const KvCacheView& c = p.cache;
+  if (absl::Status s = ValidateCacheView(kOp, c); !s.ok()) return s;
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return absl::UnimplementedError(
+        absl::StrCat(kOp, ": head_dim ", c.head_dim, " (kernels exist for 64 and 128)"));
+  }
+  if (!IsPowerOfTwo(c.block_size)) {
+    return Invalid(kOp, absl::StrCat("block_size ", c.block_size, " is not a power of two"));
+  }
+  if (p.num_q_heads <= 0 || p.num_q_heads % c.num_kv_heads != 0) {
+    return Invalid(kOp,
+                   absl::StrCat("num_q_heads ", p.num_q_heads,
+                                " is not a positive multiple of num_kv_heads ", c.num_kv_heads));
+  }
+  if (c.k_offset_bytes % 16 != 0 || c.v_offset_bytes % 16 != 0 || c.block_bytes % 16 != 0) {
+    return Invalid(kOp, "K/V region offsets and block_bytes must be multiples of 16 bytes");
+  }
+  const int64_t row = int64_t{p.num_q_heads} * c.head_dim;
+  if (p.q_stride < row || p.out_stride < row) return Invalid(kOp, "q/out stride < heads*dim");
+  if (p.blocks.num_seqs < 0) return Invalid(kOp, "negative num_seqs");
+  if (p.blocks.num_seqs == 0) return absl::OkStatus();
+  if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+
+  // Workspace: [tile_indptr (num_seqs + 1 ints)] [partial lse] [partial out], 256-aligned.
+  const int num_seqs = p.blocks.num_seqs;
+  const int group = p.num_q_heads / c.num_kv_heads;
+  const int max_splits = cuda::DecodeMaxSplits(num_seqs, c.num_kv_heads, group, num_sms_);
+  const size_t indptr_bytes = AlignUp(sizeof(int32_t) * (num_seqs + 1), 256);
+  const size_t lse_bytes =
+      AlignUp(sizeof(float) * cuda::DecodePartialLseSize(num_seqs, max_splits, p.num_q_heads), 256);
+  const size_t out_bytes =
+      sizeof(float) * cuda::DecodePartialOutSize(num_seqs, max_splits, p.num_q_heads, c.head_dim);
+  const size_t total_bytes = indptr_bytes + (max_splits > 1 ? lse_bytes + out_bytes : 0);
+  if (absl::Status s = Grow(attention_, total_bytes, kOp); !s.ok()) return s;
+  char* base = static_cast<char*>(attention_.data);
+  cuda::DecodeWorkspace ws;
+  ws.max_splits = max_splits;
+  if (max_splits > 1) {
+    ws.partial_lse = reinterpret_cast<float*>(base + indptr_bytes);
+    ws.partial_out = reinterpret_cast<float*>(base + indptr_bytes + lse_bytes);
+  }
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
+                           "PagedAttention: decode kernel");
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
+                                                        num_sms_ * kPrefillCtasPerSm, stream_),
+                           "PagedAttention: prefill kernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
+  constexpr absl::string_view kOp = "CopyBlocks";
+  if (p.num_pairs < 0 || p.num_regions < 0 || p.block_bytes < 0 || p.chunk_region_bytes < 0) {
+    return Invalid(kOp, "negative size");
+  }
+  if (p.num_pairs == 0) return absl::OkStatus();
+  if (p.chunks == nullptr || p.src == nullptr || p.dst == nullptr) {
+    return Invalid(kOp, "null chunk table or block list");
+  }
+  if (p.num_regions > 65535) return Invalid(kOp, "more than 65535 regions");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchCopyBlocks(p, stream_), kOp);
+}
+
+}  // namespace kvd

@@ -1,0 +1,104 @@
+#ifndef KVD_KERNELS_CUDA_CUDA_BACKEND_H_
+#define KVD_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace kvd {
+
+class BlasGemm;
+
+// Number of CUDA devices visible to this process; 0 when there is no driver or no GPU
+// (never fails, never aborts). Thread safe.
+int CudaDeviceCount();
+
+// CudaBackend runs the Backend ops on one GPU, in issue order on one non-blocking stream.
+//
+// Memory: Allocate is plain cudaMalloc (never managed), Free is cudaFree. Copies are
+// cudaMemcpyAsync on the stream followed by a stream synchronization, so host buffers
+// may be reused as soon as a copy returns. Ops are only enqueued: a kernel fault surfaces
+// as an error from a later copy or Synchronize(), naming the CUDA error.
+//
+// Dtypes: weights are stored as bf16 (UploadWeights converts fp32 on the device);
+// activations are fp32; the KV cache is bf16 or f32 (f32 lets tests compare tightly with
+// the CPU reference). Matmul converts its fp32 input to a bf16 scratch buffer owned by the
+// backend and multiplies bf16 x bf16 with fp32 accumulation in cuBLASLt.
+//
+// Every pointer in the params is device memory, including the KV chunk table
+// (KvCacheView::chunks, CopyBlocksParams::chunks), block tables, q_indptr, positions and
+// slot mappings. Chunk bases must be 16-byte aligned (Allocate's are 256-byte aligned).
+//
+// Ownership: owns its stream, BLAS handles and scratch buffers; buffers it hands out must
+// be released (DeviceBuffer does it) before the backend is destroyed. Not thread safe: one
+// engine thread drives a backend.
+class CudaBackend final : public Backend {
+ public:
+  // Makes `device_index` current on the calling thread and sets up the stream and handles.
+  // Unavailable when there is no such device.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  int device_index() const { return device_index_; }
+  int num_sms() const { return num_sms_; }
+  // The stream every op is enqueued on (for timing with events and for graph capture).
+  cudaStream_t stream() const { return stream_; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+  DType weight_dtype() const override { return DType::kBF16; }
+  absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) override;
+
+  // REQUIRES for every op: the params' shapes are consistent and their pointers are device
+  // memory of this backend. Unsupported dtypes or sizes return InvalidArgument or
+  // Unimplemented without launching anything.
+  absl::Status Embedding(const EmbeddingParams& p) override;
+  absl::Status RmsNorm(const RmsNormParams& p) override;
+  // REQUIRES: weight_dtype is kBF16.
+  absl::Status Matmul(const MatmulParams& p) override;
+  absl::Status Rope(const RopeParams& p) override;
+  absl::Status SiluMul(const SiluMulParams& p) override;
+  absl::Status AppendKv(const AppendKvParams& p) override;
+  // Decode rows (q_len 1) go to the split-KV decode kernel, longer chunks to the prefill
+  // kernel; both are enqueued without a host round trip. REQUIRES: head_dim 64 or 128,
+  // block_size a power of two, num_q_heads a multiple of num_kv_heads.
+  absl::Status PagedAttention(const PagedAttentionParams& p) override;
+  absl::Status CopyBlocks(const CopyBlocksParams& p) override;
+
+ protected:
+  void Free(void* data, size_t bytes) override;
+
+ private:
+  // A device buffer that only grows; reused across calls on the stream.
+  struct Scratch {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  CudaBackend(int device_index, int num_sms, cudaStream_t stream, std::unique_ptr<BlasGemm> gemm);
+  // Makes this backend's device current on the calling thread.
+  absl::Status Activate(absl::string_view op);
+  absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
+
+  const int device_index_;
+  const int num_sms_;
+  cudaStream_t stream_;
+  std::unique_ptr<BlasGemm> gemm_;
+  Scratch matmul_input_;  // bf16 copy of Matmul's input
+  Scratch attention_;     // decode split partials and the prefill tile plan
+};
+
+}  // namespace kvd
+
+#endif  // KVD_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,41 @@
+#include "kernels/cuda/cuda_status.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd {
+
+absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  std::string message =
+      absl::StrCat(op, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")");
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+      return absl::InvalidArgumentError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status CublasStatus(cublasStatus_t err, absl::string_view op) {
+  if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  std::string message =
+      absl::StrCat(op, ": ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")");
+  switch (err) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(message);
+    case CUBLAS_STATUS_INVALID_VALUE:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace kvd

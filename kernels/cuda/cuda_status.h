@@ -1,0 +1,39 @@
+#ifndef KVD_KERNELS_CUDA_CUDA_STATUS_H_
+#define KVD_KERNELS_CUDA_CUDA_STATUS_H_
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace kvd {
+
+// Turns a CUDA runtime result into a Status naming the failed operation, e.g.
+// "PagedAttention: decode kernel: an illegal memory access was encountered
+// (cudaErrorIllegalAddress)". OK for cudaSuccess. Thread safe.
+absl::Status CudaStatus(cudaError_t err, absl::string_view op);
+
+// As CudaStatus, for cuBLAS and cuBLASLt results.
+absl::Status CublasStatus(cublasStatus_t err, absl::string_view op);
+
+}  // namespace kvd
+
+// Evaluates a cudaError_t / cublasStatus_t expression and returns its Status from the
+// enclosing function when it failed. `op` names the backend operation for the message.
+#define KVD_RETURN_IF_CUDA_ERROR(expr, op)                                                 \
+  do {                                                                                     \
+    if (::absl::Status kvd_status_ = ::kvd::CudaStatus((expr), (op)); !kvd_status_.ok()) { \
+      return kvd_status_;                                                                  \
+    }                                                                                      \
+  } while (0)
+
+#define KVD_RETURN_IF_CUBLAS_ERROR(expr, op)                                                 \
+  do {                                                                                       \
+    if (::absl::Status kvd_status_ = ::kvd::CublasStatus((expr), (op)); !kvd_status_.ok()) { \
+      return kvd_status_;                                                                    \
+    }                                                                                        \
+  } while (0)
+
+#endif  // KVD_KERNELS_CUDA_CUDA_STATUS_H_

@@ -1,0 +1,144 @@
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/paged_kv.cuh"
+
+namespace kvd::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+template <typename T>
+__global__ void EmbeddingKernel(EmbeddingParams p) {
+  const int t = blockIdx.x;
+  const int32_t id = p.token_ids[t];
+  float* out = p.out + int64_t{t} * p.dim;
+  if (id < 0 || id >= p.vocab_size) {
+    for (int i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = __int_as_float(0x7fffffff);
+    return;
+  }
+  const T* row = static_cast<const T*>(p.table) + int64_t{id} * p.dim;
+  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = ToFloat(row[i]);
+}
+
+// Sum of `v` over the CTA; every thread gets the result. `scratch` holds one float per warp.
+__device__ float BlockSum(float v, float* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x / 32;
+  float total = 0.0f;
+  for (int w = 0; w < num_warps; ++w) total += scratch[w];
+  return total;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
+  __shared__ float scratch[kRowThreads / 32];
+  const float* in = p.in + int64_t{blockIdx.x} * p.dim;
+  float* out = p.out + int64_t{blockIdx.x} * p.dim;
+  float sum_sq = 0.0f;
+  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) sum_sq += in[i] * in[i];
+  sum_sq = BlockSum(sum_sq, scratch);
+  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
+  const T* weight = static_cast<const T*>(p.weight);
+  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    out[i] = in[i] * inv_rms * ToFloat(weight[i]);
+  }
+}
+
+// Rotates pair i of every q and k head of one token (one CTA per token).
+__global__ void RopeKernel(RopeParams p) {
+  const int t = blockIdx.x;
+  const int half = p.head_dim / 2;
+  const int num_heads = p.num_q_heads + p.num_kv_heads;
+  const float pos = static_cast<float>(p.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
+    const float power =
+        static_cast<float>(pow(static_cast<double>(p.theta), static_cast<double>(exponent)));
+    const float angle = pos * (1.0f / power);
+    float sin_a;
+    float cos_a;
+    sincosf(angle, &sin_a, &cos_a);
+    for (int h = 0; h < num_heads; ++h) {
+      float* head = h < p.num_q_heads
+                        ? p.q + int64_t{t} * p.q_stride + int64_t{h} * p.head_dim
+                        : p.k + int64_t{t} * p.k_stride + int64_t{h - p.num_q_heads} * p.head_dim;
+      const int i0 = p.style == RopeStyle::kInterleaved ? 2 * i : i;
+      const int i1 = p.style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
+      const float x0 = head[i0];
+      const float x1 = head[i1];
+      head[i0] = x0 * cos_a - x1 * sin_a;
+      head[i1] = x0 * sin_a + x1 * cos_a;
+    }
+  }
+}
+
+__global__ void SiluMulKernel(SiluMulParams p) {
+  for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+    const float* gate = p.gate + int64_t{r} * p.gate_stride;
+    const float* up = p.up + int64_t{r} * p.up_stride;
+    float* out = p.out + int64_t{r} * p.dim;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.dim; i += gridDim.x * blockDim.x) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+  }
+}
+
+__global__ void F32ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t count) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride) {
+    out[i] = __float2bfloat16_rn(in[i]);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  return KVD_DISPATCH_STORAGE_DTYPE(p.table_dtype, T, [&] {
+    EmbeddingKernel<T><<<p.num_tokens, kRowThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }());
+}
+
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  return KVD_DISPATCH_STORAGE_DTYPE(p.weight_dtype, T, [&] {
+    RmsNormKernel<T><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }());
+}
+
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  const int threads = std::min(128, std::max(32, p.head_dim / 2));
+  RopeKernel<<<p.num_tokens, threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  const dim3 grid((p.dim + kRowThreads - 1) / kRowThreads, std::min(p.num_rows, 65535));
+  SiluMulKernel<<<grid, kRowThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchF32ToBf16(void* out, const float* in, int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((count + kRowThreads - 1) / kRowThreads, 65536);
+  F32ToBf16Kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+      static_cast<__nv_bfloat16*>(out), in, count);
+  return cudaGetLastError();
+}
+
+}  // namespace kvd::cuda

@@ -1,0 +1,35 @@
+#ifndef KVD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_
+#define KVD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_
+
+// Launchers for the row-wise kernels of the CUDA backend. Each takes the POD params of
+// kernels/params.h with device pointers, enqueues on `stream` and returns the launch
+// result (cudaErrorInvalidValue for a dtype no kernel exists for). The callers validate
+// shapes; these only launch. Activations are fp32; weights and tables are fp32 or bf16.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace kvd::cuda {
+
+// out[t][:] = table[token_ids[t]][:]; an id outside [0, vocab_size) yields a NaN row.
+cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream);
+
+// One CTA per row; fp32 sum of squares.
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+
+// The angle of pair i at position pos is pos * (1 / theta^(2i/head_dim)), each step
+// rounded to fp32 as the CPU reference does (the power in fp64, then rounded, to match a
+// correctly rounded powf).
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
+
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
+
+// out[i] = bf16(in[i]) for i < count, round to nearest even. `out` is __nv_bfloat16*.
+cudaError_t LaunchF32ToBf16(void* out, const float* in, int64_t count, cudaStream_t stream);
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_

@@ -1,0 +1,99 @@
+#ifndef KVD_KERNELS_CUDA_PAGED_KV_CUH_
+#define KVD_KERNELS_CUDA_PAGED_KV_CUH_
+
+// Device-side helpers shared by the KV and attention kernels: 16-byte vector loads that
+// widen the storage type to fp32, scalar conversions, and paged-arena addressing
+// (kernels/params.h, KvCacheView):
+//
+//   chunks[b >> chunk_shift] + region_offset + (b & (blocks_per_chunk - 1)) * block_bytes
+//     -> [num_kv_heads][block_size][head_dim] of T      (one block of one region)
+//
+// Only for .cu files.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace kvd::cuda {
+
+// Sixteen bytes of T, widened to kSize floats.
+template <typename T>
+struct Vec16;
+
+template <>
+struct Vec16<float> {
+  static constexpr int kSize = 4;
+  __device__ __forceinline__ static void Load(const void* src, float (&out)[kSize]) {
+    const float4 v = *static_cast<const float4*>(src);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
+template <>
+struct Vec16<__nv_bfloat16> {
+  static constexpr int kSize = 8;
+  __device__ __forceinline__ static void Load(const void* src, float (&out)[kSize]) {
+    const uint4 raw = *static_cast<const uint4*>(src);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // A bf16 is the top half of an fp32: widening is a shift, exact.
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+};
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Start of block `block`'s rows for `kv_head` in the region at `region_offset_bytes`:
+// [block_size][head_dim] of T. REQUIRES: the block's chunk is present.
+template <typename T>
+__device__ __forceinline__ T* BlockHead(const KvCacheView& c, int64_t block,
+                                        int64_t region_offset_bytes, int kv_head) {
+  const int64_t slot = block & ((int64_t{1} << c.chunk_shift) - 1);
+  char* base = static_cast<char*>(c.chunks[block >> c.chunk_shift]) + region_offset_bytes +
+               slot * c.block_bytes;
+  return reinterpret_cast<T*>(base) + int64_t{kv_head} * c.block_size * c.head_dim;
+}
+
+// Row of key/value `token` (0-based within its sequence) for `kv_head`, given the
+// sequence's block ids and log2(block_size). [head_dim] of T.
+template <typename T>
+__device__ __forceinline__ const T* TokenRow(const KvCacheView& c, const int32_t* seq_blocks,
+                                             int block_shift, int token,
+                                             int64_t region_offset_bytes, int kv_head) {
+  const int32_t block = seq_blocks[token >> block_shift];
+  const int offset = token & ((1 << block_shift) - 1);
+  return BlockHead<T>(c, block, region_offset_bytes, kv_head) + int64_t{offset} * c.head_dim;
+}
+
+// KV length of sequence s of a CSR block table (kernels/params.h, BlockTableView).
+__device__ __forceinline__ int SeqKvLen(const BlockTableView& b, int s, int block_size) {
+  const int num_blocks = b.indptr[s + 1] - b.indptr[s];
+  return num_blocks == 0 ? 0 : (num_blocks - 1) * block_size + b.last_block_len[s];
+}
+
+__device__ __forceinline__ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_PAGED_KV_CUH_

@@ -1,0 +1,37 @@
+#ifndef KVD_KERNELS_CUDA_PREFILL_ATTENTION_H_
+#define KVD_KERNELS_CUDA_PREFILL_ATTENTION_H_
+
+// Paged prefill attention: the sequences of a PagedAttentionParams batch with two or more
+// query rows (a prefill chunk over its cached prefix plus itself; decodes are left to the
+// decode kernel). Causal or not, as the params say.
+//
+// The query rows of a sequence and KV head are packed as (token, head-in-group) pairs, so
+// one tile of 32 packed rows shares every K/V tile it loads across its GQA group:
+//
+//   packed row r -> token r / group, query head kv_head * group + r % group
+//
+// A planning kernel counts tiles per sequence into `tile_indptr` (device scratch of
+// num_seqs + 1 ints); a persistent grid then walks the (sequence, KV head, tile) items,
+// longest causal tiles first. Each item streams 32-key tiles of K and V through shared
+// memory (widened to fp32) with an online softmax in fp32; no host synchronization, so the
+// launch can be captured in a CUDA graph.
+//
+// Supported: head_dim 64 or 128, KV dtype f32 or bf16, block_size a power of two, K/V
+// region offsets, block_bytes and chunk bases multiples of 16 bytes. The caller checks.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace kvd::cuda {
+
+// Enqueues the planning and the attention kernels. `num_ctas` sizes the persistent grid
+// (e.g. a few per multiprocessor).
+cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
+                                   int num_ctas, cudaStream_t stream);
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_PREFILL_ATTENTION_H_

@@ -1,0 +1,390 @@
+#include "model/llama_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd {
+
+namespace {
+
+#define KVD_RETURN_IF_ERROR(expr)            \
+  do {                                       \
+    if (absl::Status s_ = (expr); !s_.ok()) { \
+      return s_;                             \
+    }                                        \
+  } while (0)
+
+absl::StatusOr<DeviceBuffer> UploadConcat(Backend* backend,
+                                          std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> joined;
+  for (const auto* p : parts) joined.insert(joined.end(), p->begin(), p->end());
+  return backend->UploadWeights(joined.data(), joined.size());
+}
+
+absl::Status CheckSize(const char* name, const std::vector<float>& v, int64_t expected) {
+  if (static_cast<int64_t>(v.size()) == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model weights: ", name, " has ", v.size(),
+                                                 " values, the spec needs ", expected));
+}
+
+}  // namespace
+
+void ForwardBatch::AddSequence(absl::Span<const int32_t> tokens, int32_t start_pos,
+                               absl::Span<const int32_t> blocks, int32_t block_size,
+                               bool want_logits) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t pos = start_pos + i;
+    token_ids.push_back(tokens[i]);
+    positions.push_back(pos);
+    slot_mapping.push_back(int64_t{blocks[pos / block_size]} * block_size + pos % block_size);
+  }
+  q_indptr.push_back(q_indptr.back() + n);
+  const int32_t kv_len = start_pos + n;
+  const int32_t num_blocks = (kv_len + block_size - 1) / block_size;
+  kv_indices.insert(kv_indices.end(), blocks.begin(), blocks.begin() + num_blocks);
+  kv_indptr.push_back(kv_indptr.back() + num_blocks);
+  kv_last_block_len.push_back(kv_len - (num_blocks - 1) * block_size);
+  if (want_logits && n > 0) logit_rows.push_back(q_indptr.back() - 1);
+}
+
+absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) const {
+  const size_t t = token_ids.size();
+  if (positions.size() != t || slot_mapping.size() != t) {
+    return absl::InvalidArgumentError("forward batch: token_ids, positions and slot_mapping "
+                                      "must have the same length");
+  }
+  if (q_indptr.empty() || kv_indptr.size() != q_indptr.size() ||
+      kv_last_block_len.size() + 1 != q_indptr.size() || q_indptr.front() != 0 ||
+      kv_indptr.front() != 0 || q_indptr.back() != static_cast<int32_t>(t) ||
+      kv_indptr.back() != static_cast<int32_t>(kv_indices.size())) {
+    return absl::InvalidArgumentError("forward batch: inconsistent CSR block tables");
+  }
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward batch: token id ", id, " outside the vocabulary [0, ",
+                       vocab_size, ")"));
+    }
+  }
+  for (int32_t s = 0; s < num_seqs(); ++s) {
+    const int32_t q_len = q_indptr[s + 1] - q_indptr[s];
+    const int32_t blocks = kv_indptr[s + 1] - kv_indptr[s];
+    const int32_t last = kv_last_block_len[s];
+    if (q_len < 0 || blocks <= 0 || last < 1 || last > block_size ||
+        (blocks - 1) * block_size + last < q_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward batch: sequence ", s, " has ", q_len, " new tokens but ",
+                       blocks, " blocks with ", last, " tokens in the last"));
+    }
+  }
+  for (int32_t row : logit_rows) {
+    if (row < 0 || row >= static_cast<int32_t>(t)) {
+      return absl::InvalidArgumentError(absl::StrCat("forward batch: logit row ", row,
+                                                     " outside [0, ", t, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeights& weights,
+                                                               Backend* backend) {
+  KVD_RETURN_IF_ERROR(weights.spec.Validate());
+  std::unique_ptr<LlamaModel> model(new LlamaModel(weights.spec, backend));
+  KVD_RETURN_IF_ERROR(model->Upload(weights));
+  return model;
+}
+
+absl::Status LlamaModel::Upload(const ModelWeights& w) {
+  const ModelSpec& s = spec_;
+  const int64_t dim = s.dim, hidden = s.hidden_dim;
+  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
+  const int64_t kv_dim = int64_t{s.num_kv_heads} * s.head_dim;
+  weight_dtype_ = backend_->weight_dtype();
+
+  KVD_RETURN_IF_ERROR(CheckSize("token_embedding", w.token_embedding, s.vocab_size * dim));
+  KVD_RETURN_IF_ERROR(CheckSize("final_norm", w.final_norm, dim));
+  if (static_cast<int32_t>(w.layers.size()) != s.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model weights: ", w.layers.size(),
+                                                   " layers, the spec needs ", s.num_layers));
+  }
+  if (!s.shared_classifier) {
+    KVD_RETURN_IF_ERROR(CheckSize("classifier", w.classifier, s.vocab_size * dim));
+  }
+
+  auto upload = [&](const std::vector<float>& v, DeviceBuffer* out) -> absl::Status {
+    auto buf = backend_->UploadWeights(v.data(), v.size());
+    if (!buf.ok()) return buf.status();
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  KVD_RETURN_IF_ERROR(upload(w.token_embedding, &token_embedding_));
+  KVD_RETURN_IF_ERROR(upload(w.final_norm, &final_norm_));
+  if (!s.shared_classifier) KVD_RETURN_IF_ERROR(upload(w.classifier, &classifier_));
+
+  layers_.resize(s.num_layers);
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    const std::string at = absl::StrCat("layers[", l, "].");
+    KVD_RETURN_IF_ERROR(CheckSize((at + "attn_norm").c_str(), lw.attn_norm, dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "wq").c_str(), lw.wq, q_dim * dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "wk").c_str(), lw.wk, kv_dim * dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "wv").c_str(), lw.wv, kv_dim * dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "wo").c_str(), lw.wo, dim * q_dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "ffn_norm").c_str(), lw.ffn_norm, dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "w1").c_str(), lw.w1, hidden * dim));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "w2").c_str(), lw.w2, dim * hidden));
+    KVD_RETURN_IF_ERROR(CheckSize((at + "w3").c_str(), lw.w3, hidden * dim));
+
+    Layer& layer = layers_[l];
+    KVD_RETURN_IF_ERROR(upload(lw.attn_norm, &layer.attn_norm));
+    KVD_RETURN_IF_ERROR(upload(lw.ffn_norm, &layer.ffn_norm));
+    KVD_RETURN_IF_ERROR(upload(lw.wo, &layer.wo));
+    KVD_RETURN_IF_ERROR(upload(lw.w2, &layer.w2));
+    // Q, K and V share one matmul: rows [wq; wk; wv]. Gate and up likewise: [w1; w3].
+    auto wqkv = UploadConcat(backend_, {&lw.wq, &lw.wk, &lw.wv});
+    if (!wqkv.ok()) return wqkv.status();
+    layer.wqkv = std::move(*wqkv);
+    auto w13 = UploadConcat(backend_, {&lw.w1, &lw.w3});
+    if (!w13.ok()) return w13.status();
+    layer.w13 = std::move(*w13);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_rows) {
+  const ModelSpec& s = spec_;
+  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * int64_t{s.num_kv_heads} * s.head_dim;
+  auto alloc = [&](DeviceBuffer* buf, int64_t floats) -> absl::Status {
+    auto b = backend_->Allocate(static_cast<size_t>(floats) * sizeof(float));
+    if (!b.ok()) return b.status();
+    *buf = std::move(*b);
+    return absl::OkStatus();
+  };
+  if (num_tokens > scratch_tokens_) {
+    const int64_t t = num_tokens;
+    KVD_RETURN_IF_ERROR(alloc(&x_, t * s.dim));
+    KVD_RETURN_IF_ERROR(alloc(&xb_, t * s.dim));
+    KVD_RETURN_IF_ERROR(alloc(&qkv_, t * qkv_dim));
+    KVD_RETURN_IF_ERROR(alloc(&attn_, t * q_dim));
+    KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
+    KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
+    scratch_tokens_ = num_tokens;
+  }
+  if (num_logit_rows > scratch_logit_rows_) {
+    const int64_t r = num_logit_rows;
+    KVD_RETURN_IF_ERROR(alloc(&logit_in_, 2 * r * s.dim));
+    KVD_RETURN_IF_ERROR(alloc(&logits_, r * s.vocab_size));
+    scratch_logit_rows_ = num_logit_rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::UploadBatch(const ForwardBatch& b) {
+  // Packed as int32 words: slot_mapping (int64, first for alignment), token_ids, positions,
+  // q_indptr, kv_indptr, kv_indices, kv_last_block_len, logit_rows.
+  const size_t words = 2 * b.slot_mapping.size() + b.token_ids.size() + b.positions.size() +
+                       b.q_indptr.size() + b.kv_indptr.size() + b.kv_indices.size() +
+                       b.kv_last_block_len.size() + b.logit_rows.size();
+  const size_t bytes = words * sizeof(int32_t);
+  if (bytes > batch_ints_capacity_) {
+    auto buf = backend_->Allocate(bytes * 2);
+    if (!buf.ok()) return buf.status();
+    batch_ints_ = std::move(*buf);
+    batch_ints_capacity_ = bytes * 2;
+  }
+  std::vector<int32_t> host(words);
+  size_t at = 0;
+  auto put = [&](const void* src, size_t n_bytes) {
+    std::memcpy(host.data() + at, src, n_bytes);
+    at += n_bytes / sizeof(int32_t);
+  };
+  put(b.slot_mapping.data(), b.slot_mapping.size() * sizeof(int64_t));
+  put(b.token_ids.data(), b.token_ids.size() * sizeof(int32_t));
+  put(b.positions.data(), b.positions.size() * sizeof(int32_t));
+  put(b.q_indptr.data(), b.q_indptr.size() * sizeof(int32_t));
+  put(b.kv_indptr.data(), b.kv_indptr.size() * sizeof(int32_t));
+  put(b.kv_indices.data(), b.kv_indices.size() * sizeof(int32_t));
+  put(b.kv_last_block_len.data(), b.kv_last_block_len.size() * sizeof(int32_t));
+  put(b.logit_rows.data(), b.logit_rows.size() * sizeof(int32_t));
+  return backend_->CopyToDevice(batch_ints_.data(), host.data(), bytes);
+}
+
+absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvCacheView> layers,
+                                 std::vector<float>* logits) {
+  const ModelSpec& s = spec_;
+  if (static_cast<int32_t>(layers.size()) != s.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", layers.size(),
+                                                   " KV layer views for ", s.num_layers,
+                                                   " layers"));
+  }
+  const int32_t block_size = layers[0].block_size;
+  for (const KvCacheView& v : layers) {
+    if (v.num_kv_heads != s.num_kv_heads || v.head_dim != s.head_dim ||
+        v.block_size != block_size) {
+      return absl::InvalidArgumentError(
+          "forward: KV view shape does not match the model (kv heads, head_dim, block_size)");
+    }
+  }
+  KVD_RETURN_IF_ERROR(batch.Validate(s.vocab_size, block_size));
+  const int32_t t = batch.num_tokens();
+  const int32_t rows = static_cast<int32_t>(batch.logit_rows.size());
+  logits->assign(static_cast<size_t>(rows) * s.vocab_size, 0.0f);
+  if (t == 0) return absl::OkStatus();
+  KVD_RETURN_IF_ERROR(EnsureScratch(t, std::max(rows, 1)));
+  KVD_RETURN_IF_ERROR(UploadBatch(batch));
+
+  // Device views of the packed batch (same order as UploadBatch).
+  const int32_t* base = batch_ints_.as<const int32_t>();
+  const int64_t* slot_mapping = reinterpret_cast<const int64_t*>(base);
+  const int32_t* token_ids = base + 2 * batch.slot_mapping.size();
+  const int32_t* positions = token_ids + batch.token_ids.size();
+  const int32_t* q_indptr = positions + batch.positions.size();
+  const int32_t* kv_indptr = q_indptr + batch.q_indptr.size();
+  const int32_t* kv_indices = kv_indptr + batch.kv_indptr.size();
+  const int32_t* kv_last = kv_indices + batch.kv_indices.size();
+  const int32_t* logit_rows = kv_last + batch.kv_last_block_len.size();
+
+  const int32_t q_dim = s.num_heads * s.head_dim;
+  const int32_t kv_dim = s.num_kv_heads * s.head_dim;
+  const int32_t qkv_dim = q_dim + 2 * kv_dim;
+  float* x = x_.as<float>();
+  float* xb = xb_.as<float>();
+  float* qkv = qkv_.as<float>();
+  float* attn = attn_.as<float>();
+  float* h13 = h13_.as<float>();
+  float* h = h_.as<float>();
+
+  KVD_RETURN_IF_ERROR(backend_->Embedding({.out = x,
+                                           .table = token_embedding_.data(),
+                                           .table_dtype = weight_dtype_,
+                                           .token_ids = token_ids,
+                                           .num_tokens = t,
+                                           .dim = s.dim,
+                                           .vocab_size = s.vocab_size}));
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    const Layer& w = layers_[l];
+    KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = xb,
+                                           .in = x,
+                                           .weight = w.attn_norm.data(),
+                                           .weight_dtype = weight_dtype_,
+                                           .num_rows = t,
+                                           .dim = s.dim,
+                                           .eps = s.norm_eps}));
+    KVD_RETURN_IF_ERROR(backend_->Matmul({.out = qkv,
+                                          .in = xb,
+                                          .weight = w.wqkv.data(),
+                                          .weight_dtype = weight_dtype_,
+                                          .m = t,
+                                          .n = qkv_dim,
+                                          .k = s.dim}));
+    float* q = qkv;
+    float* k = qkv + q_dim;
+    float* v = qkv + q_dim + kv_dim;
+    KVD_RETURN_IF_ERROR(backend_->Rope({.q = q,
+                                        .k = k,
+                                        .positions = positions,
+                                        .num_tokens = t,
+                                        .num_q_heads = s.num_heads,
+                                        .num_kv_heads = s.num_kv_heads,
+                                        .head_dim = s.head_dim,
+                                        .q_stride = qkv_dim,
+                                        .k_stride = qkv_dim,
+                                        .theta = s.rope_theta,
+                                        .style = s.rope_style}));
+    KVD_RETURN_IF_ERROR(backend_->AppendKv({.cache = layers[l],
+                                            .k = k,
+                                            .v = v,
+                                            .slot_mapping = slot_mapping,
+                                            .num_tokens = t,
+                                            .k_stride = qkv_dim,
+                                            .v_stride = qkv_dim}));
+    KVD_RETURN_IF_ERROR(backend_->PagedAttention(
+        {.out = attn,
+         .q = q,
+         .q_indptr = q_indptr,
+         .cache = layers[l],
+         .blocks = {.indptr = kv_indptr,
+                    .indices = kv_indices,
+                    .last_block_len = kv_last,
+                    .num_seqs = batch.num_seqs()},
+         .num_q_heads = s.num_heads,
+         .q_stride = qkv_dim,
+         .out_stride = q_dim,
+         .sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
+         .causal = true}));
+    // Residual adds ride on the output projections (accumulate into x).
+    KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
+                                          .in = attn,
+                                          .weight = w.wo.data(),
+                                          .weight_dtype = weight_dtype_,
+                                          .m = t,
+                                          .n = s.dim,
+                                          .k = q_dim,
+                                          .accumulate = true}));
+    KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = xb,
+                                           .in = x,
+                                           .weight = w.ffn_norm.data(),
+                                           .weight_dtype = weight_dtype_,
+                                           .num_rows = t,
+                                           .dim = s.dim,
+                                           .eps = s.norm_eps}));
+    KVD_RETURN_IF_ERROR(backend_->Matmul({.out = h13,
+                                          .in = xb,
+                                          .weight = w.w13.data(),
+                                          .weight_dtype = weight_dtype_,
+                                          .m = t,
+                                          .n = 2 * s.hidden_dim,
+                                          .k = s.dim}));
+    KVD_RETURN_IF_ERROR(backend_->SiluMul({.out = h,
+                                           .gate = h13,
+                                           .up = h13 + s.hidden_dim,
+                                           .num_rows = t,
+                                           .dim = s.hidden_dim,
+                                           .gate_stride = 2 * s.hidden_dim,
+                                           .up_stride = 2 * s.hidden_dim}));
+    KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
+                                          .in = h,
+                                          .weight = w.w2.data(),
+                                          .weight_dtype = weight_dtype_,
+                                          .m = t,
+                                          .n = s.dim,
+                                          .k = s.hidden_dim,
+                                          .accumulate = true}));
+  }
+  if (rows == 0) return backend_->Synchronize();
+
+  // Only the sampled rows go through the final norm and the classifier.
+  float* gathered = logit_in_.as<float>();
+  float* normed = gathered + static_cast<int64_t>(rows) * s.dim;
+  KVD_RETURN_IF_ERROR(backend_->Embedding({.out = gathered,
+                                           .table = x,
+                                           .table_dtype = DType::kF32,
+                                           .token_ids = logit_rows,
+                                           .num_tokens = rows,
+                                           .dim = s.dim,
+                                           .vocab_size = t}));
+  KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = normed,
+                                         .in = gathered,
+                                         .weight = final_norm_.data(),
+                                         .weight_dtype = weight_dtype_,
+                                         .num_rows = rows,
+                                         .dim = s.dim,
+                                         .eps = s.norm_eps}));
+  const DeviceBuffer& cls = s.shared_classifier ? token_embedding_ : classifier_;
+  KVD_RETURN_IF_ERROR(backend_->Matmul({.out = logits_.as<float>(),
+                                        .in = normed,
+                                        .weight = cls.data(),
+                                        .weight_dtype = weight_dtype_,
+                                        .m = rows,
+                                        .n = s.vocab_size,
+                                        .k = s.dim}));
+  KVD_RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), logits_.data(),
+                                           logits->size() * sizeof(float)));
+  return backend_->Synchronize();
+}
+
+}  // namespace kvd

@@ -1,0 +1,87 @@
+#ifndef KVD_MODEL_LLAMA_MODEL_H_
+#define KVD_MODEL_LLAMA_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "model/model_spec.h"
+#include "model/model_weights.h"
+
+namespace kvd {
+
+// One forward step over a batch that mixes prefill chunks and decodes, described on the
+// host. Sequence s contributes tokens [q_indptr[s], q_indptr[s+1]) of token_ids; its block
+// table (kv_*) must already have slots for those tokens, and slot_mapping says where each
+// token's K/V goes. Plain aggregate; Validate() checks the shapes.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;          // [num_tokens]
+  std::vector<int32_t> positions;          // [num_tokens] absolute positions
+  std::vector<int64_t> slot_mapping;       // [num_tokens] block_id * block_size + offset
+  std::vector<int32_t> q_indptr{0};        // [num_seqs + 1]
+  std::vector<int32_t> kv_indptr{0};       // [num_seqs + 1]
+  std::vector<int32_t> kv_indices;         // [kv_indptr.back()] block ids
+  std::vector<int32_t> kv_last_block_len;  // [num_seqs]
+  std::vector<int32_t> logit_rows;         // token rows whose logits are returned, in order
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const { return static_cast<int32_t>(q_indptr.size()) - 1; }
+
+  // Appends one sequence's chunk: `tokens` at positions start_pos.., with its whole block
+  // table `blocks` covering start_pos + tokens.size() positions. When want_logits, the
+  // chunk's last token is added to logit_rows.
+  void AddSequence(absl::Span<const int32_t> tokens, int32_t start_pos,
+                   absl::Span<const int32_t> blocks, int32_t block_size, bool want_logits);
+
+  absl::Status Validate(int32_t vocab_size, int32_t block_size) const;
+};
+
+// The Llama decoder (RMSNorm, GQA attention with RoPE, SwiGLU FFN) written against
+// Backend. Owns the weights in backend memory and scratch activations, grown on demand.
+// K/V live outside, in the paged arena the caller's per-layer views describe. Not thread
+// safe: one engine thread calls Forward.
+class LlamaModel {
+ public:
+  // Uploads the weights. `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights& weights,
+                                                            Backend* backend);
+
+  const ModelSpec& spec() const { return spec_; }
+
+  // Runs the batch: writes every token's K/V into `layers` (one view per layer) and stores
+  // logits [batch.logit_rows.size()][vocab_size] into *logits on the host.
+  // REQUIRES: layers.size() == spec().num_layers; views share block_size and head shape.
+  absl::Status Forward(const ForwardBatch& batch, absl::Span<const KvCacheView> layers,
+                       std::vector<float>* logits);
+
+ private:
+  struct Layer {
+    DeviceBuffer attn_norm, wqkv, wo, ffn_norm, w13, w2;
+  };
+
+  LlamaModel(const ModelSpec& spec, Backend* backend) : spec_(spec), backend_(backend) {}
+  absl::Status Upload(const ModelWeights& weights);
+  absl::Status EnsureScratch(int32_t num_tokens, int32_t num_logit_rows);
+  absl::Status UploadBatch(const ForwardBatch& batch);
+
+  ModelSpec spec_;
+  Backend* backend_;
+  DType weight_dtype_ = DType::kF32;
+  DeviceBuffer token_embedding_, final_norm_, classifier_;
+  std::vector<Layer> layers_;
+
+  // Scratch, sized for scratch_tokens_ rows.
+  int32_t scratch_tokens_ = 0;
+  int32_t scratch_logit_rows_ = 0;
+  DeviceBuffer x_, xb_, qkv_, attn_, h13_, h_, logit_in_, logits_;
+  DeviceBuffer batch_ints_;  // token ids, positions, indptrs, indices, ... packed
+  size_t batch_ints_capacity_ = 0;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_MODEL_LLAMA_MODEL_H_

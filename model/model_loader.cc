@@ -1,0 +1,67 @@
+#include "model/model_loader.h"
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "model/llama2c_loader.h"
+#include "model/synthetic_model.h"
+
+namespace kvd {
+
+namespace {
+
+constexpr std::string_view kSyntheticPrefix = "synthetic:";
+
+enum class Source { kSynthetic, kLlama2c };
+
+bool HasGgufExtension(std::string_view model) {
+  constexpr std::string_view kExtension = ".gguf";
+  if (model.size() < kExtension.size()) return false;
+  std::string tail(model.substr(model.size() - kExtension.size()));
+  for (char& c : tail) c = absl::ascii_tolower(static_cast<unsigned char>(c));
+  return tail == kExtension;
+}
+
+absl::StatusOr<Source> Classify(std::string_view model) {
+  if (model.empty()) return absl::InvalidArgumentError("model reference is empty");
+  if (model.starts_with(kSyntheticPrefix)) return Source::kSynthetic;
+  if (HasGgufExtension(model)) {
+    return absl::UnimplementedError(
+        absl::StrCat("GGUF loading is not supported yet: ", std::string(model),
+                     " (use a llama2.c .bin checkpoint or synthetic:<preset>)"));
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(std::filesystem::path(model), ec)) {
+    return absl::UnimplementedError(
+        absl::StrCat("Hugging Face model directories are not supported yet: ", std::string(model)));
+  }
+  return Source::kLlama2c;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed) {
+  absl::StatusOr<Source> source = Classify(model);
+  if (!source.ok()) return source.status();
+  if (*source == Source::kSynthetic) {
+    absl::StatusOr<ModelSpec> spec = SyntheticSpec(model.substr(kSyntheticPrefix.size()));
+    if (!spec.ok()) return spec.status();
+    return MakeSyntheticWeights(*spec, seed);
+  }
+  return LoadLlama2cCheckpoint(std::string(model));
+}
+
+absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model) {
+  absl::StatusOr<Source> source = Classify(model);
+  if (!source.ok()) return source.status();
+  if (*source == Source::kSynthetic) {
+    return SyntheticSpec(model.substr(kSyntheticPrefix.size()));
+  }
+  return ReadLlama2cSpec(std::string(model));
+}
+
+}  // namespace kvd

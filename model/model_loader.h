@@ -1,0 +1,31 @@
+#ifndef KVD_MODEL_MODEL_LOADER_H_
+#define KVD_MODEL_MODEL_LOADER_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "model/model_spec.h"
+#include "model/model_weights.h"
+
+namespace kvd {
+
+// Picks a loader from a model reference, the string a user passes as `--model`:
+//   "synthetic:<preset>"  seeded random weights of a preset's shape (synthetic_model.h)
+//   "<path>.gguf"         Unimplemented: GGUF loading is not supported yet
+//   "<directory>"         Unimplemented: Hugging Face directories are not supported yet
+//   any other path        a llama2.c checkpoint (llama2c_loader.h), usually "<path>.bin"
+// Stateless and thread safe.
+
+// Loads host fp32 weights. `seed` is used only by synthetic models. Synthetic weights are
+// capped at MakeSyntheticWeights' default host size, so "synthetic:llama3-8b" is refused
+// here with ResourceExhausted (use LoadModelSpec to plan for it).
+absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed = 0);
+
+// Reads only the spec (checkpoint header or preset); cheap for any model size, which is
+// what `kvd estimate` needs for huge models.
+absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model);
+
+}  // namespace kvd
+
+#endif  // KVD_MODEL_MODEL_LOADER_H_

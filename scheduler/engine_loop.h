@@ -1,0 +1,83 @@
+#ifndef KVD_SCHEDULER_ENGINE_LOOP_H_
+#define KVD_SCHEDULER_ENGINE_LOOP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cache/clock.h"
+#include "cache/kv_cache_manager.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "scheduler/engine_stats.h"
+#include "scheduler/request.h"
+
+namespace kvd {
+
+enum class AdmissionMode {
+  kPredicted,   // uncached prompt + min(max_tokens, predicted output); may preempt
+  kReserveMax,  // uncached prompt + max_tokens; never preempts
+  kOptimistic,  // uncached prompt only
+};
+
+struct EngineOptions {
+  int32_t max_batch_size = 64;            // sequences per step
+  int32_t max_num_batched_tokens = 2048;  // tokens per step, prefill chunks and decodes
+  int32_t max_waiting_requests = 256;     // Submit fails with ResourceExhausted beyond
+  AdmissionMode admission = AdmissionMode::kPredicted;
+  double predictor_quantile = 0.9;        // of observed output lengths
+  int32_t predictor_default_tokens = 128; // prediction before any request finished
+};
+
+// The engine thread: continuous batching over one model and one KV cache.
+//
+// Submit/Cancel/CloseSession/Stats/BeginDrain are thread safe; everything else (the
+// scheduler, the cache, the backend) runs on the engine thread that Start() spawns. Each
+// step drains new requests and cancellations, expires idle sessions, admits waiting
+// requests by predicted KV growth, runs one forward pass over a StepPlan that mixes
+// prefill chunks and decodes, samples, streams deltas and retires finished requests. When
+// the pool runs short, the lowest-priority, most recently admitted request is preempted
+// (its blocks freed, re-queued, recomputed later with identical greedy output).
+// Does not own the model, cache, tokenizer or clock; they must outlive it.
+class EngineLoop {
+ public:
+  EngineLoop(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
+             const Tokenizer* tokenizer, Clock* clock);
+  ~EngineLoop();  // Stop()s
+
+  void Start();
+  // Finishes every request at once (kAborted) and joins the engine thread.
+  void Stop();
+
+  // Queues a request; its events go to `on_event`. Errors, with nothing queued:
+  // InvalidArgument (bad fields, naming the field and allowed range), ResourceExhausted
+  // (the waiting queue is full, or the prompt alone cannot fit the whole pool),
+  // Unavailable (draining or stopped). Returns an engine-wide request handle.
+  absl::StatusOr<uint64_t> Submit(Request request, StreamCallback on_event);
+  // Cancels a request; its blocks are freed within one step and it gets a final event
+  // with kCancelled. Unknown or finished handles are ignored.
+  void Cancel(uint64_t handle);
+  // Releases a session's pinned KV now. NotFound for an unknown session.
+  absl::Status CloseSession(const std::string& session_id);
+  // Stops accepting (Submit returns Unavailable); requests already accepted run on.
+  void BeginDrain();
+  // Waits until nothing is waiting or running, or the timeout passes. True when idle.
+  bool WaitIdle(absl::Duration timeout);
+
+  // A consistent snapshot for metrics and GetCacheStats.
+  EngineStats Stats() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SCHEDULER_ENGINE_LOOP_H_

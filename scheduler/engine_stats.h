@@ -1,0 +1,45 @@
+#ifndef KVD_SCHEDULER_ENGINE_STATS_H_
+#define KVD_SCHEDULER_ENGINE_STATS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "cache/kv_cache_stats.h"
+
+namespace kvd {
+
+// Cumulative histogram with fixed upper bounds (Prometheus style): counts[i] counts
+// observations <= bounds[i]; the last count (one more than bounds) is +Inf.
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // [bounds.size() + 1], not cumulative
+  double sum = 0;
+  int64_t count = 0;
+
+  explicit Histogram(std::vector<double> upper_bounds = {});
+  void Observe(double value);
+};
+
+// A snapshot of the engine's state and counters. Times are in seconds.
+struct EngineStats {
+  int32_t requests_waiting = 0;
+  int32_t requests_running = 0;
+  int64_t requests_finished = 0;
+  int64_t requests_rejected = 0;  // admission rejections (RESOURCE_EXHAUSTED)
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;      // tokens in (all prompts)
+  int64_t computed_prompt_tokens = 0;  // prompt tokens actually prefilled
+  int64_t generated_tokens = 0;   // tokens out
+  double predicted_output_tokens = 0;  // the predictor's current value
+  Histogram time_to_first_token;  // seconds
+  Histogram inter_token_latency;  // seconds
+  Histogram end_to_end_latency;   // seconds
+  Histogram output_length;        // actual output tokens per finished request
+  Histogram prediction_error;     // actual - predicted output tokens
+  KvCacheStats cache;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SCHEDULER_ENGINE_STATS_H_

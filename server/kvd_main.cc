@@ -1,0 +1,37 @@
+// kvd: the command-line entry point: the daemon (`serve`) and the offline tools.
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/generate_command.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "kvd — a KV-cache-centric Llama serving engine\n"
+    "\n"
+    "usage: kvd <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate   complete one prompt on the CPU engine and print the text\n"
+    "\n"
+    "`kvd <command> --help` describes a command's flags.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (command == "generate") return kvd::RunGenerateCommand(args, std::cout, std::cerr);
+  std::cerr << "kvd: unknown command '" << command << "'\n\n" << kUsage;
+  return 2;
+}

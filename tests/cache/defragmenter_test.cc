@@ -1,0 +1,134 @@
+#include "cache/defragmenter.h"
+
+#include <memory>
+#include <vector>
+
+#include "cache/clock.h"
+#include "cache/kv_cache_manager.h"
+#include "gtest/gtest.h"
+#include "tests/cache/fake_backend.h"
+#include "tests/cache/kv_test_util.h"
+
+namespace kvd {
+namespace {
+
+using testing_util::CountBadKv;
+using testing_util::Iota;
+using testing_util::Step;
+using testing_util::TinyOptions;
+using testing_util::TinyShape;
+
+constexpr BlockState F = BlockState::kFree;
+constexpr BlockState C = BlockState::kCached;
+constexpr BlockState U = BlockState::kUsed;
+
+TEST(DefragmenterPlanTest, MovesTopChunkBlocksIntoFreeSlotsThenCachedSlotsLowestFirst) {
+  DefragSnapshot s{2, 3, {U, C, F, U, /**/ F, C, U, U, /**/ U, F, C, U}};
+  const std::vector<BlockMove> plan = Defragmenter::Plan(s);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].src, 8);
+  EXPECT_EQ(plan[0].dst, 2);
+  EXPECT_EQ(plan[1].src, 11);
+  EXPECT_EQ(plan[1].dst, 4);
+  s.state = {U, C, U, U, /**/ U, C, U, U, /**/ U, F, C, U};
+  const std::vector<BlockMove> evicting = Defragmenter::Plan(s);
+  ASSERT_EQ(evicting.size(), 2u);
+  EXPECT_EQ(evicting[0].dst, 1);
+  EXPECT_EQ(evicting[1].dst, 5);
+}
+
+TEST(DefragmenterPlanTest, PlansNothingWhenTheTopChunkCannotBeEmptied) {
+  DefragSnapshot s{1, 2, {U, U, /**/ U, U}};
+  EXPECT_TRUE(Defragmenter::Plan(s).empty());
+  s.state = {U, F, /**/ U, U};
+  EXPECT_TRUE(Defragmenter::Plan(s).empty());
+  EXPECT_TRUE(Defragmenter::Plan(DefragSnapshot{1, 1, {U, F}}).empty());
+}
+
+TEST(DefragmenterTest, PlansOnItsOwnThread) {
+  Defragmenter d(DefragOptions{});
+  d.Submit(DefragSnapshot{1, 2, {F, F, U, F}});
+  EXPECT_TRUE(d.busy());
+  d.Submit(DefragSnapshot{1, 2, {U, U, U, U}});  // ignored while busy
+  d.WaitForPlan();
+  std::optional<std::vector<BlockMove>> plan = d.TakePlan();
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_EQ(plan->size(), 1u);
+  EXPECT_EQ((*plan)[0].src, 2);
+  EXPECT_EQ((*plan)[0].dst, 0);
+  EXPECT_FALSE(d.busy());
+  EXPECT_FALSE(d.TakePlan().has_value());
+}
+
+TEST(DefragmenterTest, PauseStatsSummarizeRecordedPauses) {
+  Defragmenter d(DefragOptions{.background_planning = false});
+  for (int i = 1; i <= 100; ++i) d.RecordPause(absl::Microseconds(i), 2);
+  const DefragPauseStats s = d.pause_stats();
+  EXPECT_EQ(s.num_pauses, 100);
+  EXPECT_EQ(s.num_moves, 200);
+  EXPECT_EQ(s.max, absl::Microseconds(100));
+  EXPECT_EQ(s.p50, absl::Microseconds(50));
+  EXPECT_EQ(s.p99, absl::Microseconds(99));
+  EXPECT_EQ(s.total, absl::Microseconds(5050));
+}
+
+class DefragManagerTest : public ::testing::TestWithParam<bool> {
+ protected:
+  FakeBackend backend_;
+  FakeClock clock_;
+};
+
+// A pool grown to 4 chunks by a burst shrinks back to its initial chunk once the load
+// ends, a bounded number of moves per step, and every survivor keeps its KV bytes.
+TEST_P(DefragManagerTest, GrownPoolShrinksBackAndMovesPreserveKv) {
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_max_moves_per_step = 2;
+  o.defrag_low_water = 0.75;  // shrink while used <= 3/4 of the chunks below the top
+  o.defrag_background_planning = GetParam();
+  auto m = *KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  for (SeqId id = 0; id < 8; ++id) {
+    ASSERT_TRUE(m->AddSequence(id, Iota(7, 100 * static_cast<int32_t>(id))).ok());
+    ASSERT_TRUE(Step(*m, id, 7));  // 2 blocks each: 16 blocks, 4 chunks
+  }
+  ASSERT_EQ(m->stats().num_chunks, 4);
+  // The load ends except for one survivor, forked so that a block is shared: 3 blocks.
+  for (SeqId id : {0, 1, 2, 3, 4, 5, 6}) m->Free(id);
+  ASSERT_TRUE(m->Fork(7, 8).ok());
+  const int64_t chunk_bytes = m->geometry().chunk_bytes;
+  for (int tick = 0; tick < 50 && m->stats().num_chunks > 1; ++tick) {
+    m->WaitForDefragPlan();
+    m->Tick();
+    ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+    for (SeqId id : {7, 8}) ASSERT_EQ(CountBadKv(*m, id), 0) << "tick " << tick;
+  }
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_chunks, 1);
+  EXPECT_EQ(st.chunks_released, 3);
+  EXPECT_GT(st.defrag_moves, 0);
+  EXPECT_EQ(st.defrag_pauses.num_moves, st.defrag_moves);
+  EXPECT_LE(st.defrag_pauses.num_moves, 2 * st.defrag_pauses.num_pauses);
+  EXPECT_EQ(backend_.live_bytes(),
+            chunk_bytes + 4 * int64_t{sizeof(void*)} + 2 * 2 * int64_t{sizeof(int32_t)});
+  // The survivors still run.
+  m->AppendTokens(8, {1});
+  ASSERT_TRUE(Step(*m, 8, 1));
+  EXPECT_EQ(CountBadKv(*m, 8), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(InlineAndThreaded, DefragManagerTest, ::testing::Bool());
+
+TEST(DefragManagerLoadTest, DoesNotShrinkWhileTheLoadIsHigh) {
+  FakeBackend backend;
+  FakeClock clock;
+  KvCacheOptions o = TinyOptions(1, 2);
+  o.defrag_background_planning = false;
+  auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
+  ASSERT_TRUE(m->AddSequence(1, Iota(24)).ok());
+  ASSERT_TRUE(Step(*m, 1, 24));  // 6 of 8 blocks used: above half of one chunk
+  for (int i = 0; i < 5; ++i) m->Tick();
+  EXPECT_EQ(m->stats().num_chunks, 2);
+  EXPECT_EQ(m->stats().defrag_moves, 0);
+}
+
+}  // namespace
+}  // namespace kvd

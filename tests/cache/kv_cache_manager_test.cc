@@ -1,0 +1,276 @@
+#include "cache/kv_cache_manager.h"
+
+#include <memory>
+#include <vector>
+
+#include "cache/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cache/fake_backend.h"
+#include "tests/cache/kv_test_util.h"
+
+namespace kvd {
+namespace {
+
+using testing_util::CountBadKv;
+using testing_util::Iota;
+using testing_util::Step;
+using testing_util::TinyOptions;
+using testing_util::TinyShape;
+
+std::vector<BlockId> Blocks(const KvCacheManager& m, SeqId id) {
+  return {m.BlockIds(id).begin(), m.BlockIds(id).end()};
+}
+
+class KvCacheManagerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<KvCacheManager> Make(const KvCacheOptions& options) {
+    absl::StatusOr<std::unique_ptr<KvCacheManager>> m =
+        KvCacheManager::Create(options, TinyShape(), &backend_, &clock_);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *std::move(m) : nullptr;
+  }
+  void ExpectValid(const KvCacheManager& m) {
+    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
+  }
+
+  FakeBackend backend_;
+  FakeClock clock_;
+};
+
+TEST_F(KvCacheManagerTest, RoundsPoolSizesToWholeChunksOfPowerOfTwoBlocks) {
+  KvCacheOptions o = TinyOptions();
+  o.chunk_bytes = 1500;         // 5.8 blocks of 256 bytes -> 4 blocks, 1024 bytes
+  o.initial_pool_bytes = 1100;  // rounds up to 2 chunks
+  o.max_pool_bytes = 4500;      // rounds down to 4 chunks
+  auto m = Make(o);
+  EXPECT_EQ(m->geometry().blocks_per_chunk(), 4);
+  EXPECT_EQ(m->geometry().chunk_bytes, 1024);
+  EXPECT_EQ(m->geometry().initial_chunks, 2);
+  EXPECT_EQ(m->geometry().max_chunks, 4);
+  EXPECT_EQ(m->stats().total_blocks, 8);
+  EXPECT_EQ(backend_.live_bytes(), 2 * 1024 + 4 * int64_t{sizeof(void*)});
+}
+
+TEST_F(KvCacheManagerTest, RejectsBadOptionsNamingTheKey) {
+  KvCacheOptions o = TinyOptions();
+  o.chunk_bytes = 100;  // smaller than one block
+  auto m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("chunk_bytes"));
+  o = TinyOptions();
+  o.eviction_policy = "mru";
+  m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("eviction_policy"));
+  o = TinyOptions();
+  o.kv_dtype = DType::kInt8;
+  o.chunk_bytes = 4096;
+  o.max_pool_bytes = o.initial_pool_bytes = 4096;
+  m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST_F(KvCacheManagerTest, ReservesSlotsBlockByBlockAndRegistersFullBlocks) {
+  auto m = Make(TinyOptions());
+  const std::vector<int32_t> prompt = Iota(10);
+  ASSERT_EQ(*m->AddSequence(1, prompt), 0);
+  EXPECT_EQ(m->BlocksToReserve(1, 10), 3);
+  ASSERT_TRUE(m->Reserve(1, 10));
+  ASSERT_EQ(m->BlockIds(1).size(), 3u);
+  const BlockId b1 = m->BlockIds(1)[1];
+  EXPECT_EQ(m->SlotOf(1, 5), int64_t{b1} * 4 + 1);
+  m->MarkComputed(1, 10);
+  EXPECT_EQ(m->stats().num_prefix_keys, 2);  // the partial third block has no key
+  EXPECT_EQ(m->NumComputed(1), 10);
+  ExpectValid(*m);
+  m->Free(1);
+  EXPECT_EQ(m->stats().cached_blocks, 2);
+  EXPECT_EQ(m->stats().used_blocks, 0);
+  ExpectValid(*m);
+}
+
+TEST_F(KvCacheManagerTest, PrefixHitsReuseFullBlocksButLeaveTheLastTokenToCompute) {
+  auto m = Make(TinyOptions());
+  const std::vector<int32_t> prompt = Iota(8);
+  ASSERT_EQ(*m->AddSequence(1, prompt), 0);
+  ASSERT_TRUE(Step(*m, 1, 8));
+  // Same 8 tokens: both blocks are cached, but the last token must be recomputed, and
+  // only whole blocks are shared, so the hit is the first block.
+  EXPECT_EQ(m->ProbePrefix(prompt), 4);
+  ASSERT_EQ(*m->AddSequence(2, prompt), 4);
+  EXPECT_EQ(m->BlockIds(2)[0], m->BlockIds(1)[0]);
+  // A longer prompt with the same start hits both blocks.
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(7);
+  ASSERT_EQ(*m->AddSequence(3, longer), 8);
+  EXPECT_EQ(Blocks(*m, 3), Blocks(*m, 1));
+  // A prompt that differs in the first block hits nothing, even with the rest equal.
+  std::vector<int32_t> other = longer;
+  other[0] = 5;
+  ASSERT_EQ(*m->AddSequence(4, other), 0);
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.prefix_hit_tokens, 12);
+  EXPECT_EQ(st.prefix_query_tokens, 8 + 8 + 9 + 9);
+  ASSERT_TRUE(Step(*m, 3, 1));
+  EXPECT_EQ(CountBadKv(*m, 3), 0);
+  ExpectValid(*m);
+  for (SeqId id : {1, 2, 3, 4}) m->Free(id);
+  ExpectValid(*m);
+}
+
+TEST_F(KvCacheManagerTest, DisabledPrefixCachingNeverHits) {
+  KvCacheOptions o = TinyOptions();
+  o.enable_prefix_caching = false;
+  auto m = Make(o);
+  ASSERT_EQ(*m->AddSequence(1, Iota(9)), 0);
+  ASSERT_TRUE(Step(*m, 1, 9));
+  m->Free(1);
+  ASSERT_EQ(*m->AddSequence(2, Iota(9)), 0);
+  EXPECT_EQ(m->stats().cached_blocks, 0);
+  ExpectValid(*m);
+  m->Free(2);
+}
+
+TEST_F(KvCacheManagerTest, ReserveFailsWithoutSideEffectsWhenThePoolIsExhausted) {
+  auto m = Make(TinyOptions(/*initial_chunks=*/1, /*max_chunks=*/2));  // 8 blocks
+  ASSERT_EQ(*m->AddSequence(1, Iota(40)), 0);
+  ASSERT_TRUE(m->Reserve(1, 28));  // 7 blocks
+  EXPECT_EQ(m->NumObtainableBlocks(), 1);
+  const KvCacheStats before = m->stats();
+  EXPECT_FALSE(m->Reserve(1, 36));  // needs 2 more
+  EXPECT_EQ(m->BlockIds(1).size(), 7u);
+  EXPECT_EQ(m->stats().free_blocks, before.free_blocks);
+  EXPECT_TRUE(m->Reserve(1, 32));
+  ExpectValid(*m);
+  m->Free(1);
+}
+
+TEST_F(KvCacheManagerTest, GrowsBeforeEvictingAndEvictsLeastRecentlyUsedFirst) {
+  auto m = Make(TinyOptions(1, 2));  // 4 blocks, growing to 8
+  // Two finished sequences leave 3 cached blocks each; A finished before B.
+  ASSERT_EQ(*m->AddSequence(1, Iota(13, 100)), 0);
+  ASSERT_TRUE(Step(*m, 1, 12));
+  m->Free(1);
+  ASSERT_EQ(*m->AddSequence(2, Iota(13, 200)), 0);
+  ASSERT_TRUE(Step(*m, 2, 12));
+  EXPECT_EQ(m->stats().num_chunks, 2);  // grew instead of evicting A's blocks
+  m->Free(2);
+  EXPECT_EQ(m->stats().evictions, 0);
+  EXPECT_EQ(m->stats().cached_blocks, 6);
+  // Taking 3 blocks: the 2 free ones, then the least recently used cached block: A's
+  // tail block (a sequence releases its tail first), so A's first two blocks still hit.
+  ASSERT_EQ(*m->AddSequence(3, Iota(12, 300)), 0);
+  ASSERT_TRUE(m->Reserve(3, 12));
+  EXPECT_EQ(m->stats().evictions, 1);
+  EXPECT_EQ(m->ProbePrefix(Iota(13, 100)), 8);
+  EXPECT_EQ(m->ProbePrefix(Iota(13, 200)), 12);
+  ExpectValid(*m);
+  m->Free(3);
+}
+
+TEST_F(KvCacheManagerTest, GrowthFailureOfTheBackendIsCapacityNotError) {
+  auto m = Make(TinyOptions(1, 4));
+  backend_.FailAllocationsAfter(backend_.num_allocations());
+  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
+  EXPECT_FALSE(m->Reserve(1, 30));  // 8 blocks; the arena cannot grow past 4
+  EXPECT_EQ(m->BlockIds(1).size(), 0u);
+  EXPECT_EQ(m->NumObtainableBlocks(), 4);
+  EXPECT_TRUE(m->Reserve(1, 16));
+  ExpectValid(*m);
+  m->Free(1);
+}
+
+TEST_F(KvCacheManagerTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
+  auto m = Make(TinyOptions());
+  ASSERT_EQ(*m->AddSequence(1, Iota(6)), 0);
+  ASSERT_TRUE(Step(*m, 1, 6));
+  ASSERT_TRUE(m->Fork(1, 2).ok());
+  EXPECT_EQ(m->BlockIds(2)[0], m->BlockIds(1)[0]);
+  EXPECT_NE(m->BlockIds(2)[1], m->BlockIds(1)[1]);
+  EXPECT_EQ(backend_.num_copied_blocks(), 1);
+  EXPECT_EQ(m->stats().fork_copies, 1);
+  EXPECT_EQ(CountBadKv(*m, 2), 0);  // the copy holds the parent's bytes
+  // The two now diverge without disturbing each other.
+  m->AppendTokens(1, {7});
+  m->AppendTokens(2, {8});
+  ASSERT_TRUE(Step(*m, 1, 1));
+  ASSERT_TRUE(Step(*m, 2, 1));
+  EXPECT_EQ(CountBadKv(*m, 1), 0);
+  EXPECT_EQ(CountBadKv(*m, 2), 0);
+  ExpectValid(*m);
+  m->Free(1);
+  m->Free(2);
+  ExpectValid(*m);
+}
+
+TEST_F(KvCacheManagerTest, ForkOfABlockAlignedSequenceCopiesNothing) {
+  auto m = Make(TinyOptions());
+  ASSERT_EQ(*m->AddSequence(1, Iota(8)), 0);
+  ASSERT_TRUE(Step(*m, 1, 8));
+  ASSERT_TRUE(m->Fork(1, 2).ok());
+  EXPECT_EQ(Blocks(*m, 2), Blocks(*m, 1));
+  EXPECT_EQ(backend_.num_copy_calls(), 0);
+  m->Free(2);
+  m->Free(1);
+}
+
+TEST_F(KvCacheManagerTest, ForkWithoutAFreeBlockChangesNothing) {
+  auto m = Make(TinyOptions(1, 1));  // 4 blocks
+  ASSERT_EQ(*m->AddSequence(1, Iota(16)), 0);
+  ASSERT_TRUE(Step(*m, 1, 15));
+  EXPECT_EQ(m->Fork(1, 2).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(m->HasSequence(2));
+  ExpectValid(*m);
+  m->Free(1);
+}
+
+TEST_F(KvCacheManagerTest, NullBackendGivesAnIdOnlyCache) {
+  auto m = KvCacheManager::Create(TinyOptions(), TinyShape(), nullptr, &clock_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(*(*m)->AddSequence(1, Iota(6)), 0);
+  ASSERT_TRUE((*m)->Reserve(1, 6));
+  (*m)->MarkComputed(1, 6);
+  ASSERT_TRUE((*m)->Fork(1, 2).ok());
+  EXPECT_EQ((*m)->arena(), nullptr);
+  (*m)->Free(1);
+  (*m)->Free(2);
+}
+
+TEST_F(KvCacheManagerTest, AddSequenceErrorsChangeNothing) {
+  auto m = Make(TinyOptions());
+  EXPECT_EQ(m->AddSequence(1, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->AddSequence(1, Iota(3)).ok());
+  EXPECT_EQ(m->AddSequence(1, Iota(3)).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(m->AddSequence(2, Iota(3), "s").ok());
+  EXPECT_EQ(m->AddSequence(3, Iota(3), "s").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(m->HasSequence(3));
+  ExpectValid(*m);
+}
+
+TEST_F(KvCacheManagerTest, LayerViewDescribesTheArena) {
+  auto m = Make(TinyOptions());
+  const KvCacheView v = m->LayerView(1);
+  EXPECT_EQ(v.num_chunks, 1);
+  EXPECT_EQ(v.chunk_shift, 2);
+  EXPECT_EQ(v.block_bytes, 64);
+  EXPECT_EQ(v.k_offset_bytes, 2 * 256);
+  EXPECT_EQ(v.v_offset_bytes, 3 * 256);
+  EXPECT_EQ(v.num_kv_heads, 1);
+  EXPECT_EQ(v.block_size, 4);
+  EXPECT_EQ(v.head_dim, 4);
+  EXPECT_NE(v.chunks[0], nullptr);
+}
+
+TEST_F(KvCacheManagerTest, DestructionReturnsAllMemory) {
+  {
+    auto m = Make(TinyOptions());
+    ASSERT_TRUE(m->AddSequence(1, Iota(30), "s").ok());
+    ASSERT_TRUE(Step(*m, 1, 20));
+    ASSERT_TRUE(m->AddSequence(2, Iota(5, 500)).ok());
+    ASSERT_TRUE(Step(*m, 2, 4));
+  }
+  EXPECT_EQ(backend_.live_buffers(), 0);
+}
+
+}  // namespace
+}  // namespace kvd

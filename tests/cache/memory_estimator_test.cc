@@ -1,0 +1,82 @@
+#include "cache/memory_estimator.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvd {
+namespace {
+
+MemoryEstimateRequest Llama7b() {
+  MemoryEstimateRequest r;
+  r.num_layers = 32;
+  r.d_model = 4096;
+  r.num_kv_heads = 32;
+  r.head_dim = 128;
+  r.kv_dtype = DType::kF16;
+  r.batch = 4;
+  r.seq_len = 2048;
+  return r;
+}
+
+TEST(MemoryEstimatorTest, ReproducesTheSeedsWorkedExampleForLlama7b) {
+  const MemoryEstimate e = *MemoryEstimator::Estimate(Llama7b());
+  EXPECT_EQ(e.seed_batch_bytes, 4'294'967'296);
+  // Multi-head attention: the exact formula agrees, and 2048 tokens fill whole blocks.
+  EXPECT_EQ(e.batch_bytes, 4'294'967'296);
+  EXPECT_EQ(e.batch_bytes_paged, 4'294'967'296);
+  EXPECT_EQ(e.bytes_per_token, 524'288);
+  EXPECT_DOUBLE_EQ(e.seed_over_exact, 1.0);
+}
+
+TEST(MemoryEstimatorTest, GqaModelNeedsFourTimesLessThanTheSeedsFormulaSays) {
+  MemoryEstimateRequest r;  // llama3-8b
+  r.num_layers = 32;
+  r.d_model = 4096;
+  r.num_kv_heads = 8;
+  r.head_dim = 128;
+  r.kv_dtype = DType::kBF16;
+  r.batch = 1;
+  r.seq_len = 8192;
+  const MemoryEstimate e = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.bytes_per_token, 131'072);
+  EXPECT_EQ(e.seed_bytes_per_token, 524'288);
+  EXPECT_DOUBLE_EQ(e.seed_over_exact, 4.0);
+  EXPECT_EQ(e.bytes_per_block, 16 * 131'072);
+}
+
+TEST(MemoryEstimatorTest, PagedBytesRoundUpToWholeBlocksAndBudgetCountsSequences) {
+  MemoryEstimateRequest r = Llama7b();
+  r.seq_len = 2049;                    // one token into a 129th block
+  r.budget_bytes = int64_t{10} << 30;  // 10 GiB
+  const MemoryEstimate e = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.blocks_per_sequence, 129);
+  EXPECT_EQ(e.batch_bytes, 4 * 2049 * int64_t{524'288});
+  EXPECT_EQ(e.batch_bytes_paged, 4 * 129 * 16 * int64_t{524'288});
+  EXPECT_EQ(e.sequences_in_budget, (int64_t{10} << 30) / (129 * 16 * int64_t{524'288}));
+  EXPECT_EQ(e.tokens_in_budget, (int64_t{10} << 30) / (16 * int64_t{524'288}) * 16);
+  EXPECT_THAT(MemoryEstimator::Format(r, e), ::testing::HasSubstr("seeds' formula"));
+}
+
+TEST(MemoryEstimatorTest, QuantizedDtypesCountTheirScales) {
+  MemoryEstimateRequest r = Llama7b();
+  r.kv_dtype = DType::kInt8;
+  r.seq_len = 16;
+  r.batch = 1;
+  const MemoryEstimate e = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.bytes_per_token, 2 * 32 * 32 * 128);
+  // One fp32 scale per token and KV head in each of 64 regions.
+  EXPECT_DOUBLE_EQ(e.bytes_per_token_with_scales, 2 * 32 * 32 * 128 + 64 * 32 * 4);
+  EXPECT_EQ(e.batch_bytes, 16 * (2 * 32 * 32 * 128 + 64 * 32 * 4));
+}
+
+TEST(MemoryEstimatorTest, RejectsEmptyWorkloads) {
+  MemoryEstimateRequest r = Llama7b();
+  r.seq_len = 0;
+  EXPECT_EQ(MemoryEstimator::Estimate(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r = Llama7b();
+  r.num_kv_heads = 0;
+  EXPECT_EQ(MemoryEstimator::Estimate(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvd

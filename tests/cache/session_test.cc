@@ -1,0 +1,204 @@
+// Multi-turn sessions through KvCacheManager and SessionTable.
+
+#include <memory>
+#include <vector>
+
+#include "cache/clock.h"
+#include "cache/kv_cache_manager.h"
+#include "cache/session_table.h"
+#include "gtest/gtest.h"
+#include "tests/cache/fake_backend.h"
+#include "tests/cache/kv_test_util.h"
+
+namespace kvd {
+namespace {
+
+using testing_util::CountBadKv;
+using testing_util::Iota;
+using testing_util::Step;
+using testing_util::TinyOptions;
+using testing_util::TinyShape;
+
+class SessionTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<KvCacheManager> Make(KvCacheOptions o) {
+    return *KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  }
+  void ExpectValid(const KvCacheManager& m) {
+    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
+  }
+  // One turn: prompt, computed fully, plus `generated` decoded tokens; then freed.
+  void Turn(KvCacheManager& m, SeqId id, const std::vector<int32_t>& prompt, int32_t generated,
+            std::string_view session, int32_t expect_cached) {
+    absl::StatusOr<int32_t> cached = m.AddSequence(id, prompt, session);
+    ASSERT_TRUE(cached.ok()) << cached.status();
+    EXPECT_EQ(*cached, expect_cached);
+    ASSERT_TRUE(Step(m, id, static_cast<int32_t>(prompt.size()) - *cached));
+    for (int32_t i = 0; i < generated; ++i) {
+      m.AppendTokens(id, {900 + i});
+      ASSERT_TRUE(Step(m, id, 1));
+    }
+    EXPECT_EQ(CountBadKv(m, id), 0);
+    ExpectValid(m);
+    m.Free(id);
+    ExpectValid(m);
+  }
+  std::vector<int32_t> History(const std::vector<int32_t>& prompt, int32_t generated) {
+    std::vector<int32_t> h = prompt;
+    for (int32_t i = 0; i < generated; ++i) h.push_back(900 + i);
+    return h;
+  }
+
+  FakeBackend backend_;
+  FakeClock clock_;
+};
+
+TEST_F(SessionTest, NextTurnOnlyPrefillsItsNewTokensIncludingThePartialBlock) {
+  auto m = Make(TinyOptions());
+  const std::vector<int32_t> turn1 = Iota(6);
+  Turn(*m, 1, turn1, 3, "chat", 0);  // 9 tokens: 2 full blocks + 1 in a partial block
+  EXPECT_EQ(m->stats().pinned_blocks, 3);
+  std::vector<int32_t> turn2 = History(turn1, 3);
+  turn2.push_back(50);
+  turn2.push_back(51);
+  EXPECT_EQ(m->ProbePrefix(turn2, "chat"), 9);
+  // Without the session only the 2 full blocks would hit.
+  EXPECT_EQ(m->ProbePrefix(turn2), 8);
+  Turn(*m, 2, turn2, 1, "chat", 9);
+  EXPECT_EQ(m->stats().session_hit_tokens, 9);
+  EXPECT_EQ(m->stats().pinned_blocks, 3);  // 12 tokens
+}
+
+TEST_F(SessionTest, ADivergingTurnReusesTheCommonPrefixWithoutWritingSharedBlocks) {
+  auto m = Make(TinyOptions());
+  Turn(*m, 1, Iota(11), 0, "chat", 0);  // blocks [0,4) [4,8) full and keyed, [8,11) partial
+  std::vector<int32_t> edited = Iota(11);
+  edited[9] = 7;  // an edit inside the session's own partial block: reuse up to it
+  Turn(*m, 2, edited, 0, "chat", 9);
+  edited[6] = 7;  // an edit inside a keyed full block: that block is never overwritten
+  Turn(*m, 3, edited, 0, "chat", 4);
+  EXPECT_EQ(m->ProbePrefix(Iota(11)), 8);  // the original blocks are intact and cached
+}
+
+TEST_F(SessionTest, IdleSessionsReleaseTheirPinsLazilyAfterTheTimeout) {
+  auto m = Make(TinyOptions());
+  Turn(*m, 1, Iota(9), 0, "chat", 0);
+  ASSERT_EQ(m->stats().pinned_blocks, 3);
+  clock_.Advance(absl::Seconds(29));
+  m->Tick();
+  EXPECT_EQ(m->stats().pinned_blocks, 3);
+  clock_.Advance(absl::Seconds(1));
+  m->Tick();
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.session_releases_idle, 1);
+  EXPECT_EQ(st.cached_blocks, 2);  // full blocks stay cached; the partial one is freed
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(m->ProbePrefix(Iota(9), "chat"), 8);  // still hits through the prefix index
+  EXPECT_EQ(m->CloseSession("chat").code(), absl::StatusCode::kNotFound);
+  ExpectValid(*m);
+}
+
+TEST_F(SessionTest, CloseReleasesAtOnce) {
+  auto m = Make(TinyOptions());
+  Turn(*m, 1, Iota(9), 0, "chat", 0);
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  EXPECT_EQ(m->stats().pinned_blocks, 0);
+  EXPECT_EQ(m->stats().session_releases_closed, 1);
+  EXPECT_EQ(m->CloseSession("chat").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m->CloseSession("never").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionTest, ClosingARunningSessionLetsItsSequenceFreeNormally) {
+  auto m = Make(TinyOptions());
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 9));
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  // A new turn with the same id starts a fresh session while the old sequence runs.
+  ASSERT_TRUE(m->AddSequence(2, Iota(3, 500), "chat").ok());
+  m->Free(1);
+  EXPECT_EQ(m->stats().pinned_blocks, 0);
+  ExpectValid(*m);
+  m->Free(2);
+  EXPECT_EQ(m->stats().pinned_blocks, 0);  // 0 computed tokens: an empty chain
+  ExpectValid(*m);
+}
+
+TEST_F(SessionTest, PinCapDemotesTheOldestSessionsFirst) {
+  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
+  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: at the cap
+  EXPECT_EQ(m->stats().pinned_blocks, 4);
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 3, Iota(8, 300), 0, "c", 0);  // over: "a" goes
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 4);
+  EXPECT_EQ(st.session_releases_pin_cap, 1);
+  EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(m->CloseSession("b").ok());
+}
+
+TEST_F(SessionTest, SessionsSurviveDefragmentationMoves) {
+  KvCacheOptions o = TinyOptions(1, 2);
+  o.defrag_max_moves_per_step = 1;
+  auto m = Make(o);
+  // Fill chunk 0 with a long sequence so the session's chain lands in chunk 1.
+  ASSERT_TRUE(m->AddSequence(1, Iota(16, 700)).ok());
+  ASSERT_TRUE(Step(*m, 1, 16));
+  Turn(*m, 2, Iota(6), 0, "chat", 0);
+  ASSERT_EQ(m->stats().num_chunks, 2);
+  m->Free(1);
+  for (int i = 0; i < 5 && m->stats().num_chunks > 1; ++i) m->Tick();
+  EXPECT_EQ(m->stats().num_chunks, 1);
+  EXPECT_GE(m->stats().defrag_moves, 2);
+  ExpectValid(*m);
+  std::vector<int32_t> turn2 = Iota(6);
+  turn2.push_back(1);
+  Turn(*m, 3, turn2, 0, "chat", 6);  // CountBadKv checks the moved bytes
+}
+
+TEST(SessionTableTest, AttachDetachExpireByTheInjectedClock) {
+  FakeClock clock;
+  SessionTable t(&clock, absl::Seconds(10));
+  absl::StatusOr<Session*> s = t.Attach("x");
+  ASSERT_TRUE(s.ok());
+  const uint64_t serial = (*s)->serial;
+  EXPECT_EQ(t.Attach("x").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(t.ExpireIdle().empty());  // attached sessions never expire
+  EXPECT_FALSE(t.Detach("x", serial + 1, {1, 2}, {}));
+  ASSERT_TRUE(t.Detach("x", serial, {1, 2}, {10, 11, 12, 13, 14}));
+  EXPECT_EQ(t.num_pinned_blocks(), 2);
+  clock.Advance(absl::Seconds(9));
+  EXPECT_TRUE(t.ExpireIdle().empty());
+  clock.Advance(absl::Seconds(1));
+  std::vector<SessionTable::Released> r = t.ExpireIdle();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].chain, (std::vector<BlockId>{1, 2}));
+  EXPECT_EQ(r[0].reason, SessionReleaseReason::kIdle);
+  EXPECT_EQ(t.num_pinned_blocks(), 0);
+  EXPECT_EQ(t.Find("x"), nullptr);
+}
+
+TEST(SessionTableTest, PinCapTakesTheLeastRecentlyUsedFirst) {
+  FakeClock clock;
+  SessionTable t(&clock, absl::Seconds(30));
+  for (const char* id : {"a", "b", "c"}) {
+    const uint64_t serial = (*t.Attach(id))->serial;
+    ASSERT_TRUE(t.Detach(id, serial, {1, 2}, {0, 0, 0, 0, 0}));
+    clock.Advance(absl::Seconds(1));
+  }
+  // "a" comes back and goes again: now "b" is the oldest.
+  const uint64_t serial = (*t.Attach("a"))->serial;
+  ASSERT_TRUE(t.Detach("a", serial, {1, 2}, {0, 0, 0, 0, 0}));
+  std::vector<SessionTable::Released> r = t.EnforcePinCap(3);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].id, "b");
+  EXPECT_EQ(r[1].id, "c");
+  EXPECT_EQ(t.num_pinned_blocks(), 2);
+}
+
+}  // namespace
+}  // namespace kvd

@@ -1,0 +1,242 @@
+// gpu_bench: CUDA backend kernels against the machine's own ceilings, measured in the same
+// run. A program, not a test: it prints a table (and JSON lines to $OUT/gpu_bench.json when
+// OUT is set) and never fails on a time.
+//
+// Shapes follow ../shared/peers/torch_peers.py (Llama-3-8B heads: 32 query heads, 8 KV
+// heads, head_dim 128, bf16 KV, block_size 16) so rows can be set beside its figures.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace kvd {
+namespace {
+
+#define BENCH_CHECK(expr)                                                               \
+  do {                                                                                  \
+    if (auto s = (expr); !s.ok()) {                                                     \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, std::string(s.message()).c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+template <typename T>
+T Must(absl::StatusOr<T> v) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(v.status().message()).c_str());
+    std::exit(1);
+  }
+  return *std::move(v);
+}
+
+class Bench {
+ public:
+  explicit Bench(CudaBackend& gpu) : gpu_(gpu) {
+    const char* out = std::getenv("OUT");
+    if (out != nullptr) json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
+  }
+  ~Bench() {
+    if (json_ != nullptr) std::fclose(json_);
+  }
+
+  // Median milliseconds of `fn` over 20 timed runs after 3 warm-ups, on the backend stream.
+  template <typename Fn>
+  double TimeMs(Fn&& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    BENCH_CHECK(gpu_.Synchronize());
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    std::vector<double> times;
+    for (int i = 0; i < 20; ++i) {
+      cudaEventRecord(start, gpu_.stream());
+      fn();
+      cudaEventRecord(stop, gpu_.stream());
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      times.push_back(ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    BENCH_CHECK(gpu_.Synchronize());
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+  void Row(const std::string& name, double ms, double gbps, double tflops, double ratio,
+           const char* ratio_of) {
+    std::printf("%-44s %9.4f ms %9.1f GB/s %8.1f TFLOP/s %6.3f of %s\n", name.c_str(), ms, gbps,
+                tflops, ratio, ratio_of);
+    if (json_ != nullptr) {
+      std::fprintf(json_,
+                   "{\"name\": \"%s\", \"ms\": %.4f, \"GB/s\": %.1f, \"TFLOP/s\": %.1f, "
+                   "\"ratio\": %.4f, \"ratio_of\": \"%s\"}\n",
+                   name.c_str(), ms, gbps, tflops, ratio, ratio_of);
+    }
+    std::fflush(stdout);
+  }
+
+  CudaBackend& gpu() { return gpu_; }
+
+ private:
+  CudaBackend& gpu_;
+  FILE* json_ = nullptr;
+};
+
+double CopyBandwidth(Bench& bench) {
+  const size_t bytes = size_t{2} << 30;
+  DeviceBuffer a = Must(bench.gpu().Allocate(bytes));
+  DeviceBuffer b = Must(bench.gpu().Allocate(bytes));
+  const double ms = bench.TimeMs([&] {
+    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, bench.gpu().stream());
+  });
+  const double gbps = 2.0 * bytes / (ms * 1e6);  // read + write
+  bench.Row("copy d2d 2 GiB (ceiling)", ms, gbps, 0, 1.0, "copy");
+  return gbps;
+}
+
+double GemmRate(Bench& bench, int m, int n, int k, double copy_gbps, double peak_tflops) {
+  std::vector<float> host_w(size_t(n) * k);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (float& x : host_w) x = dist(rng);
+  DeviceBuffer w = Must(bench.gpu().UploadWeights(host_w.data(), host_w.size()));
+  DeviceBuffer in = Must(bench.gpu().Allocate(size_t(m) * k * 4));
+  DeviceBuffer out = Must(bench.gpu().Allocate(size_t(m) * n * 4));
+  cudaMemsetAsync(in.data(), 0, in.bytes(), bench.gpu().stream());
+  MatmulParams p;
+  p.out = out.as<float>();
+  p.in = in.as<float>();
+  p.weight = w.data();
+  p.weight_dtype = DType::kBF16;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().Matmul(p)); });
+  const double tflops = 2.0 * m * n * k / (ms * 1e9);
+  const double gbps = (2.0 * n * k + 4.0 * m * k + 4.0 * m * n) / (ms * 1e6);
+  const std::string name = absl::StrCat("matmul m", m, " n", n, " k", k);
+  if (peak_tflops > 0) {
+    bench.Row(name, ms, gbps, tflops, tflops / peak_tflops, "gemm");
+  } else if (m <= 16) {
+    bench.Row(name, ms, gbps, tflops, gbps / copy_gbps, "copy");
+  } else {
+    bench.Row(name + " (ceiling)", ms, gbps, tflops, 1.0, "gemm");
+  }
+  return tflops;
+}
+
+// One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
+void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
+               double gemm_tflops) {
+  constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+  const int blocks_per_seq = (context + kBlock - 1) / kBlock;
+  const int num_blocks = batch * blocks_per_seq;
+  int chunk_shift = 0;
+  while ((1 << chunk_shift) < num_blocks) ++chunk_shift;
+  const int64_t block_bytes = int64_t{kKvHeads} * kBlock * kHeadDim * 2;
+  const int64_t region = block_bytes << chunk_shift;
+  DeviceBuffer chunk = Must(bench.gpu().Allocate(size_t(region) * 2));
+  cudaMemsetAsync(chunk.data(), 0, chunk.bytes(), bench.gpu().stream());
+  void* table_host[1] = {chunk.data()};
+  DeviceBuffer table = Must(bench.gpu().Allocate(sizeof(table_host)));
+  BENCH_CHECK(bench.gpu().CopyToDevice(table.data(), table_host, sizeof(table_host)));
+
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));  // a fragmented pool
+  std::vector<int32_t> indptr(batch + 1), last(batch), q_indptr(batch + 1);
+  for (int s = 0; s <= batch; ++s) {
+    indptr[s] = s * blocks_per_seq;
+    q_indptr[s] = s * q_len;
+  }
+  for (int s = 0; s < batch; ++s) last[s] = context - (blocks_per_seq - 1) * kBlock;
+  auto upload = [&](const std::vector<int32_t>& v) {
+    DeviceBuffer b = Must(bench.gpu().Allocate(v.size() * 4));
+    BENCH_CHECK(bench.gpu().CopyToDevice(b.data(), v.data(), v.size() * 4));
+    return b;
+  };
+  DeviceBuffer d_ids = upload(ids), d_indptr = upload(indptr), d_last = upload(last),
+               d_q_indptr = upload(q_indptr);
+  const size_t rows = size_t(batch) * q_len;
+  DeviceBuffer q = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
+  DeviceBuffer out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
+  cudaMemsetAsync(q.data(), 0, q.bytes(), bench.gpu().stream());
+
+  PagedAttentionParams p;
+  p.out = out.as<float>();
+  p.q = q.as<float>();
+  p.q_indptr = d_q_indptr.as<int32_t>();
+  p.cache.chunks = table.as<void*>();
+  p.cache.num_chunks = 1;
+  p.cache.chunk_shift = chunk_shift;
+  p.cache.k_offset_bytes = 0;
+  p.cache.v_offset_bytes = region;
+  p.cache.block_bytes = block_bytes;
+  p.cache.dtype = DType::kBF16;
+  p.cache.num_kv_heads = kKvHeads;
+  p.cache.block_size = kBlock;
+  p.cache.head_dim = kHeadDim;
+  p.blocks = {d_indptr.as<int32_t>(), d_ids.as<int32_t>(), d_last.as<int32_t>(), batch};
+  p.num_q_heads = kQHeads;
+  p.q_stride = p.out_stride = kQHeads * kHeadDim;
+  p.sm_scale = 1.0f / std::sqrt(float(kHeadDim));
+  p.causal = true;
+  const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
+  const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
+  const double q_out_bytes = 2.0 * rows * kQHeads * kHeadDim * 4;
+  const double gbps = (kv_bytes + q_out_bytes) / (ms * 1e6);
+  if (q_len == 1) {
+    bench.Row(absl::StrCat("decode attention ", batch, " x ", context), ms, gbps, 0,
+              gbps / copy_gbps, "copy");
+  } else {
+    // Causal: the chunk's rows see on average (context - q_len/2) keys.
+    const double flops = 4.0 * batch * q_len * (context - q_len / 2.0) * kQHeads * kHeadDim;
+    const double tflops = flops / (ms * 1e9);
+    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
+              tflops, tflops / gemm_tflops, "gemm");
+  }
+}
+
+int Main() {
+  if (CudaDeviceCount() == 0) {
+    std::printf("gpu_bench: no CUDA device\n");
+    return 0;
+  }
+  std::unique_ptr<CudaBackend> gpu = Must(CudaBackend::Create(0));
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30));
+  Bench bench(*gpu);
+  const double copy = CopyBandwidth(bench);
+  const double gemm = GemmRate(bench, 8192, 8192, 8192, copy, 0);
+  GemmRate(bench, 1, 14336, 4096, copy, 0);
+  GemmRate(bench, 16, 14336, 4096, copy, 0);
+  GemmRate(bench, 512, 4096, 4096, copy, gemm);
+  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{
+           {1, 4096}, {1, 32768}, {8, 4096}, {32, 4096}, {64, 4096}, {128, 2048}, {16, 16384}}) {
+    Attention(bench, batch, context, 1, copy, gemm);
+  }
+  for (const auto& [batch, q_len, context] :
+       std::vector<std::tuple<int, int, int>>{{1, 4096, 4096}, {1, 512, 4096}, {8, 2048, 2048}}) {
+    Attention(bench, batch, context, q_len, copy, gemm);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvd
+
+int main() { return kvd::Main(); }

@@ -1,0 +1,182 @@
+// Specification of CpuBackend::AppendKv and CpuBackend::CopyBlocks against the arena
+// layout of kernels/params.h: addresses here come from TestArena::At, which follows the
+// layout diagram and shares no code with the backend.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu_backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace kvd {
+namespace {
+
+using kernel_test::RandomFloats;
+using kernel_test::TestArena;
+using ::testing::HasSubstr;
+
+struct Geometry {
+  int layers, heads, block_size, head_dim, chunk_shift, chunks;
+};
+
+TEST(AppendKvTest, EveryValueLandsWhereTheLayoutSaysAndNothingElseChanges) {
+  CpuBackend backend(2);
+  for (Geometry g :
+       {Geometry{2, 2, 16, 8, 2, 3}, Geometry{3, 4, 5, 12, 1, 4}, Geometry{1, 1, 1, 4, 0, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "block_size=" << g.block_size);
+    TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+    const int layer = g.layers - 1;
+    // Distinct random slots across the whole arena, with padded input rows.
+    const int64_t num_slots = int64_t{g.chunks << g.chunk_shift} * g.block_size;
+    std::vector<int64_t> slots(num_slots);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), std::mt19937(g.block_size));
+    const int num_tokens = static_cast<int>(std::min<int64_t>(num_slots, 23));
+    slots.resize(num_tokens);
+    const int k_stride = g.heads * g.head_dim + 1, v_stride = g.heads * g.head_dim + 7;
+    const std::vector<float> k = RandomFloats(num_tokens * k_stride, 1);
+    const std::vector<float> v = RandomFloats(num_tokens * v_stride, 2);
+    AppendKvParams p{arena.View(layer), k.data(), v.data(), slots.data(),
+                     num_tokens,        k_stride, v_stride};
+    ASSERT_TRUE(backend.AppendKv(p).ok());
+
+    int64_t written = 0;
+    for (int t = 0; t < num_tokens; ++t) {
+      const int64_t block = slots[t] / g.block_size;
+      const int offset = static_cast<int>(slots[t] % g.block_size);
+      for (int h = 0; h < g.heads; ++h) {
+        for (int d = 0; d < g.head_dim; ++d) {
+          ASSERT_EQ(arena.At(layer, false, block, h, offset, d),
+                    k[t * k_stride + h * g.head_dim + d])
+              << "K token " << t << " head " << h << " dim " << d;
+          ASSERT_EQ(arena.At(layer, true, block, h, offset, d),
+                    v[t * v_stride + h * g.head_dim + d])
+              << "V token " << t << " head " << h << " dim " << d;
+          written += 2;
+        }
+      }
+    }
+    // Every other float of the arena (other layers, slots, padding) is still NaN.
+    int64_t non_nan = 0;
+    for (int c = 0; c < arena.num_chunks(); ++c) {
+      for (float x : arena.chunk(c)) non_nan += !std::isnan(x);
+    }
+    EXPECT_EQ(non_nan, written);
+  }
+}
+
+TEST(CopyBlocksTest, CopiesEveryLayersKAndVOfEachPairAndNothingElse) {
+  CpuBackend backend(3);
+  const Geometry g{3, 2, 5, 4, 2, 4};  // 16 blocks, 6 regions
+  TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  arena.FillRandom(40);
+  // Defragmentation-style moves from the top chunk down, and one copy-on-write.
+  const std::vector<int32_t> src = {15, 12, 13, 2};
+  const std::vector<int32_t> dst = {0, 5, 9, 11};
+  // Expected: a snapshot with each dst block replaced by its src block in every region.
+  TestArena expected(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  expected.CopyContentsFrom(arena);
+  for (size_t i = 0; i < src.size(); ++i) {
+    for (int layer = 0; layer < g.layers; ++layer) {
+      for (bool value : {false, true}) {
+        for (int h = 0; h < g.heads; ++h) {
+          for (int o = 0; o < g.block_size; ++o) {
+            for (int d = 0; d < g.head_dim; ++d) {
+              expected.At(layer, value, dst[i], h, o, d) = arena.At(layer, value, src[i], h, o, d);
+            }
+          }
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(backend.CopyBlocks(arena.CopyParams(src, dst)).ok());
+  for (int c = 0; c < arena.num_chunks(); ++c) {
+    EXPECT_EQ(0, std::memcmp(arena.chunk(c).data(), expected.chunk(c).data(),
+                             arena.chunk(c).size() * sizeof(float)))
+        << "chunk " << c;
+  }
+}
+
+TEST(KvCacheOpsTest, ZeroTokensOrPairsIsANoOp) {
+  CpuBackend backend(1);
+  EXPECT_TRUE(backend.AppendKv({}).ok());
+  EXPECT_TRUE(backend.CopyBlocks({}).ok());
+}
+
+TEST(KvCacheOpsTest, BadAppendKvParamsAreInvalidArgumentAndWriteNothing) {
+  CpuBackend backend(2);
+  const Geometry g{1, 2, 4, 8, 1, 3};  // 6 blocks of 4 slots; chunk 1 released
+  const std::vector<float> k = RandomFloats(3 * 16, 1), v = RandomFloats(3 * 16, 2);
+  auto expect_invalid = [&](const char* field, auto mutate) {
+    TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks, {1});
+    std::vector<int64_t> slots = {0, 1, 23};
+    AppendKvParams p{arena.View(0), k.data(), v.data(), slots.data(), 3, 16, 16};
+    mutate(p, slots);
+    const absl::Status s = backend.AppendKv(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("AppendKv"));
+    EXPECT_THAT(s.message(), HasSubstr(field));
+    for (int c = 0; c < arena.num_chunks(); ++c) {
+      for (float x : arena.chunk(c)) ASSERT_TRUE(std::isnan(x)) << field << ": arena written";
+    }
+  };
+  using Slots = std::vector<int64_t>;
+  expect_invalid("k is", [](AppendKvParams& p, Slots&) { p.k = nullptr; });
+  expect_invalid("slot_mapping", [](AppendKvParams& p, Slots&) { p.slot_mapping = nullptr; });
+  expect_invalid("num_tokens", [](AppendKvParams& p, Slots&) { p.num_tokens = -1; });
+  expect_invalid("k_stride", [](AppendKvParams& p, Slots&) { p.k_stride = 15; });
+  expect_invalid("cache.num_kv_heads", [](AppendKvParams& p, Slots&) { p.cache.num_kv_heads = 0; });
+  expect_invalid("cache.chunks", [](AppendKvParams& p, Slots&) { p.cache.chunks = nullptr; });
+  expect_invalid("slot_mapping[2]", [](AppendKvParams&, Slots& s) { s[2] = 24; });  // block 6
+  expect_invalid("slot_mapping[1]", [](AppendKvParams&, Slots& s) { s[1] = -3; });
+  expect_invalid("null", [](AppendKvParams&, Slots& s) { s[2] = 2 * 4 + 1; });  // chunk 1
+}
+
+TEST(KvCacheOpsTest, BadCopyBlocksParamsAreInvalidArgumentAndWriteNothing) {
+  CpuBackend backend(2);
+  const Geometry g{2, 1, 4, 4, 1, 3};
+  auto expect_invalid = [&](const char* field, auto mutate) {
+    TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks, {1});
+    std::vector<int32_t> src = {0, 5}, dst = {1, 4};
+    CopyBlocksParams p = arena.CopyParams(src, dst);
+    ASSERT_TRUE(backend.CopyBlocks(p).ok());  // NaN to NaN: the arena stays NaN
+    mutate(p, src, dst);
+    const absl::Status s = backend.CopyBlocks(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("CopyBlocks"));
+    EXPECT_THAT(s.message(), HasSubstr(field));
+  };
+  using Ids = std::vector<int32_t>;
+  expect_invalid("chunks", [](CopyBlocksParams& p, Ids&, Ids&) { p.chunks = nullptr; });
+  expect_invalid("src", [](CopyBlocksParams& p, Ids&, Ids&) { p.src = nullptr; });
+  expect_invalid("num_pairs", [](CopyBlocksParams& p, Ids&, Ids&) { p.num_pairs = -2; });
+  expect_invalid("block_bytes", [](CopyBlocksParams& p, Ids&, Ids&) { p.block_bytes = 0; });
+  expect_invalid("num_regions", [](CopyBlocksParams& p, Ids&, Ids&) { p.num_regions = 0; });
+  expect_invalid("chunk_region_bytes",
+                 [](CopyBlocksParams& p, Ids&, Ids&) { p.chunk_region_bytes -= 4; });
+  expect_invalid("block -1", [](CopyBlocksParams&, Ids& src, Ids&) { src[1] = -1; });
+  expect_invalid("null", [](CopyBlocksParams&, Ids&, Ids& dst) { dst[0] = 3; });  // chunk 1
+}
+
+TEST(KvCacheOpsTest, NonF32CacheIsUnimplemented) {
+  CpuBackend backend(1);
+  TestArena arena(1, 1, 4, 4, 0, 1);
+  const std::vector<float> kv(4, 1.0f);
+  const int64_t slot = 0;
+  AppendKvParams p{arena.View(0), kv.data(), kv.data(), &slot, 1, 4, 4};
+  p.cache.dtype = DType::kInt4;
+  const absl::Status s = backend.AppendKv(p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("AppendKv"));
+  EXPECT_THAT(s.message(), HasSubstr("int4"));
+}
+
+}  // namespace
+}  // namespace kvd

@@ -1,0 +1,193 @@
+// The Llama forward pass on the CPU reference backend reproduces llama2.c's greedy
+// outputs for stories260K token for token, through a scattered paged KV cache.
+
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu_backend.h"
+#include "model/llama2c_loader.h"
+
+namespace kvd {
+namespace {
+
+const std::string kModels = std::string(KVD_SHARED_DIR) + "/models";
+
+struct GoldenCase {
+  std::vector<int32_t> prompt_tokens;
+  int32_t max_new_tokens;
+  std::vector<int32_t> output_tokens;
+  std::string stop;
+};
+
+std::vector<GoldenCase> ReadGolden() {
+  std::ifstream in(kModels + "/golden/stories260K_greedy.jsonl");
+  std::vector<GoldenCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    cases.push_back({j["prompt_tokens"].get<std::vector<int32_t>>(),
+                     j["max_new_tokens"].get<int32_t>(),
+                     j["output_tokens"].get<std::vector<int32_t>>(), j["stop"].get<std::string>()});
+  }
+  return cases;
+}
+
+// A single-chunk KV arena whose blocks are handed out in a shuffled order, so every
+// sequence's block table is scattered.
+class TestArena {
+ public:
+  TestArena(Backend* backend, const ModelSpec& spec, int32_t block_size, int32_t min_blocks,
+            uint32_t seed)
+      : spec_(spec), block_size_(block_size) {
+    while ((1 << shift_) < min_blocks) ++shift_;
+    const int64_t block_bytes =
+        int64_t{spec.num_kv_heads} * block_size * spec.head_dim * sizeof(float);
+    region_bytes_ = block_bytes << shift_;
+    chunk_ = *backend->Allocate(region_bytes_ * 2 * spec.num_layers);
+    chunks_[0] = chunk_.data();
+    free_.resize(size_t{1} << shift_);
+    std::iota(free_.begin(), free_.end(), 0);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
+    for (int32_t l = 0; l < spec.num_layers; ++l) {
+      views_.push_back({.chunks = chunks_,
+                        .num_chunks = 1,
+                        .chunk_shift = shift_,
+                        .k_offset_bytes = region_bytes_ * (2 * l),
+                        .v_offset_bytes = region_bytes_ * (2 * l + 1),
+                        .block_bytes = block_bytes,
+                        .dtype = DType::kF32,
+                        .num_kv_heads = spec.num_kv_heads,
+                        .block_size = block_size,
+                        .head_dim = spec.head_dim});
+    }
+  }
+  // Grows `blocks` to cover `tokens` positions.
+  void Cover(std::vector<int32_t>* blocks, int32_t tokens) {
+    while (static_cast<int32_t>(blocks->size()) * block_size_ < tokens) {
+      ASSERT_FALSE(free_.empty());
+      blocks->push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  absl::Span<const KvCacheView> views() const { return views_; }
+
+ private:
+  ModelSpec spec_;
+  int32_t block_size_;
+  int32_t shift_ = 0;
+  int64_t region_bytes_ = 0;
+  DeviceBuffer chunk_;
+  void* chunks_[1] = {nullptr};
+  std::vector<int32_t> free_;
+  std::vector<KvCacheView> views_;
+};
+
+int32_t Argmax(const float* logits, int32_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
+// Greedy generation with llama2.c's stop rule (BOS ends a story). Prefill goes in chunks
+// of `prefill_chunk` tokens.
+std::vector<int32_t> Greedy(LlamaModel* model, TestArena* arena, const GoldenCase& c,
+                            int32_t prefill_chunk, std::string* stop) {
+  const int32_t bs = arena->views()[0].block_size;
+  const int32_t vocab = model->spec().vocab_size;
+  std::vector<int32_t> tokens = c.prompt_tokens;
+  std::vector<int32_t> blocks;
+  std::vector<int32_t> out;
+  std::vector<float> logits;
+  int32_t computed = 0;
+  *stop = "length";
+  while (static_cast<int32_t>(out.size()) < c.max_new_tokens) {
+    const int32_t n =
+        std::min<int32_t>(static_cast<int32_t>(tokens.size()) - computed, prefill_chunk);
+    arena->Cover(&blocks, computed + n);
+    ForwardBatch batch;
+    const bool last_chunk = computed + n == static_cast<int32_t>(tokens.size());
+    batch.AddSequence(absl::MakeConstSpan(tokens).subspan(computed, n), computed, blocks, bs,
+                      last_chunk);
+    absl::Status s = model->Forward(batch, arena->views(), &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) break;
+    computed += n;
+    if (!last_chunk) continue;
+    const int32_t next = Argmax(logits.data(), vocab);
+    if (next == 1) {
+      *stop = "bos";
+      break;
+    }
+    out.push_back(next);
+    tokens.push_back(next);
+  }
+  return out;
+}
+
+class LlamaGoldenTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(LlamaGoldenTest, GreedyMatchesLlama2c) {
+  const int32_t block_size = GetParam();
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  CpuBackend backend(2);
+  auto model = LlamaModel::Create(*weights, &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto cases = ReadGolden();
+  ASSERT_EQ(cases.size(), 12u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    TestArena arena(&backend, weights->spec, block_size, 512 / block_size + 2, 7 + i);
+    std::string stop;
+    // Alternate whole-prompt prefill and a chunked prefill that splits the prompt.
+    const int32_t chunk = i % 2 == 0 ? 1 << 20 : 3;
+    const auto out = Greedy(model->get(), &arena, cases[i], chunk, &stop);
+    EXPECT_EQ(out, cases[i].output_tokens) << "case " << i;
+    EXPECT_EQ(stop, cases[i].stop) << "case " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, LlamaGoldenTest, ::testing::Values(1, 16, 64));
+
+TEST(LlamaModelTest, RejectsBadBatches) {
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  CpuBackend backend(1);
+  auto model = LlamaModel::Create(*weights, &backend);
+  ASSERT_TRUE(model.ok());
+  TestArena arena(&backend, weights->spec, 16, 8, 1);
+  std::vector<int32_t> blocks;
+  arena.Cover(&blocks, 4);
+  std::vector<float> logits;
+
+  ForwardBatch out_of_vocab;
+  out_of_vocab.AddSequence(std::vector<int32_t>{1, 512}, 0, blocks, 16, true);
+  EXPECT_THAT(model->get()->Forward(out_of_vocab, arena.views(), &logits).message(),
+              ::testing::HasSubstr("token id 512"));
+
+  ForwardBatch ok;
+  ok.AddSequence(std::vector<int32_t>{1, 2}, 0, blocks, 16, true);
+  EXPECT_FALSE(model->get()->Forward(ok, arena.views().subspan(1), &logits).ok());
+  EXPECT_TRUE(model->get()->Forward(ok, arena.views(), &logits).ok());
+  EXPECT_EQ(logits.size(), 512u);
+}
+
+TEST(LlamaModelTest, RejectsWeightsThatDoNotMatchTheSpec) {
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok());
+  weights->layers[2].w2.pop_back();
+  CpuBackend backend(1);
+  auto model = LlamaModel::Create(*weights, &backend);
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(model.status().message(), ::testing::HasSubstr("layers[2].w2"));
+}
+
+}  // namespace
+}  // namespace kvd

@@ -1,0 +1,153 @@
+// The engine behind `kvd generate`: greedy outputs equal llama2.c's for every golden
+// prompt, all prompts running together in one continuous batch, for several KV block
+// sizes; every sequence's KV lives in blocks from the KvCacheManager.
+
+#include "scheduler/generator.h"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cache/clock.h"
+#include "kernels/cpu_backend.h"
+#include "model/llama2c_loader.h"
+#include "tools/engine_setup.h"
+
+namespace kvd {
+namespace {
+
+const std::string kModels = std::string(KVD_SHARED_DIR) + "/models";
+
+struct Golden {
+  GenerationRequest request;
+  std::vector<int32_t> output;
+  FinishReason finish;
+};
+
+std::vector<Golden> ReadGolden() {
+  std::ifstream in(kModels + "/golden/stories260K_greedy.jsonl");
+  std::vector<Golden> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    Golden g;
+    g.request.prompt = j["prompt_tokens"].get<std::vector<int32_t>>();
+    g.request.max_new_tokens = j["max_new_tokens"].get<int32_t>();
+    g.request.sampling.temperature = 0;
+    g.request.stop_token_ids = {1};
+    g.output = j["output_tokens"].get<std::vector<int32_t>>();
+    g.finish = j["stop"] == "bos" ? FinishReason::kStop : FinishReason::kLength;
+    cases.push_back(g);
+  }
+  return cases;
+}
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    spec_ = weights->spec;
+    auto model = LlamaModel::Create(*weights, &backend_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    golden_ = ReadGolden();
+    ASSERT_EQ(golden_.size(), 12u);
+  }
+
+  std::unique_ptr<KvCacheManager> Cache(int32_t block_size, int32_t num_sequences,
+                                        bool prefix_caching = true) {
+    auto cache = CreateCacheForSequences(spec_, &backend_, &clock_, block_size, num_sequences,
+                                         prefix_caching);
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    return cache.ok() ? std::move(*cache) : nullptr;
+  }
+
+  CpuBackend backend_{2};
+  FakeClock clock_;
+  ModelSpec spec_;
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<Golden> golden_;
+};
+
+class GeneratorGoldenTest : public GeneratorTest, public ::testing::WithParamInterface<int32_t> {};
+
+TEST_P(GeneratorGoldenTest, AllGoldenPromptsInOneBatch) {
+  auto cache = Cache(GetParam(), 12);
+  ASSERT_NE(cache, nullptr);
+  std::vector<GenerationRequest> requests;
+  for (const Golden& g : golden_) requests.push_back(g.request);
+  // A small token budget forces chunked prefill mixed with decodes.
+  Generator gen(model_.get(), cache.get(), {.max_num_batched_tokens = 24, .max_batch_size = 12});
+  auto results = gen.Run(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (size_t i = 0; i < golden_.size(); ++i) {
+    EXPECT_EQ((*results)[i].output, golden_[i].output) << "case " << i;
+    EXPECT_EQ((*results)[i].finish, golden_[i].finish) << "case " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, GeneratorGoldenTest, ::testing::Values(1, 16, 64));
+
+TEST_F(GeneratorTest, RejectsBadRequestsAndFreesEverything) {
+  auto cache = Cache(16, 2);
+  Generator gen(model_.get(), cache.get());
+  GenerationRequest empty;
+  EXPECT_EQ(gen.Run({empty}).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerationRequest bad_token;
+  bad_token.prompt = {1, 600};
+  EXPECT_THAT(gen.Run({golden_[0].request, bad_token}).status().message(),
+              ::testing::HasSubstr("token id 600"));
+  GenerationRequest too_long;
+  too_long.prompt.assign(513, 300);
+  EXPECT_THAT(gen.Run({too_long}).status().message(), ::testing::HasSubstr("513"));
+  // The pool is whole again: a full-size run still fits.
+  auto ok = gen.Run({golden_[1].request, golden_[3].request});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0].output, golden_[1].output);
+}
+
+TEST_F(GeneratorTest, ContextLimitEndsGeneration) {
+  auto cache = Cache(16, 1);
+  Generator gen(model_.get(), cache.get());
+  GenerationRequest r = golden_[6].request;  // never emits BOS within its budget
+  r.max_new_tokens = 10000;
+  auto results = gen.Run({r});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].finish, FinishReason::kContextLimit);
+  // Every position of the context was used: prompt + output = context + 1 (the last token
+  // is emitted but never fed back).
+  EXPECT_EQ(r.prompt.size() + (*results)[0].output.size(), 513u);
+}
+
+TEST_F(GeneratorTest, SharedPrefixIsPrefilledOnceAndChangesNoOutput) {
+  // Case 10's prompt extends case 0's story; run case 0 first, then case 10 and 11.
+  auto cache = Cache(16, 3);
+  Generator gen(model_.get(), cache.get());
+  GenerationRequest first = golden_[0].request;
+  first.max_new_tokens = 40;
+  ASSERT_TRUE(gen.Run({first}).ok());
+  auto results = gen.Run({golden_[10].request});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].output, golden_[10].output);
+  // The 32-token prompt shares "<s> Once upon a time, there was a little girl named Lily.
+  // She lo..." with the first run's tokens: at least one full 16-token block is reused and
+  // only the rest is prefilled.
+  EXPECT_GE((*results)[0].cached_prompt_tokens, 16);
+  EXPECT_EQ((*results)[0].cached_prompt_tokens + (*results)[0].computed_prompt_tokens, 32);
+
+  auto cold = Cache(16, 3, /*prefix_caching=*/false);
+  Generator cold_gen(model_.get(), cold.get());
+  ASSERT_TRUE(cold_gen.Run({first}).ok());
+  auto cold_results = cold_gen.Run({golden_[10].request});
+  ASSERT_TRUE(cold_results.ok());
+  EXPECT_EQ((*cold_results)[0].cached_prompt_tokens, 0);
+  EXPECT_EQ((*cold_results)[0].output, (*results)[0].output);
+}
+
+}  // namespace
+}  // namespace kvd

@@ -1,0 +1,110 @@
+// `kvd generate` as a user runs it: the real binary, the real model.
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <sys/wait.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bin";
+
+struct Result {
+  int exit_code;
+  std::string out;  // stdout and stderr together
+};
+
+Result RunKvd(const std::string& args) {
+  const std::string cmd = std::string(KVD_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(KvdGenerateTest, GreedyStoryMatchesLlama2c) {
+  const Result r = RunKvd("generate --model " + kModel +
+                          " --prompt 'Once upon a time' --max-tokens 60 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, StartsWith(", there was a little girl named Lily."));
+}
+
+TEST(KvdGenerateTest, JsonOutput) {
+  const Result r = RunKvd("generate --model " + kModel +
+                          " --prompt 'Once upon a time' --max-tokens 20 --temperature 0 --json"
+                          " --block-size 4");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], nlohmann::json({1, 403, 407, 261, 378}));
+  EXPECT_EQ(j["output_tokens"].size(), 20u);
+  EXPECT_EQ(j["stop"], "length");
+  EXPECT_THAT(j["text"].get<std::string>(), StartsWith(", there was a little girl"));
+}
+
+TEST(KvdGenerateTest, StopsAtBosLikeLlama2c) {
+  const Result r = RunKvd("generate --model " + kModel +
+                          " --prompt 'Lily and Tom' --max-tokens 400 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stop"], "stop_token");
+  EXPECT_EQ(j["output_tokens"].size(), 220u);  // golden: 220 tokens, then BOS
+}
+
+TEST(KvdGenerateTest, SeededSamplingIsReproducible) {
+  const std::string args = "generate --model " + kModel +
+                           " --prompt 'The little dog' --max-tokens 40 --temperature 0.9"
+                           " --top-p 0.9 --seed 42 --json";
+  const Result a = RunKvd(args);
+  const Result b = RunKvd(args);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_EQ(a.out, b.out);
+  const Result c = RunKvd(args + " --seed 43");
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
+  const Result top = RunKvd("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_THAT(top.out, HasSubstr("generate"));
+  const Result r = RunKvd("generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--model", "--tokenizer", "--prompt", "--max-tokens", "--temperature",
+                           "--top-p", "--top-k", "--seed", "--block-size", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+TEST(KvdGenerateTest, BadInputsFailClearly) {
+  Result r = RunKvd("generate --prompt hi");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--model"));
+  r = RunKvd("generate --model /nonexistent/model.bin --prompt hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("/nonexistent/model.bin"));
+  r = RunKvd("generate --model " + kModel + " --prompt hi --temperature -1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("temperature"));
+  r = RunKvd("generate --model " + kModel + " --prompt hi --block-size 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("block"));
+  r = RunKvd("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr("unknown command"));
+}
+
+}  // namespace
+}  // namespace kvd

@@ -1,0 +1,160 @@
+#include "tools/generate_command.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/clock.h"
+#include "kernels/cpu_backend.h"
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "model/streaming_decoder.h"
+#include "model/tokenizer.h"
+#include "scheduler/generator.h"
+#include "tools/engine_setup.h"
+#include "tools/flags.h"
+
+namespace kvd {
+
+namespace {
+
+FlagSet MakeFlags() {
+  FlagSet f(
+      "kvd generate --model PATH --prompt TEXT [--tokenizer PATH] [--max-tokens N]\n"
+      "                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
+      "                    [--block-size B] [--threads N] [--json]\n"
+      "\n"
+      "Completes PROMPT with the model on the CPU reference backend and prints the\n"
+      "completion (the prompt is not repeated). llama2.c models stop at BOS (id 1), as\n"
+      "llama2.c's run.c does.");
+  f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
+  f.AddString("tokenizer",
+              "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
+              "whichever matches its vocabulary");
+  f.AddString("prompt", "text to complete");
+  f.AddInt("max-tokens", "most tokens to generate", 256);
+  f.AddFloat("temperature", "0 = greedy; otherwise softmax temperature", 1.0);
+  f.AddFloat("top-p", "nucleus sampling mass, in (0, 1]", 1.0);
+  f.AddInt("top-k", "keep the K most likely tokens; 0 = off", 0);
+  f.AddFloat("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
+  f.AddInt("seed", "sampling seed; the same seed gives the same text", 0);
+  f.AddInt("block-size", "tokens per KV block", 16);
+  f.AddInt("threads", "CPU threads; 0 = all cores", 0);
+  f.AddBool("json", "print one JSON object instead of text");
+  return f;
+}
+
+// The tokenizer beside the model whose vocabulary matches it.
+absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& model_path,
+                                                          int32_t vocab_size) {
+  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
+  std::vector<std::string> tried;
+  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
+    const std::string path = (dir / name).string();
+    if (!std::filesystem::exists(path)) continue;
+    auto tok = Tokenizer::LoadLlama2c(path, vocab_size);
+    if (tok.ok()) return tok;
+    tried.push_back(absl::StrCat(path, " (", tok.status().message(), ")"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no tokenizer given and none beside the model with ", vocab_size,
+      " tokens; tried tok512.bin and tokenizer.bin in '", dir.string(), "'",
+      tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), ". Pass --tokenizer PATH"));
+}
+
+absl::Status Run(const FlagSet& flags, std::ostream& out) {
+  const std::string model_ref = flags.GetString("model");
+  if (model_ref.rfind("synthetic:", 0) == 0 && !flags.Has("tokenizer")) {
+    return absl::InvalidArgumentError(
+        "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
+  }
+  auto weights = LoadModel(model_ref, flags.GetInt("seed"));
+  if (!weights.ok()) return weights.status();
+  const ModelSpec& spec = weights->spec;
+
+  auto tokenizer = flags.Has("tokenizer")
+                       ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
+                       : FindTokenizer(model_ref, spec.vocab_size);
+  if (!tokenizer.ok()) return tokenizer.status();
+
+  GenerationRequest request;
+  request.prompt = (*tokenizer)->Encode(flags.GetString("prompt"), /*add_bos=*/true);
+  request.max_new_tokens = static_cast<int32_t>(flags.GetInt("max-tokens"));
+  if (request.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tokens must be >= 0, got ", request.max_new_tokens));
+  }
+  request.sampling.temperature = static_cast<float>(flags.GetFloat("temperature"));
+  request.sampling.top_p = static_cast<float>(flags.GetFloat("top-p"));
+  request.sampling.top_k = static_cast<int32_t>(flags.GetInt("top-k"));
+  request.sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
+  request.sampling.seed = static_cast<uint64_t>(flags.GetInt("seed"));
+  if (auto s = request.sampling.Validate(); !s.ok()) return s;
+  request.stop_token_ids = {spec.bos_token_id};
+
+  int threads = static_cast<int>(flags.GetInt("threads"));
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CpuBackend backend(threads);
+  auto model = LlamaModel::Create(*weights, &backend);
+  if (!model.ok()) return model.status();
+  RealClock clock;
+  const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
+  auto cache = CreateCacheForSequences(spec, &backend, &clock, block_size, /*num_sequences=*/1);
+  if (!cache.ok()) return cache.status();
+
+  const bool json = flags.GetBool("json");
+  StreamingDecoder decoder(tokenizer->get(), request.prompt.back());
+  std::string text;
+  Generator generator(model->get(), cache->get());
+  auto results = generator.Run({request}, [&](size_t, int32_t token) {
+    std::string delta = decoder.Push(token);
+    text += delta;
+    if (!json) out << delta << std::flush;
+  });
+  if (!results.ok()) return results.status();
+  const std::string tail = decoder.Flush();
+  text += tail;
+  const GenerationResult& r = (*results)[0];
+  if (json) {
+    nlohmann::json j;
+    j["prompt_tokens"] = request.prompt;
+    j["output_tokens"] = r.output;
+    j["text"] = text;
+    j["stop"] = r.finish == FinishReason::kStop ? "stop_token" : "length";
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    out << tail << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out,
+                       std::ostream& err) {
+  FlagSet flags = MakeFlags();
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (flags.help()) {
+    out << flags.Usage();
+    return 0;
+  }
+  if (absl::Status s = flags.Require({"model", "prompt"}); !s.ok()) {
+    err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (absl::Status s = Run(flags, out); !s.ok()) {
+    err << "kvd generate: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd
