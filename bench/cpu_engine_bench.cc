@@ -88,8 +88,8 @@ int Main(int argc, char** argv) {
       auto cache = CreateCacheForSequences(spec, &backend, &clock, 16,
                                            static_cast<int32_t>(requests.size()), false);
       if (!cache.ok()) return;
-      Generator gen(model->get(), cache->get(), {.max_num_batched_tokens = 4096,
-                                                 .max_batch_size = 256});
+      Generator gen(model->get(), cache->get(), {.max_batch_size = 256,
+                                                 .max_num_batched_tokens = 4096});
       const auto start = std::chrono::steady_clock::now();
       auto results = gen.Run(requests);
       const double s = Seconds(start);

@@ -33,6 +33,7 @@ struct EngineOptions {
   AdmissionMode admission = AdmissionMode::kPredicted;
   double predictor_quantile = 0.9;        // of observed output lengths
   int32_t predictor_default_tokens = 128; // prediction before any request finished
+  absl::Duration idle_tick = absl::Milliseconds(50);  // cache Tick() period while idle
 };
 
 // The engine thread: continuous batching over one model and one KV cache.
@@ -44,16 +45,21 @@ struct EngineOptions {
 // prefill chunks and decodes, samples, streams deltas and retires finished requests. When
 // the pool runs short, the lowest-priority, most recently admitted request is preempted
 // (its blocks freed, re-queued, recomputed later with identical greedy output).
-// Does not own the model, cache, tokenizer or clock; they must outlive it.
+// Does not own the model, cache, tokenizer or clock; they must outlive it. Without a
+// tokenizer (offline token-id runs) events carry no text and stop strings are refused.
 class EngineLoop {
  public:
   EngineLoop(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
              const Tokenizer* tokenizer, Clock* clock);
   ~EngineLoop();  // Stop()s
 
+  // Spawns the engine thread.
   void Start();
   // Finishes every request at once (kAborted) and joins the engine thread.
   void Stop();
+  // Offline use instead of Start(): runs steps on the calling thread until nothing is
+  // waiting or running. REQUIRES: Start() was not called.
+  void RunUntilIdle();
 
   // Queues a request; its events go to `on_event`. Errors, with nothing queued:
   // InvalidArgument (bad fields, naming the field and allowed range), ResourceExhausted

@@ -1,0 +1,206 @@
+#include "scheduler/engine_loop.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/engine_loop_impl.h"
+
+namespace kvd {
+
+namespace {
+
+std::vector<double> LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+std::vector<double> LengthBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+}
+std::vector<double> ErrorBuckets() {
+  return {-1024, -256, -64, -16, -4, 0, 4, 16, 64, 256, 1024};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t i = std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin();
+  ++counts[i];
+  sum += value;
+  ++count;
+}
+
+EngineLoop::Impl::Impl(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
+                       const Tokenizer* tokenizer, Clock* clock)
+    : options_(options),
+      model_(model),
+      cache_(cache),
+      tokenizer_(tokenizer),
+      clock_(clock),
+      max_blocks_(cache->stats().max_blocks),
+      predictor_(options.predictor_quantile, options.predictor_default_tokens) {
+  stats_.time_to_first_token = Histogram(LatencyBuckets());
+  stats_.inter_token_latency = Histogram(LatencyBuckets());
+  stats_.end_to_end_latency = Histogram(LatencyBuckets());
+  stats_.output_length = Histogram(LengthBuckets());
+  stats_.prediction_error = Histogram(ErrorBuckets());
+  stats_.predicted_output_tokens = predictor_.Predict();
+  stats_.cache = cache->stats();
+  published_ = stats_;
+}
+
+absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallback on_event) {
+  const ModelSpec& spec = model_->spec();
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+  if (static_cast<int32_t>(request.prompt.size()) > spec.max_context_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", request.prompt.size(),
+                                                   " tokens, the model's context holds ",
+                                                   spec.max_context_tokens));
+  }
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= spec.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: ", t,
+                                                     " is outside [0, ", spec.vocab_size, ")"));
+    }
+  }
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: must be >= 1, got ", request.max_tokens));
+  }
+  if (absl::Status s = request.sampling.Validate(); !s.ok()) return s;
+  if (tokenizer_ == nullptr && !request.stop.empty()) {
+    return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
+  }
+  if (cache_->layout().BlocksForTokens(request.prompt.size()) > max_blocks_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt of ", request.prompt.size(), " tokens needs ",
+        cache_->layout().BlocksForTokens(request.prompt.size()), " KV blocks; the whole pool has ",
+        max_blocks_));
+  }
+
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = request.prompt;
+  seq->sampler.emplace(request.sampling);
+  if (tokenizer_ != nullptr) seq->decoder.emplace(tokenizer_, request.prompt.back());
+  seq->stop.emplace(request.stop);
+  seq->usage.prompt_tokens = static_cast<int32_t>(request.prompt.size());
+  seq->submit_time = clock_->Now();
+  seq->request = std::move(request);
+  seq->on_event = std::move(on_event);
+
+  absl::MutexLock lock(&mu_);
+  if (draining_ || stopping_) {
+    return absl::UnavailableError("the server is draining and accepts no new requests");
+  }
+  if (published_waiting_ + static_cast<int32_t>(incoming_.size()) >=
+      options_.max_waiting_requests) {
+    ++published_.requests_rejected;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the waiting queue is full (", options_.max_waiting_requests, " requests)"));
+  }
+  seq->handle = next_handle_++;
+  const uint64_t handle = seq->handle;
+  incoming_.push_back(std::move(seq));
+  idle_ = false;
+  return handle;
+}
+
+void EngineLoop::Impl::Cancel(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  cancels_.push_back(handle);
+}
+
+absl::Status EngineLoop::Impl::CloseSession(const std::string& session_id) {
+  absl::Status result;
+  absl::Notification done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is stopped");
+    // Offline (no engine thread): the caller is the only thread touching the cache.
+    if (!started_) return cache_->CloseSession(session_id);
+    closes_.push_back({session_id, &result, &done});
+  }
+  done.WaitForNotification();
+  return result;
+}
+
+void EngineLoop::Impl::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool EngineLoop::Impl::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return idle_ && incoming_.empty(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+EngineStats EngineLoop::Impl::Stats() const {
+  absl::MutexLock lock(&mu_);
+  EngineStats s = published_;
+  s.requests_waiting += static_cast<int32_t>(incoming_.size());
+  return s;
+}
+
+void EngineLoop::Impl::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    started_ = true;
+  }
+  thread_ = std::thread([this] { ThreadMain(); });
+}
+
+void EngineLoop::Impl::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  AbortAll();
+}
+
+void EngineLoop::Impl::RunUntilIdle() {
+  while (true) {
+    if (!Step()) {
+      absl::MutexLock lock(&mu_);
+      if (incoming_.empty() && closes_.empty() && cancels_.empty()) return;
+    }
+  }
+}
+
+void EngineLoop::Impl::ThreadMain() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    if (Step()) continue;
+    absl::MutexLock lock(&mu_);
+    auto has_work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !incoming_.empty() || !cancels_.empty() || !closes_.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&has_work), options_.idle_tick);
+  }
+}
+
+EngineLoop::EngineLoop(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
+                       const Tokenizer* tokenizer, Clock* clock)
+    : impl_(std::make_unique<Impl>(options, model, cache, tokenizer, clock)) {}
+EngineLoop::~EngineLoop() { impl_->Stop(); }
+void EngineLoop::Start() { impl_->Start(); }
+void EngineLoop::Stop() { impl_->Stop(); }
+void EngineLoop::RunUntilIdle() { impl_->RunUntilIdle(); }
+absl::StatusOr<uint64_t> EngineLoop::Submit(Request request, StreamCallback on_event) {
+  return impl_->Submit(std::move(request), std::move(on_event));
+}
+void EngineLoop::Cancel(uint64_t handle) { impl_->Cancel(handle); }
+absl::Status EngineLoop::CloseSession(const std::string& session_id) {
+  return impl_->CloseSession(session_id);
+}
+void EngineLoop::BeginDrain() { impl_->BeginDrain(); }
+bool EngineLoop::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
+EngineStats EngineLoop::Stats() const { return impl_->Stats(); }
+
+}  // namespace kvd

@@ -1,0 +1,97 @@
+#ifndef KVD_SCHEDULER_ENGINE_LOOP_IMPL_H_
+#define KVD_SCHEDULER_ENGINE_LOOP_IMPL_H_
+
+// Private to scheduler/: EngineLoop's state. engine_loop.cc holds the thread-safe
+// ingress and thread control; engine_step.cc holds one engine step (admission, planning,
+// preemption, commit), which runs on the engine thread only.
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "scheduler/engine_loop.h"
+#include "scheduler/output_length_predictor.h"
+#include "scheduler/sequence.h"
+
+namespace kvd {
+
+class EngineLoop::Impl {
+ public:
+  Impl(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
+       const Tokenizer* tokenizer, Clock* clock);
+
+  // Thread safe.
+  absl::StatusOr<uint64_t> Submit(Request request, StreamCallback on_event);
+  void Cancel(uint64_t handle);
+  absl::Status CloseSession(const std::string& session_id);
+  void BeginDrain();
+  bool WaitIdle(absl::Duration timeout);
+  EngineStats Stats() const;
+  void Start();
+  void Stop();
+  void RunUntilIdle();
+
+ private:
+  struct SessionClose {
+    std::string session_id;
+    absl::Status* result;
+    absl::Notification* done;
+  };
+  using SeqPtr = std::unique_ptr<Sequence>;
+
+  void ThreadMain();
+  // --- engine thread (engine_step.cc) ---
+  // One step; false when there was nothing to run.
+  bool Step();
+  void DrainIngress();
+  void ExpireDeadlines();
+  bool Admissible(const Sequence& candidate) const;
+  int64_t TargetBlocks(const Sequence& s) const;
+  bool Admit(Sequence& s);
+  // Frees the victim's blocks and requeues it for recompute.
+  void Preempt(Sequence* victim);
+  void HandleToken(Sequence& s, int32_t token);
+  void Finish(Sequence& s, FinishReason reason, absl::Status error = absl::OkStatus());
+  void Emit(Sequence& s, bool final_event, FinishReason reason, const absl::Status& error);
+  void RemoveFinished();
+  void InsertWaiting(SeqPtr s);
+  void PublishStats();
+  void AbortAll();
+
+  const EngineOptions options_;
+  LlamaModel* const model_;
+  KvCacheManager* const cache_;
+  const Tokenizer* const tokenizer_;
+  Clock* const clock_;
+  const int64_t max_blocks_;  // the whole pool at max size
+
+  // Ingress: the only state shared with other threads.
+  mutable absl::Mutex mu_;
+  std::vector<SeqPtr> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<SessionClose> closes_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool idle_ ABSL_GUARDED_BY(mu_) = true;  // nothing waiting or running after the last step
+  int32_t published_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  EngineStats published_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+
+  // Engine thread only.
+  std::vector<SeqPtr> waiting_;  // priority desc, then handle asc (FCFS)
+  std::vector<SeqPtr> running_;  // admission order
+  OutputLengthPredictor predictor_;
+  EngineStats stats_;
+  int64_t admit_counter_ = 0;
+  std::vector<float> logits_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SCHEDULER_ENGINE_LOOP_IMPL_H_

@@ -1,0 +1,337 @@
+// One engine step: drain the ingress, admit by predicted KV growth, plan prefill chunks
+// and decodes under the budgets (preempting when the pool runs short), run the model,
+// sample, stream and retire. Engine thread only.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/engine_loop_impl.h"
+
+namespace kvd {
+
+namespace {
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Waiting order: higher priority first, then first come first served.
+bool RunsBefore(const Sequence& a, const Sequence& b) {
+  if (a.request.priority != b.request.priority) return a.request.priority > b.request.priority;
+  return a.handle < b.handle;
+}
+
+}  // namespace
+
+void EngineLoop::Impl::InsertWaiting(SeqPtr s) {
+  auto at = std::upper_bound(waiting_.begin(), waiting_.end(), s,
+                             [](const SeqPtr& a, const SeqPtr& b) { return RunsBefore(*a, *b); });
+  waiting_.insert(at, std::move(s));
+}
+
+void EngineLoop::Impl::DrainIngress() {
+  std::vector<SeqPtr> incoming;
+  std::vector<uint64_t> cancels;
+  std::vector<SessionClose> closes;
+  {
+    absl::MutexLock lock(&mu_);
+    incoming.swap(incoming_);
+    cancels.swap(cancels_);
+    closes.swap(closes_);
+  }
+  for (SeqPtr& s : incoming) {
+    stats_.prompt_tokens += static_cast<int64_t>(s->request.prompt.size());
+    InsertWaiting(std::move(s));
+  }
+  for (uint64_t handle : cancels) {
+    for (auto* list : {&waiting_, &running_}) {
+      for (SeqPtr& s : *list) {
+        if (s->handle == handle) Finish(*s, FinishReason::kCancelled);
+      }
+    }
+  }
+  for (SessionClose& c : closes) {
+    *c.result = cache_->CloseSession(c.session_id);
+    c.done->Notify();
+  }
+}
+
+void EngineLoop::Impl::ExpireDeadlines() {
+  const absl::Time now = clock_->Now();
+  for (auto* list : {&waiting_, &running_}) {
+    for (SeqPtr& s : *list) {
+      if (now >= s->request.deadline) Finish(*s, FinishReason::kDeadline);
+    }
+  }
+}
+
+int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
+  const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
+  int64_t target = static_cast<int64_t>(s.tokens.size());
+  switch (options_.admission) {
+    case AdmissionMode::kReserveMax:
+      target = prompt + s.request.max_tokens;
+      break;
+    case AdmissionMode::kPredicted:
+      target = std::max<int64_t>(target, prompt + s.predicted_output);
+      break;
+    case AdmissionMode::kOptimistic:
+      break;
+  }
+  target = std::min<int64_t>(target, model_->spec().max_context_tokens);
+  return cache_->layout().BlocksForTokens(target);
+}
+
+bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
+  if (running_.empty()) return true;  // Submit checked that the prompt fits the pool
+  // Blocks the running sequences are still expected to take, plus the candidate's.
+  int64_t committed = 0;
+  for (const SeqPtr& s : running_) {
+    const int64_t held = static_cast<int64_t>(cache_->BlockIds(s->handle).size());
+    committed += std::max<int64_t>(0, TargetBlocks(*s) - held);
+  }
+  return committed + TargetBlocks(candidate) <= cache_->NumObtainableBlocks();
+}
+
+bool EngineLoop::Impl::Admit(Sequence& s) {
+  absl::StatusOr<int32_t> cached = cache_->AddSequence(
+      static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
+  if (!cached.ok()) return false;  // e.g. its session is busy with another turn: wait
+  s.in_cache = true;
+  s.num_computed = *cached;
+  s.admit_order = ++admit_counter_;
+  if (!s.scheduled_once) {
+    s.scheduled_once = true;
+    s.usage.cached_prompt_tokens = std::min<int32_t>(*cached, s.usage.prompt_tokens);
+    s.usage.queue_time = clock_->Now() - s.submit_time;
+  }
+  stats_.computed_prompt_tokens +=
+      std::max<int64_t>(0, static_cast<int64_t>(s.request.prompt.size()) - *cached);
+  return true;
+}
+
+void EngineLoop::Impl::Preempt(Sequence* victim) {
+  if (!victim->request.session_id.empty()) {
+    // Unpin, so the victim's blocks really return to the pool.
+    (void)cache_->CloseSession(victim->request.session_id);
+  }
+  cache_->Free(static_cast<SeqId>(victim->handle));
+  victim->in_cache = false;
+  victim->num_computed = 0;
+  ++victim->usage.num_preemptions;
+  ++stats_.preemptions;
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [victim](const SeqPtr& p) { return p.get() == victim; });
+  SeqPtr owned = std::move(*it);
+  running_.erase(it);
+  InsertWaiting(std::move(owned));
+}
+
+bool EngineLoop::Impl::Step() {
+  DrainIngress();
+  ExpireDeadlines();
+  RemoveFinished();
+  for (SeqPtr& s : waiting_) {
+    if (s->predicted_output == 0) {
+      const int32_t hint = s->request.expected_output_tokens;
+      s->predicted_output =
+          std::min(s->request.max_tokens, hint > 0 ? hint : predictor_.Predict());
+    }
+  }
+
+  const int32_t block_size = cache_->block_size();
+  const ModelSpec& spec = model_->spec();
+  ForwardBatch batch;
+  std::vector<std::pair<Sequence*, int32_t>> plan;  // (sequence, tokens fed this step)
+  int32_t budget = options_.max_num_batched_tokens;
+
+  // Running sequences first, oldest admission first. A sequence that cannot get its
+  // slots preempts the lowest-priority, most recently admitted one not yet planned.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* s = running_[i].get();
+    const int32_t n = std::min(s->pending(), budget);
+    bool reserved = cache_->Reserve(static_cast<SeqId>(s->handle), n);
+    while (!reserved) {
+      Sequence* victim = s;
+      for (size_t j = i + 1; j < running_.size(); ++j) {
+        Sequence* c = running_[j].get();
+        if (c->request.priority < victim->request.priority ||
+            (c->request.priority == victim->request.priority &&
+             c->admit_order > victim->admit_order)) {
+          victim = c;
+        }
+      }
+      if (victim == s && i == 0 && plan.empty() && running_.size() == 1) {
+        Finish(*s, FinishReason::kAborted,
+               absl::ResourceExhaustedError("the KV pool cannot hold this request alone"));
+        break;
+      }
+      Preempt(victim);
+      if (victim == s) break;
+      reserved = cache_->Reserve(static_cast<SeqId>(s->handle), n);
+    }
+    if (!reserved) {
+      if (s->finished()) ++i;  // aborted above; removed after the step
+      continue;                // s was preempted: running_[i] is now the next one
+    }
+    plan.emplace_back(s, n);
+    budget -= n;
+    ++i;
+  }
+
+  // Then waiting requests, as admission allows.
+  RemoveFinished();
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < options_.max_batch_size) {
+    Sequence& s = *waiting_.front();
+    if (s.finished()) break;
+    if (!Admissible(s) || !Admit(s)) break;
+    const int32_t n = std::min(s.pending(), budget);
+    if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
+      cache_->Free(static_cast<SeqId>(s.handle));
+      s.in_cache = false;
+      break;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.erase(waiting_.begin());
+    plan.emplace_back(&s, n);
+    budget -= n;
+  }
+  if (waiting_.size() > 0 && running_.empty() && plan.empty()) {
+    // Nothing runs and the head cannot be admitted: it would wait forever.
+    Finish(*waiting_.front(), FinishReason::kAborted,
+           absl::ResourceExhaustedError("the KV pool cannot hold this request"));
+  }
+
+  if (!plan.empty()) {
+    for (auto& [s, n] : plan) {
+      const SeqId id = static_cast<SeqId>(s->handle);
+      batch.AddSequence(absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n),
+                        s->num_computed, cache_->BlockIds(id), block_size, n == s->pending());
+    }
+    std::vector<KvCacheView> views(spec.num_layers);
+    for (int32_t l = 0; l < spec.num_layers; ++l) views[l] = cache_->LayerView(l);
+    const absl::Status status = model_->Forward(batch, views, &logits_);
+    ++stats_.steps;
+    size_t row = 0;
+    for (auto& [s, n] : plan) {
+      if (!status.ok()) {
+        Finish(*s, FinishReason::kAborted, status);
+        continue;
+      }
+      cache_->MarkComputed(static_cast<SeqId>(s->handle), n);
+      s->num_computed += n;
+      if (s->pending() > 0) continue;
+      const float* l = logits_.data() + row++ * spec.vocab_size;
+      HandleToken(*s, s->sampler->Sample(absl::MakeConstSpan(l, spec.vocab_size)));
+    }
+  }
+  RemoveFinished();
+  cache_->Tick();
+  PublishStats();
+  return !plan.empty();
+}
+
+void EngineLoop::Impl::HandleToken(Sequence& s, int32_t token) {
+  const Request& r = s.request;
+  const absl::Time now = clock_->Now();
+  if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+      r.stop_token_ids.end()) {
+    Finish(s, FinishReason::kStop);
+    return;
+  }
+  s.tokens.push_back(token);
+  ++s.num_generated;
+  ++stats_.generated_tokens;
+  cache_->AppendTokens(static_cast<SeqId>(s.handle), {token});
+  if (s.num_generated == 1) {
+    s.usage.time_to_first_token = now - s.submit_time;
+    stats_.time_to_first_token.Observe(Seconds(s.usage.time_to_first_token));
+  } else {
+    stats_.inter_token_latency.Observe(Seconds(now - s.last_token_time));
+  }
+  s.last_token_time = now;
+  s.unsent_tokens.push_back(token);
+  if (s.decoder) s.unsent_text += s.stop->Push(s.decoder->Push(token));
+  if (s.stop->stopped()) {
+    Finish(s, FinishReason::kStop);
+  } else if (s.num_generated >= r.max_tokens) {
+    Finish(s, FinishReason::kLength);
+  } else if (static_cast<int32_t>(s.tokens.size()) > model_->spec().max_context_tokens) {
+    // The new token would sit past the last position: nothing can attend to it.
+    Finish(s, FinishReason::kContextLimit);
+  } else {
+    Emit(s, /*final_event=*/false, FinishReason::kLength, absl::OkStatus());
+  }
+}
+
+void EngineLoop::Impl::Finish(Sequence& s, FinishReason reason, absl::Status error) {
+  if (s.finished()) return;
+  if (s.decoder && !s.stop->stopped()) {
+    s.unsent_text += s.stop->Push(s.decoder->Flush()) + s.stop->Flush();
+  }
+  if (s.in_cache) {
+    cache_->Free(static_cast<SeqId>(s.handle));
+    s.in_cache = false;
+  }
+  const absl::Time now = clock_->Now();
+  s.usage.completion_tokens = s.num_generated;
+  s.usage.total_time = now - s.submit_time;
+  ++stats_.requests_finished;
+  stats_.end_to_end_latency.Observe(Seconds(s.usage.total_time));
+  if (reason == FinishReason::kLength || reason == FinishReason::kStop ||
+      reason == FinishReason::kContextLimit) {
+    predictor_.Observe(s.num_generated);
+    stats_.output_length.Observe(s.num_generated);
+    stats_.prediction_error.Observe(s.num_generated - s.predicted_output);
+    stats_.predicted_output_tokens = predictor_.Predict();
+  }
+  Emit(s, /*final_event=*/true, reason, error);
+  s.finish_reason = reason;
+}
+
+void EngineLoop::Impl::Emit(Sequence& s, bool final_event, FinishReason reason,
+                            const absl::Status& error) {
+  if (!final_event && s.unsent_tokens.empty() && s.unsent_text.empty()) return;
+  StreamEvent e;
+  e.token_ids.swap(s.unsent_tokens);
+  e.text.swap(s.unsent_text);
+  e.finished = final_event;
+  if (final_event) {
+    e.finish_reason = reason;
+    e.usage = s.usage;
+    e.error = error;
+  }
+  if (s.on_event) s.on_event(e);
+}
+
+void EngineLoop::Impl::RemoveFinished() {
+  for (auto* list : {&waiting_, &running_}) {
+    list->erase(std::remove_if(list->begin(), list->end(),
+                               [](const SeqPtr& s) { return s->finished(); }),
+                list->end());
+  }
+}
+
+void EngineLoop::Impl::PublishStats() {
+  stats_.requests_waiting = static_cast<int32_t>(waiting_.size());
+  stats_.requests_running = static_cast<int32_t>(running_.size());
+  stats_.cache = cache_->stats();
+  absl::MutexLock lock(&mu_);
+  const int64_t rejected = published_.requests_rejected;
+  published_ = stats_;
+  published_.requests_rejected = rejected;
+  published_waiting_ = stats_.requests_waiting;
+  idle_ = waiting_.empty() && running_.empty();
+}
+
+void EngineLoop::Impl::AbortAll() {
+  DrainIngress();
+  for (auto* list : {&waiting_, &running_}) {
+    for (SeqPtr& s : *list) {
+      Finish(*s, FinishReason::kAborted, absl::UnavailableError("the engine stopped"));
+    }
+  }
+  RemoveFinished();
+  PublishStats();
+}
+
+}  // namespace kvd

@@ -1,0 +1,354 @@
+// EngineLoop as the daemon uses it, driven offline (RunUntilIdle) with a fake clock:
+// batch invariance under preemption, cancellation, priorities, stop strings, sessions
+// that keep KV between turns and release it when idle, and defragmentation under load.
+
+#include "scheduler/engine_loop.h"
+
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cache/clock.h"
+#include "kernels/cpu_backend.h"
+#include "model/llama2c_loader.h"
+#include "model/tokenizer.h"
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kModels = std::string(KVD_SHARED_DIR) + "/models";
+
+struct Golden {
+  std::vector<int32_t> prompt;
+  int32_t max_tokens;
+  std::vector<int32_t> output;
+};
+
+// What a client sees of one request.
+struct Stream {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<std::string> deltas;
+  bool finished = false;
+  FinishReason reason = FinishReason::kLength;
+  Usage usage;
+  absl::Status error;
+  int order = -1;  // finishing order
+};
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    spec_ = weights->spec;
+    model_ = std::move(*LlamaModel::Create(*weights, &backend_));
+    tokenizer_ = std::move(*Tokenizer::LoadLlama2c(kModels + "/tok512.bin"));
+    std::ifstream in(kModels + "/golden/stories260K_greedy.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      golden_.push_back({j["prompt_tokens"].get<std::vector<int32_t>>(),
+                         j["max_new_tokens"].get<int32_t>(),
+                         j["output_tokens"].get<std::vector<int32_t>>()});
+    }
+    ASSERT_EQ(golden_.size(), 12u);
+  }
+
+  // A pool of `chunks` chunks of `blocks_per_chunk` 16-token blocks, growing from 1 chunk.
+  void MakeCache(int32_t blocks_per_chunk, int32_t max_chunks, bool defrag = false) {
+    const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
+    const int64_t block_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes();
+    KvCacheOptions o;
+    o.chunk_bytes = block_bytes * blocks_per_chunk;
+    o.initial_pool_bytes = o.chunk_bytes;
+    o.max_pool_bytes = o.chunk_bytes * max_chunks;
+    o.enable_defrag = defrag;
+    o.defrag_background_planning = false;
+    o.session_idle_timeout = absl::Seconds(30);
+    auto cache = KvCacheManager::Create(o, shape, &backend_, &clock_);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    cache_ = std::move(*cache);
+  }
+
+  void MakeEngine(EngineOptions options = {}) {
+    engine_ = std::make_unique<EngineLoop>(options, model_.get(), cache_.get(), tokenizer_.get(),
+                                           &clock_);
+  }
+
+  Request Greedy(size_t golden_index) {
+    Request r;
+    r.prompt = golden_[golden_index].prompt;
+    r.max_tokens = golden_[golden_index].max_tokens;
+    r.sampling.temperature = 0;
+    r.stop_token_ids = {1};
+    return r;
+  }
+
+  // Submits and returns where the request's stream is recorded.
+  Stream* Submit(Request r, uint64_t* handle = nullptr) {
+    streams_.push_back(std::make_unique<Stream>());
+    Stream* s = streams_.back().get();
+    auto h = engine_->Submit(std::move(r), [this, s](const StreamEvent& e) {
+      EXPECT_FALSE(s->finished) << "event after the final one";
+      s->tokens.insert(s->tokens.end(), e.token_ids.begin(), e.token_ids.end());
+      s->text += e.text;
+      s->deltas.push_back(e.text);
+      if (e.finished) {
+        s->finished = true;
+        s->reason = e.finish_reason;
+        s->usage = e.usage;
+        s->error = e.error;
+        s->order = finished_++;
+      }
+      max_chunks_seen_ = std::max(max_chunks_seen_, cache_->stats().num_chunks);
+      EXPECT_TRUE(cache_->CheckInvariants().ok());
+    });
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (handle != nullptr && h.ok()) *handle = *h;
+    return s;
+  }
+
+  CpuBackend backend_{2};
+  FakeClock clock_;
+  ModelSpec spec_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCacheManager> cache_;
+  std::unique_ptr<EngineLoop> engine_;
+  std::vector<Golden> golden_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  int finished_ = 0;
+  int32_t max_chunks_seen_ = 0;
+};
+
+TEST_F(EngineLoopTest, PreemptionUnderATinyPoolChangesNoOutput) {
+  // 96 blocks hold at most ~3 full-length stories: admission by predicted length
+  // over-admits, sequences outgrow the pool and get preempted and recomputed.
+  MakeCache(32, 3);
+  MakeEngine({.max_batch_size = 12, .max_num_batched_tokens = 256});
+  std::vector<Stream*> streams;
+  for (size_t i = 0; i < golden_.size(); ++i) streams.push_back(Submit(Greedy(i)));
+  engine_->RunUntilIdle();
+  for (size_t i = 0; i < golden_.size(); ++i) {
+    ASSERT_TRUE(streams[i]->finished) << i;
+    EXPECT_EQ(streams[i]->tokens, golden_[i].output) << "case " << i;
+    EXPECT_TRUE(streams[i]->error.ok()) << streams[i]->error;
+  }
+  const EngineStats stats = engine_->Stats();
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(stats.requests_finished, 12);
+  EXPECT_EQ(stats.cache.used_blocks, 0);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+TEST_F(EngineLoopTest, ReserveMaxNeverPreempts) {
+  MakeCache(32, 3);
+  MakeEngine({.max_batch_size = 12, .admission = AdmissionMode::kReserveMax});
+  std::vector<Stream*> streams;
+  for (size_t i = 0; i < golden_.size(); ++i) streams.push_back(Submit(Greedy(i)));
+  engine_->RunUntilIdle();
+  for (size_t i = 0; i < golden_.size(); ++i) EXPECT_EQ(streams[i]->tokens, golden_[i].output);
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
+TEST_F(EngineLoopTest, CancelFreesBlocksWithinAStep) {
+  MakeCache(64, 4);
+  MakeEngine();
+  uint64_t handle = 0;
+  Stream* victim = Submit(Greedy(0), &handle);
+  Stream* other = Submit(Greedy(2));
+  int cancelled_after = -1;
+  // Cancel from the stream callback once 5 tokens arrived (as a disconnecting client would).
+  streams_.push_back(std::make_unique<Stream>());
+  Request r = Greedy(4);
+  r.max_tokens = 30;
+  ASSERT_TRUE(engine_
+                  ->Submit(r,
+                           [&](const StreamEvent& e) {
+                             if (cancelled_after < 0 && victim->tokens.size() >= 5) {
+                               cancelled_after = static_cast<int>(victim->tokens.size());
+                               engine_->Cancel(handle);
+                             }
+                             (void)e;
+                           })
+                  .ok());
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(victim->finished);
+  EXPECT_EQ(victim->reason, FinishReason::kCancelled);
+  EXPECT_LE(static_cast<int>(victim->tokens.size()), cancelled_after + 1);
+  EXPECT_EQ(other->tokens, golden_[2].output);
+  EXPECT_EQ(engine_->Stats().cache.used_blocks, 0);
+  engine_->Cancel(handle);  // finished handles are ignored
+  engine_->Cancel(12345);
+  engine_->RunUntilIdle();
+}
+
+TEST_F(EngineLoopTest, HigherPriorityRunsFirst) {
+  MakeCache(64, 4);
+  MakeEngine({.max_batch_size = 1});
+  Request low = Greedy(0);
+  low.max_tokens = 10;
+  Request high = Greedy(2);
+  high.max_tokens = 10;
+  high.priority = 5;
+  Stream* l = Submit(low);
+  Stream* h = Submit(high);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(h->order, 0);
+  EXPECT_EQ(l->order, 1);
+}
+
+TEST_F(EngineLoopTest, StopStringsAreNeverStreamedInPart) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request r = Greedy(0);
+  r.stop = {" Lily"};
+  Stream* s = Submit(r);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(s->reason, FinishReason::kStop);
+  EXPECT_EQ(s->text, ", there was a little girl named");
+  for (const std::string& d : s->deltas) EXPECT_THAT(d, ::testing::Not(HasSubstr("Lil")));
+  EXPECT_EQ(s->usage.completion_tokens, static_cast<int32_t>(s->tokens.size()));
+}
+
+TEST_F(EngineLoopTest, TextDeltasConcatenateToTheDecodedOutput) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Stream* s = Submit(Greedy(2));
+  engine_->RunUntilIdle();
+  EXPECT_EQ(s->tokens, golden_[2].output);
+  EXPECT_EQ(s->text, tokenizer_->Decode(s->tokens, golden_[2].prompt.back()));
+  EXPECT_EQ(s->reason, FinishReason::kStop);  // BOS
+  EXPECT_EQ(s->usage.prompt_tokens, 5);
+}
+
+TEST_F(EngineLoopTest, RejectsWhatCanNeverRun) {
+  MakeCache(8, 1);  // 128 tokens in all
+  MakeEngine({.max_waiting_requests = 2});
+  Request big = Greedy(0);
+  big.prompt.assign(200, 300);
+  auto s = engine_->Submit(big, nullptr);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr("200 tokens"));
+  Request bad = Greedy(0);
+  bad.max_tokens = 0;
+  EXPECT_THAT(engine_->Submit(bad, nullptr).status().message(), HasSubstr("max_tokens"));
+  bad = Greedy(0);
+  bad.prompt.push_back(512);
+  EXPECT_THAT(engine_->Submit(bad, nullptr).status().message(), HasSubstr("512"));
+  bad = Greedy(0);
+  bad.sampling.top_p = 2;
+  EXPECT_THAT(engine_->Submit(bad, nullptr).status().message(), HasSubstr("top_p"));
+  ASSERT_TRUE(engine_->Submit(Greedy(0), nullptr).ok());
+  ASSERT_TRUE(engine_->Submit(Greedy(1), nullptr).ok());
+  EXPECT_EQ(engine_->Submit(Greedy(2), nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted);  // queue full
+  engine_->BeginDrain();
+  engine_->RunUntilIdle();
+  EXPECT_EQ(engine_->Submit(Greedy(2), nullptr).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(EngineLoopTest, SessionKeepsKvBetweenTurnsAndReleasesItWhenIdle) {
+  MakeCache(32, 4);  // 128 blocks: fewer than the twelve stories' distinct blocks
+  MakeEngine();
+  Request turn1 = Greedy(0);
+  turn1.max_tokens = 40;
+  turn1.session_id = "chat-1";
+  Stream* a = Submit(turn1);
+  engine_->RunUntilIdle();
+  ASSERT_EQ(a->tokens.size(), 40u);
+  EXPECT_GT(engine_->Stats().cache.pinned_blocks, 0);
+
+  // Turn 2 sends the whole conversation plus new text; only the new part is prefilled.
+  Request turn2 = turn1;
+  turn2.prompt.insert(turn2.prompt.end(), a->tokens.begin(), a->tokens.end());
+  const std::vector<int32_t> more = tokenizer_->Encode("Then she went home.", false);
+  turn2.prompt.insert(turn2.prompt.end(), more.begin(), more.end());
+  const int32_t history = static_cast<int32_t>(turn1.prompt.size() + a->tokens.size());
+  Stream* b = Submit(turn2);
+  engine_->RunUntilIdle();
+  EXPECT_GE(b->usage.cached_prompt_tokens, history - 1);
+  EXPECT_GT(engine_->Stats().cache.session_hit_tokens, 0);
+
+  // The same prompt without the session gives the same output.
+  Request cold = turn2;
+  cold.session_id.clear();
+  Stream* c = Submit(cold);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(c->tokens, b->tokens);
+
+  // Idle past the timeout: pins become ordinary cached blocks...
+  const int64_t pinned = engine_->Stats().cache.pinned_blocks;
+  ASSERT_GT(pinned, 0);
+  clock_.Advance(absl::Seconds(31));
+  cache_->Tick();
+  KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.session_releases_idle, 1);
+  EXPECT_GT(st.cached_blocks, 0);
+  // ...which pressure evicts: fill the pool with other stories.
+  for (size_t i = 0; i < golden_.size(); ++i) Submit(Greedy(i));
+  engine_->RunUntilIdle();
+  EXPECT_GT(cache_->stats().evictions, 0);
+  EXPECT_THAT(engine_->CloseSession("chat-1").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineLoopTest, CloseSessionReleasesAtOnce) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request r = Greedy(0);
+  r.max_tokens = 20;
+  r.session_id = "s";
+  Submit(r);
+  engine_->RunUntilIdle();
+  ASSERT_GT(cache_->stats().pinned_blocks, 0);
+  EXPECT_TRUE(engine_->CloseSession("s").ok());
+  EXPECT_EQ(cache_->stats().pinned_blocks, 0);
+  EXPECT_EQ(cache_->stats().session_releases_closed, 1);
+}
+
+TEST_F(EngineLoopTest, DefragmentationDuringGenerationChangesNoOutput) {
+  // 16-block chunks: the twelve stories grow the pool to many chunks; as short stories
+  // finish, live blocks move down and emptied top chunks are released.
+  MakeCache(16, 32, /*defrag=*/true);
+  MakeEngine({.max_batch_size = 12});
+  std::vector<Stream*> streams;
+  for (size_t i = 0; i < golden_.size(); ++i) streams.push_back(Submit(Greedy(i)));
+  engine_->RunUntilIdle();
+  for (size_t i = 0; i < golden_.size(); ++i) {
+    EXPECT_EQ(streams[i]->tokens, golden_[i].output) << "case " << i;
+  }
+  EXPECT_GE(max_chunks_seen_, 4);
+  EXPECT_GT(cache_->stats().defrag_moves, 0);  // blocks in use moved: during generation
+  for (int i = 0; i < 64 && cache_->stats().num_chunks > 1; ++i) cache_->Tick();
+  EXPECT_EQ(cache_->stats().num_chunks, 1);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+TEST_F(EngineLoopTest, RunsOnItsOwnThread) {
+  MakeCache(64, 4);
+  MakeEngine();
+  engine_->Start();
+  Stream* s = Submit(Greedy(4));
+  ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
+  EXPECT_EQ(s->tokens, golden_[4].output);
+  Request r = Greedy(0);
+  r.session_id = "t";
+  r.max_tokens = 5;
+  Submit(r);
+  ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
+  EXPECT_TRUE(engine_->CloseSession("t").ok());
+  engine_->BeginDrain();
+  engine_->Stop();
+}
+
+}  // namespace
+}  // namespace kvd
