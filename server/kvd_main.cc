@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/estimate_command.h"
 #include "tools/generate_command.h"
 
 namespace {
@@ -15,6 +16,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  generate   complete one prompt on the CPU engine and print the text\n"
+    "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
     "\n"
     "`kvd <command> --help` describes a command's flags.\n";
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "generate") return kvd::RunGenerateCommand(args, std::cout, std::cerr);
+  if (command == "estimate") return kvd::RunEstimateCommand(args, std::cout, std::cerr);
   std::cerr << "kvd: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,85 @@
+// `kvd estimate` reproduces the seeds' worked example and the exact GQA figure.
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <sys/wait.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code;
+  std::string out;
+};
+
+Result RunKvd(const std::string& args) {
+  FILE* pipe = popen((std::string(KVD_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  Result r{-1, ""};
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(KvdEstimateTest, SeedsWorkedExampleLlama7bFp16) {
+  // 32 layers, d_model 4096, 32 KV heads (multi-head attention), fp16, 4 x 2048 tokens.
+  const Result r = RunKvd(
+      "estimate --model synthetic:llama2-7b --batch 4 --seq-len 2048 --kv-dtype fp16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["batch_bytes"], 4294967296LL);
+  EXPECT_EQ(j["seed_formula_batch_bytes"], 4294967296LL);  // MHA: both formulas agree
+}
+
+TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
+  const Result r = RunKvd(
+      "estimate --model synthetic:llama3-8b --batch 64 --seq-len 4096 --budget 80GB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["bytes_per_token"], 131072);
+  EXPECT_EQ(j["kv_dtype"], "bf16");  // the default
+  EXPECT_EQ(j["seed_formula_bytes_per_token"], 524288);
+  EXPECT_DOUBLE_EQ(j["seed_formula_over_exact"].get<double>(), 4.0);
+  EXPECT_EQ(j["batch_bytes"], 64LL * 4096 * 131072);
+  // 80 GB / (256 blocks x 2 MiB) = 149 whole sequences.
+  EXPECT_EQ(j["sequences_in_budget"], 149);
+}
+
+TEST(KvdEstimateTest, TableAndErrors) {
+  Result r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
+                    "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("per token           1280 bytes"));
+  r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --kv-dtype int3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("int3"));
+  r = RunKvd("estimate --model synthetic:llama9 --batch 1 --seq-len 10");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("llama9"));
+  r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget 12XB");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("--budget"));
+  r = RunKvd("estimate --model synthetic:llama3-8b --seq-len 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--batch"));
+  r = RunKvd("estimate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* f : {"--model", "--batch", "--seq-len", "--kv-dtype", "--block-size",
+                        "--budget", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(f));
+  }
+}
+
+}  // namespace
+}  // namespace kvd

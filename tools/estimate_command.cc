@@ -1,0 +1,120 @@
+#include "tools/estimate_command.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "cache/memory_estimator.h"
+#include "config/byte_size.h"
+#include "model/model_loader.h"
+#include "tools/flags.h"
+
+namespace kvd {
+
+namespace {
+
+FlagSet MakeFlags() {
+  FlagSet f(
+      "kvd estimate --model PATH|synthetic:PRESET --batch B --seq-len L [--kv-dtype D]\n"
+      "                    [--block-size N] [--budget BYTES] [--json]\n"
+      "\n"
+      "KV-cache memory for B sequences of L tokens: per token, per block, for the batch, and\n"
+      "how many such sequences fit in BYTES. Beside it, the d_model formula\n"
+      "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.");
+  f.AddString("model", "llama2.c checkpoint (only its header is read) or synthetic:<preset> "
+                       "(tiny, llama2-7b, llama3-8b)");
+  f.AddInt("batch", "number of sequences");
+  f.AddInt("seq-len", "tokens per sequence (prompt + output)");
+  f.AddString("kv-dtype", "KV storage: f32, bf16, fp16, fp8, int8, int4", std::string("bf16"));
+  f.AddInt("block-size", "tokens per KV block", 16);
+  f.AddString("budget", "KV memory to fit into, e.g. 80GB or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
+  f.AddBool("json", "print one JSON object instead of a table");
+  return f;
+}
+
+absl::Status Run(const FlagSet& flags, std::ostream& out) {
+  auto spec = LoadModelSpec(flags.GetString("model"));
+  if (!spec.ok()) return spec.status();
+  const std::string dtype_name = flags.GetString("kv-dtype");
+  const std::optional<DType> dtype = ParseDType(dtype_name);
+  if (!dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-dtype: unknown type '", dtype_name, "'; allowed: f32, bf16, fp16, fp8, int8, int4"));
+  }
+  MemoryEstimateRequest req;
+  req.num_layers = spec->num_layers;
+  req.d_model = spec->dim;
+  req.num_kv_heads = spec->num_kv_heads;
+  req.head_dim = spec->head_dim;
+  req.kv_dtype = *dtype;
+  req.block_size = static_cast<int32_t>(flags.GetInt("block-size"));
+  req.batch = flags.GetInt("batch");
+  req.seq_len = flags.GetInt("seq-len");
+  if (flags.Has("budget")) {
+    auto budget = ParseByteSize(flags.GetString("budget"));
+    if (!budget.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
+    }
+    req.budget_bytes = *budget;
+  }
+  auto est = MemoryEstimator::Estimate(req);
+  if (!est.ok()) return est.status();
+  if (!flags.GetBool("json")) {
+    out << "model " << spec->name << ": " << spec->num_layers << " layers, d_model "
+        << spec->dim << ", " << spec->num_heads << " query heads, " << spec->num_kv_heads
+        << " KV heads x " << spec->head_dim << "\n"
+        << MemoryEstimator::Format(req, *est);
+    return absl::OkStatus();
+  }
+  nlohmann::json j;
+  j["model"] = spec->name;
+  j["num_layers"] = spec->num_layers;
+  j["d_model"] = spec->dim;
+  j["num_kv_heads"] = spec->num_kv_heads;
+  j["head_dim"] = spec->head_dim;
+  j["kv_dtype"] = std::string(DTypeName(*dtype));
+  j["block_size"] = req.block_size;
+  j["batch"] = req.batch;
+  j["seq_len"] = req.seq_len;
+  j["bytes_per_token"] = est->bytes_per_token;
+  j["bytes_per_token_with_scales"] = est->bytes_per_token_with_scales;
+  j["bytes_per_block"] = est->bytes_per_block;
+  j["blocks_per_sequence"] = est->blocks_per_sequence;
+  j["batch_bytes"] = est->batch_bytes;
+  j["batch_bytes_paged"] = est->batch_bytes_paged;
+  j["seed_formula_bytes_per_token"] = est->seed_bytes_per_token;
+  j["seed_formula_batch_bytes"] = est->seed_batch_bytes;
+  j["seed_formula_over_exact"] = est->seed_over_exact;
+  if (req.budget_bytes > 0) {
+    j["budget_bytes"] = req.budget_bytes;
+    j["sequences_in_budget"] = est->sequences_in_budget;
+    j["tokens_in_budget"] = est->tokens_in_budget;
+  }
+  out << j.dump() << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunEstimateCommand(const std::vector<std::string>& args, std::ostream& out,
+                       std::ostream& err) {
+  FlagSet flags = MakeFlags();
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (flags.help()) {
+    out << flags.Usage();
+    return 0;
+  }
+  if (absl::Status s = flags.Require({"model", "batch", "seq-len"}); !s.ok()) {
+    err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (absl::Status s = Run(flags, out); !s.ok()) {
+    err << "kvd estimate: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvd
