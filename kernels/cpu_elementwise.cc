@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 
@@ -46,10 +47,6 @@ absl::Status RequireNonNegativeRows(absl::string_view op, absl::string_view fiel
   return Invalid(op, absl::StrCat(field, " must be >= 0, got ", rows));
 }
 
-#define KVD_RETURN_IF_ERROR(expr)                      \
-  do {                                                 \
-    if (absl::Status _s = (expr); !_s.ok()) return _s; \
-  } while (0)
 
 }  // namespace
 

@@ -4,17 +4,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 
 namespace kvd {
 
 namespace {
 
-#define KVD_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                             \
-    }                                        \
-  } while (0)
 
 absl::StatusOr<DeviceBuffer> UploadConcat(Backend* backend,
                                           std::initializer_list<const std::vector<float>*> parts) {
@@ -199,6 +194,7 @@ absl::Status LlamaModel::UploadBatch(const ForwardBatch& b) {
   std::vector<int32_t> host(words);
   size_t at = 0;
   auto put = [&](const void* src, size_t n_bytes) {
+    if (n_bytes == 0) return;  // an empty vector's data() may be null
     std::memcpy(host.data() + at, src, n_bytes);
     at += n_bytes / sizeof(int32_t);
   };
