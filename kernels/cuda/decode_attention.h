@@ -4,18 +4,24 @@
 // Paged decode attention: the sequences of a PagedAttentionParams batch with exactly one
 // query row (others are left to the prefill kernel).
 //
-// One CTA serves one (KV head, sequence, split) and every query head of its GQA group (up
-// to 8; larger groups take several CTAs), so each K/V byte is read once per group. A long
-// context is cut into up to `max_splits` ranges of whole 64-key tiles, each at least 256
-// keys; each split writes its normalized partial output and log-sum-exp to the workspace,
-// and a merge kernel combines them. A sequence with one split writes `out` directly.
+// One CTA of four warps serves one (KV head, sequence, split) and every query head of its
+// GQA group (up to 8; larger groups take several CTAs), so each K/V byte is read once per
+// group. The warps stream different runs of keys through a three-stage cp.async pipeline of
+// 16-byte copies (two runs in flight per warp while a third is scored), each keeping an
+// online softmax for the whole group in registers; the warps are combined through shared
+// memory at the end. The block table is read once per block, an iteration ahead.
+//
+// A context is cut into up to `max_splits` ranges of whole 128-key granules, each at least
+// 128 keys; DecodeMaxSplits sizes them so that the grid covers the device several times.
+// Each split writes its normalized partial output and log-sum-exp to the workspace, and a
+// merge kernel combines them. A sequence with one split writes `out` directly.
 //
 // Workspace layout (only touched when max_splits > 1):
-//   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32
+//   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)
 //   partial_lse: [num_seqs][max_splits][num_q_heads] fp32, base-2 log-sum-exp
 //
 // Supported: head_dim 64 or 128, KV dtype f32 or bf16, block_size a power of two, K/V region
-// offsets, block_bytes and chunk bases multiples of 16 bytes (the kernel reads 16-byte
+// offsets, block_bytes and chunk bases multiples of 16 bytes (the kernel copies 16-byte
 // vectors). The caller checks these.
 
 #include <cuda_runtime_api.h>
@@ -32,8 +38,9 @@ struct DecodeWorkspace {
   int32_t max_splits = 1;
 };
 
-// Splits per sequence worth launching so that the decode grid covers about two waves of
-// `num_sms` multiprocessors; 1 when the batch alone fills the device. In [1, 32].
+// Splits per sequence worth launching so that the decode grid covers about four waves of
+// resident CTAs on `num_sms` multiprocessors; 1 when the batch alone fills the device. In
+// [1, 128].
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms);
 
 // Elements of partial_out and partial_lse a call with these sizes needs.
@@ -41,6 +48,7 @@ int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int 
 int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);
 
 // Enqueues the decode kernel and, when max_splits > 1, the merge kernel.
+// REQUIRES: 1 <= ws.max_splits <= 128; ws.partial_out 16-byte aligned when max_splits > 1.
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                   cudaStream_t stream);
 

@@ -94,6 +94,22 @@ __device__ __forceinline__ int SeqKvLen(const BlockTableView& b, int s, int bloc
 
 __device__ __forceinline__ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
+// Last s with item_indptr[s] <= item, over num_seqs + 1 nondecreasing entries (the sequence
+// a work item of a CSR work list belongs to). REQUIRES: item < item_indptr[num_seqs].
+__device__ __forceinline__ int FindSequence(const int32_t* item_indptr, int num_seqs, int item) {
+  int lo = 0;
+  int hi = num_seqs;  // item_indptr[num_seqs] > item
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (item_indptr[mid] <= item) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_PAGED_KV_CUH_

@@ -5,6 +5,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_mma.h"
 
 namespace kvd::cuda {
 namespace {
@@ -15,31 +16,17 @@ constexpr int kTileRows = kThreads / kThreadsPerRow;  // packed query rows per i
 constexpr int kTileKeys = 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One thread: tile_indptr[s + 1] - tile_indptr[s] = items of sequence s (0 for decodes).
-__global__ void PlanTilesKernel(PagedAttentionParams p, int32_t* tile_indptr) {
+// One thread: tile_indptr[s + 1] - tile_indptr[s] = items of sequence s (0 for decodes),
+// one per KV head and tile of `tile_rows` packed query rows.
+__global__ void PlanTilesKernel(PagedAttentionParams p, int tile_rows, int32_t* tile_indptr) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   int32_t total = 0;
   tile_indptr[0] = 0;
   for (int s = 0; s < p.blocks.num_seqs; ++s) {
     const int q_len = p.q_indptr[s + 1] - p.q_indptr[s];
-    if (q_len > 1) total += CeilDiv(q_len * group, kTileRows) * p.cache.num_kv_heads;
+    if (q_len > 1) total += CeilDiv(q_len * group, tile_rows) * p.cache.num_kv_heads;
     tile_indptr[s + 1] = total;
   }
-}
-
-// Last s with tile_indptr[s] <= item, over num_seqs + 1 nondecreasing entries.
-__device__ int FindSequence(const int32_t* tile_indptr, int num_seqs, int item) {
-  int lo = 0;
-  int hi = num_seqs;  // tile_indptr[num_seqs] > item
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (tile_indptr[mid] <= item) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
 }
 
 // Thread t serves packed row t / 4 and the float4 columns (t % 4) + 4 i of head_dim, so the
@@ -203,15 +190,19 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
 }  // namespace
 
 cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
-                                   int num_ctas, cudaStream_t stream) {
+                                   int num_ctas, cudaStream_t stream, MmaPrecision precision) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (num_ctas < 1) return cudaErrorInvalidValue;
-  PlanTilesKernel<<<1, 1, 0, stream>>>(p, tile_indptr);
+  // bf16 KV: the tensor-core kernel; f32 KV (exact comparisons in tests): the fp32 kernel.
+  const bool tensor_cores = p.cache.dtype == DType::kBF16;
+  PlanTilesKernel<<<1, 1, 0, stream>>>(p, tensor_cores ? kMmaPrefillTileRows : kTileRows,
+                                       tile_indptr);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  return KVD_DISPATCH_STORAGE_DTYPE(
-      p.cache.dtype, T,
-      KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
-                            Launch<T, kHeadDim>(p, tile_indptr, num_ctas, stream)));
+  if (tensor_cores) {
+    return LaunchPrefillAttentionMma(p, tile_indptr, num_ctas, precision, stream);
+  }
+  return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
+                               Launch<float, kHeadDim>(p, tile_indptr, num_ctas, stream));
 }
 
 }  // namespace kvd::cuda

@@ -6,15 +6,18 @@
 // decode kernel). Causal or not, as the params say.
 //
 // The query rows of a sequence and KV head are packed as (token, head-in-group) pairs, so
-// one tile of 32 packed rows shares every K/V tile it loads across its GQA group:
+// one tile of packed rows shares every K/V tile it loads across its GQA group:
 //
 //   packed row r -> token r / group, query head kv_head * group + r % group
 //
 // A planning kernel counts tiles per sequence into `tile_indptr` (device scratch of
 // num_seqs + 1 ints); a persistent grid then walks the (sequence, KV head, tile) items,
-// longest causal tiles first. Each item streams 32-key tiles of K and V through shared
-// memory (widened to fp32) with an online softmax in fp32; no host synchronization, so the
-// launch can be captured in a CUDA graph.
+// longest causal tiles first. No host synchronization, so the launch can be captured in a
+// CUDA graph.
+//
+//   bf16 KV: the tensor-core kernel of prefill_attention_mma.h, 64 packed rows per tile.
+//   f32 KV:  an fp32 kernel (32 packed rows per tile, 32-key tiles staged in shared memory,
+//            online softmax in fp32), kept for exact comparisons with the CPU reference.
 //
 // Supported: head_dim 64 or 128, KV dtype f32 or bf16, block_size a power of two, K/V
 // region offsets, block_bytes and chunk bases multiples of 16 bytes. The caller checks.
@@ -23,14 +26,17 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/prefill_attention_mma.h"
 #include "kernels/params.h"
 
 namespace kvd::cuda {
 
-// Enqueues the planning and the attention kernels. `num_ctas` sizes the persistent grid
-// (e.g. a few per multiprocessor).
+// Enqueues the planning and the attention kernels. `num_ctas` caps the persistent grid
+// (e.g. a few per multiprocessor). `precision` picks the bf16 kernel's treatment of Q and P
+// (prefill_attention_mma.h); the f32 kernel ignores it.
 cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
-                                   int num_ctas, cudaStream_t stream);
+                                   int num_ctas, cudaStream_t stream,
+                                   MmaPrecision precision = MmaPrecision::kSplit);
 
 }  // namespace kvd::cuda
 

@@ -14,10 +14,13 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/prefill_attention.h"
 
 namespace kvd {
 namespace {
@@ -206,6 +209,22 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     const double tflops = flops / (ms * 1e9);
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
               tflops, tflops / gemm_tflops, "gemm");
+    // The same kernel with Q and P rounded to plain bf16 (one MMA each instead of two): not
+    // what the backend runs (tests need fp32-close results), shown for comparison.
+    DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
+    const double fast_ms = bench.TimeMs([&] {
+      if (cudaError_t err =
+              cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4,
+                                           bench.gpu().stream(), cuda::MmaPrecision::kBf16);
+          err != cudaSuccess) {
+        std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
+        std::exit(1);
+      }
+    });
+    const double fast_tflops = flops / (fast_ms * 1e9);
+    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " bf16 QP"),
+              fast_ms, (kv_bytes + q_out_bytes) / (fast_ms * 1e6), fast_tflops,
+              fast_tflops / gemm_tflops, "gemm");
   }
 }
 
@@ -225,12 +244,18 @@ int Main() {
   GemmRate(bench, 1, 14336, 4096, copy, 0);
   GemmRate(bench, 16, 14336, 4096, copy, 0);
   GemmRate(bench, 512, 4096, 4096, copy, gemm);
-  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{
-           {1, 4096}, {1, 32768}, {8, 4096}, {32, 4096}, {64, 4096}, {128, 2048}, {16, 16384}}) {
+  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
+                                                                       {1, 32768},
+                                                                       {8, 4096},
+                                                                       {32, 4096},
+                                                                       {64, 4096},
+                                                                       {128, 2048},
+                                                                       {16, 16384},
+                                                                       {4, 131072}}) {
     Attention(bench, batch, context, 1, copy, gemm);
   }
-  for (const auto& [batch, q_len, context] :
-       std::vector<std::tuple<int, int, int>>{{1, 4096, 4096}, {1, 512, 4096}, {8, 2048, 2048}}) {
+  for (const auto& [batch, q_len, context] : std::vector<std::tuple<int, int, int>>{
+           {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}}) {
     Attention(bench, batch, context, q_len, copy, gemm);
   }
   return 0;

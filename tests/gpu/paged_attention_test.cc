@@ -1,6 +1,8 @@
 // CUDA paged attention (split-KV decode, tiled prefill, mixed batches) against the CPU
 // reference: scattered block tables over several chunks (one released), block sizes
 // 1/16/64, GQA groups 1/4/7/8/12, head_dim 64/128, contexts 1 to 32k, f32 and bf16 KV.
+// The tensor-core prefill kernel is also run in its plain-bf16 mode (Q and P rounded to
+// bf16, as FlashAttention does), against the same reference with a bf16-sized tolerance.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/twin_arena.h"
@@ -33,6 +36,8 @@ struct AttentionCase {
   int num_kv_heads = 2;
   int group = 4;
   bool causal = true;
+  // Run the bf16 prefill kernel with Q and P rounded to plain bf16 (prefill-only batches).
+  bool bf16_qp = false;
 };
 
 int NextPowerOfTwo(int64_t x) {
@@ -135,6 +140,14 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.out_stride = out_stride;
     p.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.causal = c.causal;
+    if (c.bf16_qp && &b == &gpu()) {
+      DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
+      const cudaError_t err =
+          cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), gpu().num_sms() * 4,
+                                       gpu().stream(), cuda::MmaPrecision::kBf16);
+      if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
+      return b.Synchronize();  // before tile_indptr is freed
+    }
     return b.PagedAttention(p);
   };
   const absl::Status cpu_status = run(cpu(), cpu_side, arena.CpuView(/*layer=*/1));
@@ -158,6 +171,12 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
         ASSERT_EQ(bits, 0xffffffffu) << "row " << r << " padding column " << i << " written";
       }
     }
+  }
+  if (c.bf16_qp) {
+    // Q and P rounded to bf16 (8 significant bits) move outputs by ~1e-3; a wrong fragment,
+    // mask or tile moves them by ~0.1 and more.
+    EXPECT_TRUE(AllClose(gpu_used, cpu_used, 1e-2, 1e-2));
+    return;
   }
   // Both backends attend over the same fp32 values (bf16 KV was rounded beforehand), so
   // only accumulation order, the split-KV merge and exp2 vs exp differ: ~1e-6 in practice.
@@ -229,6 +248,18 @@ std::vector<AttentionCase> Cases() {
   // Bidirectional attention over the whole sequence.
   add("noncausal_bf16_d128_bs16_g4", {{40, 40}, {10, 300}, {1, 50}}, DType::kBF16, 128, 16, 2, 4,
       /*causal=*/false);
+  // Tensor-core prefill with plain-bf16 Q and P (prefill-only batches: the launch runs no
+  // decode kernel).
+  const std::vector<SeqShape> prefills = {{2, 2}, {33, 33}, {100, 600}, {5, 70}, {130, 1000}};
+  for (const int head_dim : {64, 128}) {
+    for (const bool causal : {true, false}) {
+      add(absl::StrCat("bf16qp_prefill_d", head_dim, causal ? "_causal" : "_noncausal"), prefills,
+          DType::kBF16, head_dim, 16, 2, 4, causal);
+      cases.back().bf16_qp = true;
+    }
+  }
+  add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
+  cases.back().bf16_qp = true;
   return cases;
 }
 

@@ -1,0 +1,40 @@
+#ifndef KVD_KERNELS_CUDA_ASYNC_COPY_CUH_
+#define KVD_KERNELS_CUDA_ASYNC_COPY_CUH_
+
+// Asynchronous 16-byte global -> shared copies (sm_80+ `cp.async`), used by the attention
+// kernels to keep many loads in flight without holding registers for them.
+//
+// Ordering: a thread's copies are grouped by CpAsyncCommit(); CpAsyncWait<N>() returns once
+// at most N of the thread's groups are still pending, and then the completed copies are
+// visible to that thread. Other threads see them only after a barrier (__syncthreads or
+// __syncwarp) that follows the wait. Only for .cu files.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvd::cuda {
+
+// Copies 16 bytes from `global_src` to `shared_dst`, or writes 16 zero bytes (reading
+// nothing) when `valid` is false. REQUIRES: both addresses 16-byte aligned; `global_src`
+// a global-memory address even when `valid` is false.
+__device__ __forceinline__ void CpAsync16(void* shared_dst, const void* global_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPendingGroups>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPendingGroups) : "memory");
+}
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_ASYNC_COPY_CUH_

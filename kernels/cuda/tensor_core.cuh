@@ -1,0 +1,69 @@
+#ifndef KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
+#define KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
+
+// Warp-level bf16 tensor-core helpers (sm_80+ `mma.sync` and `ldmatrix`), fragment layouts
+// as in the PTX ISA for mma.m16n8k16 with g = lane / 4 and t = lane % 4:
+//
+//   A (16x16, row-major), 4 regs of bf16x2:  a0 (g, 2t..2t+1)   a1 (g+8, 2t..2t+1)
+//                                            a2 (g, 2t+8..2t+9) a3 (g+8, 2t+8..2t+9)
+//   B (16x8, "col"),      2 regs of bf16x2:  b0 (k 2t..2t+1, n g)  b1 (k 2t+8..2t+9, n g)
+//   C/D (16x8) fp32, 4 floats:               c0, c1 (g, 2t..2t+1)  c2, c3 (g+8, 2t..2t+1)
+//
+// In each bf16x2 register the element with the lower column (or k) index is the low half.
+// Only for .cu files.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvd::cuda {
+
+// d += a * b, bf16 inputs, fp32 accumulation.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from shared memory: lanes 8i..8i+7 give the row addresses (16
+// bytes each) of matrix i, and r[i] receives this lane's part of matrix i: (row g, columns
+// 2t, 2t+1), or with `kTranspose` (rows 2t, 2t+1, column g).
+template <bool kTranspose>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row_address) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  if constexpr (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+}
+
+__device__ __forceinline__ uint32_t BitsOf(__nv_bfloat162 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (lo, hi) rounded to bf16x2 as `high_part`, and the rounding residual, also bf16, as
+// `low_part`: high_part + low_part carries ~16 significant bits of each input, so a product
+// with an exact bf16 operand split this way loses almost nothing against fp32.
+__device__ __forceinline__ void SplitBf16x2(float lo, float hi, uint32_t& high_part,
+                                            uint32_t& low_part) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  high_part = BitsOf(h);
+  low_part = BitsOf(__floats2bfloat162_rn(lo - __low2float(h), hi - __high2float(h)));
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  return BitsOf(__floats2bfloat162_rn(lo, hi));
+}
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
