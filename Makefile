@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test test-sanitize bench clean format
+.PHONY: all deps configure build test test-sanitize bench serve clean format
 
 all: build
 
@@ -32,6 +32,21 @@ test-sanitize: deps
 
 bench: build
 	@$(BUILD)/bench/kvd_cpu_bench
+
+# Runs the daemon on stories260K with the CPU backend (config/serve.yaml): installs missing
+# packages, builds kvd, finds or downloads the model (scripts/fetch-model), then serves in the
+# foreground until Ctrl-C (which drains and exits 0).
+SERVE_CONFIG    ?= config/serve.yaml
+GRPC_ADDRESS    ?= 127.0.0.1:50051
+METRICS_ADDRESS ?= 127.0.0.1:9400
+
+serve: configure
+	@cmake --build $(BUILD) --target kvd -j $(JOBS)
+	@model="$$(scripts/fetch-model)" && \
+	  echo "make serve: kvd on gRPC $(GRPC_ADDRESS), metrics http://$(METRICS_ADDRESS)/metrics;" \
+	    "try: $(BUILD)/server/kvd client --address $(GRPC_ADDRESS) --prompt 'Once upon a time'" && \
+	  exec $(BUILD)/server/kvd serve --config $(SERVE_CONFIG) --model "$$model" \
+	    --grpc-address $(GRPC_ADDRESS) --metrics-address $(METRICS_ADDRESS)
 
 format:
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i

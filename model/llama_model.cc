@@ -92,6 +92,47 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeight
   return model;
 }
 
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateFromFactory(const ModelSpec& spec,
+                                                                          Backend* backend,
+                                                                          WeightFactory make) {
+  KVD_RETURN_IF_ERROR(spec.Validate());
+  std::unique_ptr<LlamaModel> model(new LlamaModel(spec, backend));
+  model->weight_dtype_ = backend->weight_dtype();
+  const int64_t elem_bits = DTypeBits(model->weight_dtype_);
+  auto build = [&](int32_t index, int64_t count, int32_t fan_in,
+                   DeviceBuffer* out) -> absl::Status {
+    auto buf = make(WeightTensorInfo{.index = index, .count = count, .fan_in = fan_in});
+    if (!buf.ok()) return buf.status();
+    if (static_cast<int64_t>(buf->bytes()) * 8 < count * elem_bits) {
+      return absl::InvalidArgumentError(absl::StrCat("weight factory: tensor ", index, " has ",
+                                                     buf->bytes(), " bytes, needs ",
+                                                     count * elem_bits / 8));
+    }
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  const int64_t dim = spec.dim, hidden = spec.hidden_dim;
+  const int64_t q_dim = int64_t{spec.num_heads} * spec.head_dim;
+  const int64_t kv_dim = int64_t{spec.num_kv_heads} * spec.head_dim;
+  KVD_RETURN_IF_ERROR(build(0, spec.vocab_size * dim, spec.dim, &model->token_embedding_));
+  KVD_RETURN_IF_ERROR(build(1, dim, 0, &model->final_norm_));
+  if (!spec.shared_classifier) {
+    KVD_RETURN_IF_ERROR(build(2, spec.vocab_size * dim, spec.dim, &model->classifier_));
+  }
+  model->layers_.resize(spec.num_layers);
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    Layer& layer = model->layers_[l];
+    const int32_t base = 3 + 6 * l;
+    KVD_RETURN_IF_ERROR(build(base + 0, dim, 0, &layer.attn_norm));
+    KVD_RETURN_IF_ERROR(build(base + 1, (q_dim + 2 * kv_dim) * dim, spec.dim, &layer.wqkv));
+    KVD_RETURN_IF_ERROR(build(base + 2, dim * q_dim, static_cast<int32_t>(q_dim), &layer.wo));
+    KVD_RETURN_IF_ERROR(build(base + 3, dim, 0, &layer.ffn_norm));
+    KVD_RETURN_IF_ERROR(build(base + 4, 2 * hidden * dim, spec.dim, &layer.w13));
+    KVD_RETURN_IF_ERROR(build(base + 5, dim * hidden, spec.hidden_dim, &layer.w2));
+  }
+  return model;
+}
+
 absl::Status LlamaModel::Upload(const ModelWeights& w) {
   const ModelSpec& s = spec_;
   const int64_t dim = s.dim, hidden = s.hidden_dim;
@@ -211,6 +252,18 @@ absl::Status LlamaModel::UploadBatch(const ForwardBatch& b) {
 
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvCacheView> layers,
                                  std::vector<float>* logits) {
+  auto device_logits = ForwardToDevice(batch, layers);
+  if (!device_logits.ok()) return device_logits.status();
+  logits->assign(batch.logit_rows.size() * static_cast<size_t>(spec_.vocab_size), 0.0f);
+  if (!logits->empty()) {
+    KVD_RETURN_IF_ERROR(
+        backend_->CopyToHost(logits->data(), *device_logits, logits->size() * sizeof(float)));
+  }
+  return backend_->Synchronize();
+}
+
+absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& batch,
+                                                         absl::Span<const KvCacheView> layers) {
   const ModelSpec& s = spec_;
   if (static_cast<int32_t>(layers.size()) != s.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", layers.size(),
@@ -228,9 +281,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvC
   KVD_RETURN_IF_ERROR(batch.Validate(s.vocab_size, block_size));
   const int32_t t = batch.num_tokens();
   const int32_t rows = static_cast<int32_t>(batch.logit_rows.size());
-  logits->assign(static_cast<size_t>(rows) * s.vocab_size, 0.0f);
-  if (t == 0) return absl::OkStatus();
-  KVD_RETURN_IF_ERROR(EnsureScratch(t, std::max(rows, 1)));
+  KVD_RETURN_IF_ERROR(EnsureScratch(std::max(t, 1), std::max(rows, 1)));
+  if (t == 0) return logits_.as<const float>();
   KVD_RETURN_IF_ERROR(UploadBatch(batch));
 
   // Device views of the packed batch (same order as UploadBatch).
@@ -351,7 +403,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvC
                                           .k = s.hidden_dim,
                                           .accumulate = true}));
   }
-  if (rows == 0) return backend_->Synchronize();
+  if (rows == 0) return logits_.as<const float>();
 
   // Only the sampled rows go through the final norm and the classifier.
   float* gathered = logit_in_.as<float>();
@@ -378,9 +430,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvC
                                         .m = rows,
                                         .n = s.vocab_size,
                                         .k = s.dim}));
-  KVD_RETURN_IF_ERROR(backend_->CopyToHost(logits->data(), logits_.data(),
-                                           logits->size() * sizeof(float)));
-  return backend_->Synchronize();
+  return logits_.as<const float>();
 }
 
 }  // namespace kvd

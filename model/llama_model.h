@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -40,6 +41,20 @@ struct ForwardBatch {
   absl::Status Validate(int32_t vocab_size, int32_t block_size) const;
 };
 
+// One weight tensor as LlamaModel stores it, for factories that make weights in place
+// (e.g. seeded random ones generated on the device). Fused tensors are row-concatenated:
+// wqkv = [wq; wk; wv], w13 = [w1 (gate); w3 (up)]; matrices are [out_features][fan_in].
+struct WeightTensorInfo {
+  // Stable id: 0 token_embedding, 1 final_norm, 2 classifier (only when unshared), then
+  // 3 + 6 * layer + {0 attn_norm, 1 wqkv, 2 wo, 3 ffn_norm, 4 w13, 5 w2}.
+  int32_t index = 0;
+  int64_t count = 0;   // values
+  int32_t fan_in = 0;  // input features per row (dim for the embedding); 0 for norm weights
+};
+
+// Makes `info.count` values of the backend's weight_dtype() in backend memory.
+using WeightFactory = absl::FunctionRef<absl::StatusOr<DeviceBuffer>(const WeightTensorInfo& info)>;
+
 // The Llama decoder (RMSNorm, GQA attention with RoPE, SwiGLU FFN) written against
 // Backend. Owns the weights in backend memory and scratch activations, grown on demand.
 // K/V live outside, in the paged arena the caller's per-layer views describe. Not thread
@@ -49,6 +64,12 @@ class LlamaModel {
   // Uploads the weights. `backend` must outlive the model.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights& weights,
                                                             Backend* backend);
+  // Weights made by `make`, once per tensor in index order: for synthetic models too large
+  // for host fp32 (llama3-8b is 16 GB in bf16). InvalidArgument for an invalid spec or a
+  // buffer smaller than the tensor; otherwise the factory's error.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateFromFactory(const ModelSpec& spec,
+                                                                       Backend* backend,
+                                                                       WeightFactory make);
 
   const ModelSpec& spec() const { return spec_; }
 
@@ -57,6 +78,12 @@ class LlamaModel {
   // REQUIRES: layers.size() == spec().num_layers; views share block_size and head shape.
   absl::Status Forward(const ForwardBatch& batch, absl::Span<const KvCacheView> layers,
                        std::vector<float>* logits);
+  // As Forward, but the logits stay in backend memory: returns [logit_rows.size()]
+  // [vocab_size] fp32, valid until the next Forward call. The work is only enqueued (call
+  // Backend::Synchronize or copy from the result, which waits, before reading it), so a
+  // caller can sample on the device and copy back token ids instead of 128k logits a row.
+  absl::StatusOr<const float*> ForwardToDevice(const ForwardBatch& batch,
+                                               absl::Span<const KvCacheView> layers);
 
  private:
   struct Layer {

@@ -73,6 +73,8 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
     return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
   }
   if (cache_->layout().BlocksForTokens(request.prompt.size()) > max_blocks_) {
+    absl::MutexLock lock(&mu_);
+    ++published_.requests_rejected;
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", request.prompt.size(), " tokens needs ",
         cache_->layout().BlocksForTokens(request.prompt.size()), " KV blocks; the whole pool has ",

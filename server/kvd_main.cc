@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "server/client_command.h"
+#include "server/serve_command.h"
 #include "tools/estimate_command.h"
 #include "tools/generate_command.h"
 
@@ -15,6 +17,8 @@ constexpr char kUsage[] =
     "usage: kvd <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  serve      run the daemon: gRPC API, health, reflection and /metrics\n"
+    "  client     stream a completion from a running daemon\n"
     "  generate   complete one prompt on the CPU engine and print the text\n"
     "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
     "\n"
@@ -33,6 +37,8 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
+  if (command == "serve") return kvd::RunServeCommand(args, std::cout, std::cerr);
+  if (command == "client") return kvd::RunClientCommand(args, std::cout, std::cerr);
   if (command == "generate") return kvd::RunGenerateCommand(args, std::cout, std::cerr);
   if (command == "estimate") return kvd::RunEstimateCommand(args, std::cout, std::cerr);
   std::cerr << "kvd: unknown command '" << command << "'\n\n" << kUsage;

@@ -3,21 +3,20 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
-#include <thread>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/clock.h"
-#include "kernels/cpu_backend.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/streaming_decoder.h"
 #include "model/tokenizer.h"
 #include "scheduler/generator.h"
+#include "tools/device.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
+#include "tools/random_model.h"
 
 namespace kvd {
 
@@ -27,11 +26,12 @@ FlagSet MakeFlags() {
   FlagSet f(
       "kvd generate --model PATH --prompt TEXT [--tokenizer PATH] [--max-tokens N]\n"
       "                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
-      "                    [--block-size B] [--threads N] [--json]\n"
+      "                    [--block-size B] [--device cuda|cpu|auto] [--threads N] [--json]\n"
       "\n"
-      "Completes PROMPT with the model on the CPU reference backend and prints the\n"
-      "completion (the prompt is not repeated). llama2.c models stop at BOS (id 1), as\n"
-      "llama2.c's run.c does.");
+      "Completes PROMPT with the model and prints the completion (the prompt is not\n"
+      "repeated). llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
+      "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
+      "reference); synthetic models are generated in device memory from --seed.");
   f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
@@ -44,14 +44,15 @@ FlagSet MakeFlags() {
   f.AddFloat("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
   f.AddInt("seed", "sampling seed; the same seed gives the same text", 0);
   f.AddInt("block-size", "tokens per KV block", 16);
-  f.AddInt("threads", "CPU threads; 0 = all cores", 0);
+  f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
+  f.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
   f.AddBool("json", "print one JSON object instead of text");
   return f;
 }
 
 // The tokenizer beside the model whose vocabulary matches it.
 absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& model_path,
-                                                          int32_t vocab_size) {
+                                                         int32_t vocab_size) {
   const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
   std::vector<std::string> tried;
   for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
@@ -73,9 +74,26 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
     return absl::InvalidArgumentError(
         "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
   }
-  auto weights = LoadModel(model_ref, flags.GetInt("seed"));
-  if (!weights.ok()) return weights.status();
-  const ModelSpec& spec = weights->spec;
+  auto device = ResolveDevice(flags.GetString("device"));
+  if (!device.ok()) return device.status();
+  auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
+  if (!backend.ok()) return backend.status();
+
+  // Synthetic weights are made in backend memory (no host fp32 copy, any size); checkpoints
+  // are loaded on the host and uploaded.
+  const bool synthetic = model_ref.rfind("synthetic:", 0) == 0;
+  auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
+    if (synthetic) {
+      auto spec = LoadModelSpec(model_ref);
+      if (!spec.ok()) return spec.status();
+      return CreateRandomModel(*spec, static_cast<uint64_t>(flags.GetInt("seed")), backend->get());
+    }
+    auto weights = LoadModel(model_ref);
+    if (!weights.ok()) return weights.status();
+    return LlamaModel::Create(*weights, backend->get());
+  }();
+  if (!model.ok()) return model.status();
+  const ModelSpec& spec = (*model)->spec();
 
   auto tokenizer = flags.Has("tokenizer")
                        ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
@@ -97,14 +115,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   if (auto s = request.sampling.Validate(); !s.ok()) return s;
   request.stop_token_ids = {spec.bos_token_id};
 
-  int threads = static_cast<int>(flags.GetInt("threads"));
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  CpuBackend backend(threads);
-  auto model = LlamaModel::Create(*weights, &backend);
-  if (!model.ok()) return model.status();
   RealClock clock;
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
-  auto cache = CreateCacheForSequences(spec, &backend, &clock, block_size, /*num_sequences=*/1);
+  auto cache =
+      CreateCacheForSequences(spec, backend->get(), &clock, block_size, /*num_sequences=*/1);
   if (!cache.ok()) return cache.status();
 
   const bool json = flags.GetBool("json");
@@ -135,8 +149,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
 
 }  // namespace
 
-int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out,
-                       std::ostream& err) {
+int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   FlagSet flags = MakeFlags();
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();

@@ -10,8 +10,10 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/generic_attention.h"
 #include "kernels/cuda/kv_cache_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/random_fill_kernels.h"
 
 namespace kvd {
 namespace {
@@ -241,9 +243,13 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   constexpr absl::string_view kOp = "PagedAttention";
   const KvCacheView& c = p.cache;
   if (absl::Status s = ValidateCacheView(kOp, c); !s.ok()) return s;
-  if (c.head_dim != 64 && c.head_dim != 128) {
-    return absl::UnimplementedError(
-        absl::StrCat(kOp, ": head_dim ", c.head_dim, " (kernels exist for 64 and 128)"));
+  // Head sizes without a fast kernel (small test models) take the simple generic kernel.
+  const bool fast_head_dim = c.head_dim == 64 || c.head_dim == 128;
+  if (!fast_head_dim && c.head_dim > cuda::kGenericAttentionMaxHeadDim) {
+    return absl::UnimplementedError(absl::StrCat(kOp, ": head_dim ", c.head_dim,
+                                                 " (fast kernels exist for 64 and 128, the "
+                                                 "generic one up to ",
+                                                 cuda::kGenericAttentionMaxHeadDim, ")"));
   }
   if (!IsPowerOfTwo(c.block_size)) {
     return Invalid(kOp, absl::StrCat("block_size ", c.block_size, " is not a power of two"));
@@ -262,6 +268,9 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  if (!fast_head_dim) {
+    return CudaStatus(cuda::LaunchGenericAttention(p, stream_), "PagedAttention: generic kernel");
+  }
 
   // Workspace: [tile_indptr (num_seqs + 1 ints)] [partial lse] [partial out], 256-aligned.
   const int num_seqs = p.blocks.num_seqs;
@@ -283,9 +292,13 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
                            "PagedAttention: decode kernel");
-  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
-                                                        num_sms_ * kPrefillCtasPerSm, stream_),
-                           "PagedAttention: prefill kernel");
+  // bf16 KV prefill runs the tensor cores with Q and P rounded to bf16 (FlashAttention's
+  // numerics); f32 KV keeps the fp32 kernel.
+  KVD_RETURN_IF_CUDA_ERROR(
+      cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
+                                   num_sms_ * kPrefillCtasPerSm, stream_,
+                                   cuda::MmaPrecision::kBf16),
+      "PagedAttention: prefill kernel");
   return absl::OkStatus();
 }
 
@@ -301,6 +314,26 @@ absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
   if (p.num_regions > 65535) return Invalid(kOp, "more than 65535 regions");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   return CudaStatus(cuda::LaunchCopyBlocks(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::FillRandom(void* data, DType dtype, size_t count,
+                                     const RandomFill& fill) {
+  constexpr absl::string_view kOp = "FillRandom";
+  if (!IsStorageDtype(dtype)) return Unsupported(kOp, "dtype", dtype);
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) return Invalid(kOp, "null destination");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchRandomFill(data, dtype, static_cast<int64_t>(count), fill, stream_),
+                    kOp);
+}
+
+absl::Status CudaBackend::ArgmaxRows(const float* logits, int32_t rows, int32_t cols,
+                                     int32_t* ids) {
+  constexpr absl::string_view kOp = "ArgmaxRows";
+  if (rows < 0 || cols <= 0) return Invalid(kOp, "bad shape");
+  if (rows == 0) return absl::OkStatus();
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  return CudaStatus(cuda::LaunchArgmaxRows(logits, rows, cols, ids, stream_), kOp);
 }
 
 }  // namespace kvd

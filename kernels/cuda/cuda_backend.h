@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/random_fill.h"
 
 namespace kvd {
 
@@ -71,10 +72,20 @@ class CudaBackend final : public Backend {
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status AppendKv(const AppendKvParams& p) override;
   // Decode rows (q_len 1) go to the split-KV decode kernel, longer chunks to the prefill
-  // kernel; both are enqueued without a host round trip. REQUIRES: head_dim 64 or 128,
-  // block_size a power of two, num_q_heads a multiple of num_kv_heads.
+  // kernel; both are enqueued without a host round trip. Head sizes up to 32 (small
+  // test models such as stories260K's 8) go to a simple, slow generic kernel
+  // (generic_attention.h). REQUIRES: block_size a power of two, num_q_heads a multiple of
+  // num_kv_heads.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
   absl::Status CopyBlocks(const CopyBlocksParams& p) override;
+
+  // --- CUDA-only helpers for the engine tools (synthetic models and benchmarks), which
+  // would otherwise move gigabytes through the host. Both are only enqueued. ---
+  // Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) to element i of `data` for
+  // i < count. REQUIRES: data holds count elements of dtype on this device.
+  absl::Status FillRandom(void* data, DType dtype, size_t count, const RandomFill& fill);
+  // ids[r] = argmax over logits[r][0..cols) (lowest index on ties), all device memory.
+  absl::Status ArgmaxRows(const float* logits, int32_t rows, int32_t cols, int32_t* ids);
 
  protected:
   void Free(void* data, size_t bytes) override;

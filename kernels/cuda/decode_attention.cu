@@ -42,30 +42,48 @@ __device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits) {
 
 // Work layout of one warp, for 16-byte vectors of kVec elements of T:
 //
-//   lane = row * kLanesPerKey + slice: `slice` owns dims [slice*kVec, slice*kVec + kVec) of
-//   a key and `row` picks one of the kKeysPerRow keys a warp-wide 16-byte load covers.
-//   One warp iteration covers kKeysPerIter = kRounds * kKeysPerRow consecutive keys; round
-//   r, row q is key r*kKeysPerRow + q. Every lane keeps its own online-softmax state and
-//   partial output for all kGroup heads over the keys of its row; rows and warps are
-//   combined once at the end.
+//   lane = row * kLanesPerKey + slice. A key's head_dim is cut over kLanesPerKey lanes, each
+//   holding kDims dims as kVecsPerLane vectors: slice owns vectors slice, slice + kLanesPerKey,
+//   slice + 2 kLanesPerKey, ... so each copy instruction reads runs of kLanesPerKey * 16
+//   contiguous bytes. `row` picks one of the kKeysPerRound keys of a round; one warp iteration
+//   covers kKeysPerIter = kRounds * kKeysPerRound consecutive keys (round r, row q is key
+//   r * kKeysPerRound + q). kDims = 64 / kGroup (within [kVec, head_dim], at most 32 for
+//   fp32) keeps the query slices and partial outputs of the group at 64 registers each.
 //
-//   Shared memory per warp and stage: K then V, [kRounds][32 lanes][16 bytes] each; a lane
-//   only ever reads back the 16-byte slots it copied itself, so the cp.async wait alone
-//   orders its reads.
+//   Scores: a lane dots its dims with all kGroup query heads, and a transposing butterfly
+//   (ReduceScatter) leaves it the full score of one head, my_head = slice / kLanesPerHead:
+//   kGroup - 1 + log2(kLanesPerHead) shuffles per round for the whole group. The lane then
+//   runs the online softmax of that head over its row's keys (one exp2 per key and head, not
+//   one per lane), and the probabilities of all heads of its key come back by kGroup
+//   shuffles for O += P V. Rescaling happens once per iteration.
+//
+//   Shared memory per warp and stage: K then V, [kRounds][kVecsPerLane][32 lanes][16 bytes]
+//   each; a lane only ever reads back the 16-byte slots it copied itself, so the cp.async
+//   wait alone orders its reads.
 template <typename T, int kHeadDim, int kGroup>
 struct DecodeShape {
   static constexpr int kVec = Vec16<T>::kSize;
-  static constexpr int kLanesPerKey = kHeadDim / kVec;
-  static constexpr int kKeysPerRow = 32 / kLanesPerKey;
-  static constexpr int kRounds = kGroup >= 8 ? 4 : 8;  // fewer score registers for 8 heads
-  static constexpr int kKeysPerIter = kRounds * kKeysPerRow;
-  static constexpr int kStageBytes = 2 * kRounds * 32 * 16;
+  static constexpr int kMaxDims = sizeof(T) == 2 ? 64 : 32;
+  static constexpr int kDims = std::min({64 / kGroup, kMaxDims, kHeadDim});
+  static constexpr int kVecsPerLane = kDims / kVec;
+  static constexpr int kLanesPerKey = kHeadDim / kDims;
+  static constexpr int kLanesPerHead = kLanesPerKey / kGroup;
+  static constexpr int kKeysPerRound = 32 / kLanesPerKey;
+  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(T));
+  // About 8 KB of K and V per warp iteration.
+  static constexpr int kKeysPerIter = std::max(kKeysPerRound, std::min(32, 8192 / (2 * kRowBytes)));
+  static constexpr int kRounds = kKeysPerIter / kKeysPerRound;
+  static constexpr int kStageBytes = 2 * kKeysPerIter * kRowBytes;
   static constexpr int kPipelineBytes = kWarps * kStages * kStageBytes;
   // Combine area, reusing the pipeline: [kWarps][kGroup][kHeadDim] outputs, then
   // [kWarps][kGroup] maxima and sums.
   static constexpr int kCombineBytes = kWarps * kGroup * (kHeadDim + 2) * 4;
-  static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
-  static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0);
+  static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes);
+  static_assert(kDims % kVec == 0 && kDims >= kVec);
+  static_assert(kLanesPerKey * kDims == kHeadDim && 32 % kLanesPerKey == 0);
+  static_assert(kGroup <= kLanesPerKey, "each lane ends up with the score of one head");
+  static_assert(kRounds * kKeysPerRound == kKeysPerIter);
+  static_assert(kRounds * kVecsPerLane * 32 * 16 == kKeysPerIter * kRowBytes);
   static_assert(kKeysPerIter <= 32, "one lane holds one block pointer of an iteration");
   static_assert(kSplitGranule % (kWarps * kKeysPerIter) == 0);
 };
@@ -73,6 +91,32 @@ struct DecodeShape {
 __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
   const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
   return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
+}
+
+// Transposing butterfly over aligned groups of 2 * kOffset lanes: v[i] holds this lane's
+// partial sums of kN heads; each step halves the heads a lane holds (the lane with `kOffset`
+// set keeps the upper half) while summing over the partner lane, and once one head is left
+// the remaining steps are a plain all-reduce. Returns the full sum, over the lane group, of
+// head (lane % (2 kOffset)) / (2 kOffset / kN) of the caller's original kN heads.
+template <int kN, int kOffset>
+__device__ __forceinline__ float ReduceScatter(const float (&v)[kN], int lane) {
+  if constexpr (kOffset == 0) {
+    static_assert(kN == 1, "more heads than lanes");
+    return v[0];
+  } else if constexpr (kN == 1) {
+    const float kept[1] = {v[0] + __shfl_xor_sync(0xffffffffu, v[0], kOffset)};
+    return ReduceScatter<1, kOffset / 2>(kept, lane);
+  } else {
+    const bool upper = (lane & kOffset) != 0;
+    float kept[kN / 2];
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const float send = upper ? v[i] : v[i + kN / 2];
+      const float keep = upper ? v[i + kN / 2] : v[i];
+      kept[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+    }
+    return ReduceScatter<kN / 2, kOffset / 2>(kept, lane);
+  }
 }
 
 // grid (num_kv_heads * subgroups, num_seqs, max_splits), kThreads threads, Shape::kSmemBytes
@@ -83,8 +127,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                  int block_shift) {
   using Shape = DecodeShape<T, kHeadDim, kGroup>;
   constexpr int kVec = Shape::kVec;
+  constexpr int kDims = Shape::kDims;
+  constexpr int kVecsPerLane = Shape::kVecsPerLane;
   constexpr int kLanesPerKey = Shape::kLanesPerKey;
-  constexpr int kKeysPerRow = Shape::kKeysPerRow;
+  constexpr int kLanesPerHead = Shape::kLanesPerHead;
+  constexpr int kKeysPerRound = Shape::kKeysPerRound;
   constexpr int kRounds = Shape::kRounds;
   constexpr int kKeysPerIter = Shape::kKeysPerIter;
   constexpr int kStageBytes = Shape::kStageBytes;
@@ -95,30 +142,42 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int heads = min(kGroup, (kv_head + 1) * group - head_base);  // live heads, >= 1
   const int s = blockIdx.y;
   const int split = blockIdx.z;
+  // All sequence metadata in one round trip.
   const int q_row = p.q_indptr[s];
-  if (p.q_indptr[s + 1] - q_row != 1) return;
+  const int q_next = p.q_indptr[s + 1];
+  const int block_begin = p.blocks.indptr[s];
+  const int num_seq_blocks = p.blocks.indptr[s + 1] - block_begin;
+  const int last_len = p.blocks.last_block_len[s];
+  if (q_next - q_row != 1) return;
   const KvCacheView& c = p.cache;
-  const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
+  const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
   const SplitPlan plan = PlanSplits(kv_len, ws.max_splits);
   if (split >= plan.num_splits) return;
   const int key_begin = split * plan.split_len;
   const int key_end = min(kv_len, key_begin + plan.split_len);
-  const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
-  const int num_seq_blocks = p.blocks.indptr[s + 1] - p.blocks.indptr[s];
+  const int32_t* seq_blocks = p.blocks.indices + block_begin;
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int row = lane / kLanesPerKey;
-  const int dim0 = (lane % kLanesPerKey) * kVec;
+  const int slice = lane % kLanesPerKey;
+  const int row_lane0 = lane - slice;
+  // Dim of element i of this lane's vector j.
+  auto dim_of = [&](int j, int i) { return (slice + j * kLanesPerKey) * kVec + i; };
 
   // Query slices, pre-scaled so that scores are base-2 logits.
-  float q[kGroup][kVec];
+  float q[kGroup][kDims];
   const float q_scale = p.sm_scale * kLog2e;
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
     const float* q_head = p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + h} * kHeadDim;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) q[h][i] = h < heads ? q_head[dim0 + i] * q_scale : 0.0f;
+    for (int j = 0; j < kVecsPerLane; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        q[h][j * kVec + i] = h < heads ? q_head[dim_of(j, i)] * q_scale : 0.0f;
+      }
+    }
   }
 
   // This warp's iterations start at key_begin + (warp + kWarps * i) * kKeysPerIter.
@@ -126,7 +185,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int num_iters = cta_iters > warp ? CeilDiv(cta_iters - warp, kWarps) : 0;
   auto iter_start = [&](int it) { return key_begin + (warp + kWarps * it) * kKeysPerIter; };
   const int block_mask = c.block_size - 1;
-  const int64_t row_bytes = int64_t{kHeadDim} * sizeof(T);
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
 
   // Lane j's K head pointer of block j of iteration `it` (the block table is read once per
@@ -140,36 +198,41 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     return reinterpret_cast<const char*>(BlockHead<T>(c, seq_blocks[b], c.k_offset_bytes, kv_head));
   };
   unsigned char* warp_smem = smem + warp * kStages * kStageBytes;
+  auto slot = [&](int r, int j) { return ((r * kVecsPerLane + j) * 32 + lane) * 16; };
   auto issue = [&](int it, const char* ptrs, int stage) {
     if (it < num_iters) {
       const int start = iter_start(it);
       unsigned char* k_dst = warp_smem + stage * kStageBytes;
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
-        const int key_in_iter = r * kKeysPerRow + row;
+        const int key_in_iter = r * kKeysPerRound + row;
         const int key = start + key_in_iter;
         // start is a multiple of the block size whenever an iteration spans blocks, so
         // the iteration's block index of the key is key_in_iter >> block_shift.
         const char* src = ShflPtr(ptrs, key_in_iter >> block_shift) +
-                          (key & block_mask) * row_bytes + dim0 * sizeof(T);
-        unsigned char* dst = k_dst + (r * 32 + lane) * 16;
-        CpAsync16(dst, src, key < key_end);
-        CpAsync16(dst + kStageBytes / 2, src + v_minus_k, key < key_end);
+                          int64_t{key & block_mask} * Shape::kRowBytes + slice * 16;
+#pragma unroll
+        for (int j = 0; j < kVecsPerLane; ++j) {
+          unsigned char* dst = k_dst + slot(r, j);
+          const char* vec_src = src + j * kLanesPerKey * 16;
+          CpAsync16(dst, vec_src, key < key_end);
+          CpAsync16(dst + kStageBytes / 2, vec_src + v_minus_k, key < key_end);
+        }
       }
     }
     CpAsyncCommit();  // empty groups too, so that group counts line up
   };
 
-  float acc[kGroup][kVec];
-  float run_max[kGroup];  // warp-uniform
-  float run_sum[kGroup];  // over this lane's row of keys
+  // Partial outputs of every head of the group over this lane's row of keys, and the
+  // online-softmax state of my_head (the same in every lane holding that head).
+  float acc[kGroup][kDims];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    run_max[h] = -INFINITY;
-    run_sum[h] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[h][i] = 0.0f;
+    for (int d = 0; d < kDims; ++d) acc[h][d] = 0.0f;
   }
+  float my_max = -INFINITY;  // over the warp's keys so far
+  float my_sum = 0.0f;       // over this lane's row of keys, relative to my_max
 
   // Pipeline: kStages - 1 iterations in flight while one is computed.
   const char* ptrs[kStages - 1];
@@ -187,72 +250,89 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     CpAsyncWait<kStages - 1>();
 
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
+    const unsigned char* v_src = k_src + kStageBytes / 2;
     const int start = iter_start(it);
-    float score[kRounds][kGroup];
+    float score[kRounds];  // of my_head, for key r * kKeysPerRound + row
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
-      float k[kVec];
-      Vec16<T>::Load(k_src + (r * 32 + lane) * 16, k);
-      const bool live = start + r * kKeysPerRow + row < key_end;
+      float part[kGroup];
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        float dot = 0.0f;
+      for (int h = 0; h < kGroup; ++h) part[h] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) dot = fmaf(q[h][i], k[i], dot);
+      for (int j = 0; j < kVecsPerLane; ++j) {
+        float k[kVec];
+        Vec16<T>::Load(k_src + slot(r, j), k);
 #pragma unroll
-        for (int offset = kLanesPerKey / 2; offset > 0; offset /= 2) {
-          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        for (int h = 0; h < kGroup; ++h) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) part[h] = fmaf(q[h][j * kVec + i], k[i], part[h]);
         }
-        score[r][h] = live ? dot : -INFINITY;
       }
+      const float dot = ReduceScatter<kGroup, kLanesPerKey / 2>(part, lane);
+      score[r] = start + r * kKeysPerRound + row < key_end ? dot : -INFINITY;
     }
-    // Online softmax: the iteration holds at least one live key, so the new max is finite.
+
+    // Online softmax of my_head: the iteration holds at least one live key, so the new max
+    // is finite. Lanes holding the same head in other rows differ in the row bits.
+    float iter_max = score[0];
+#pragma unroll
+    for (int r = 1; r < kRounds; ++r) iter_max = fmaxf(iter_max, score[r]);
+#pragma unroll
+    for (int offset = kLanesPerKey; offset < 32; offset *= 2) {
+      iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, offset));
+    }
+    const float new_max = fmaxf(my_max, iter_max);
+    const float my_rescale = exp2f(my_max - new_max);  // 0 on the first iteration
+    my_max = new_max;
+    float sum = my_sum * my_rescale;
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      score[r] = exp2f(score[r] - new_max);
+      sum += score[r];
+    }
+    my_sum = sum;
+    // Every head's factor from the lane of row 0 holding it.
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      float iter_max = score[0][h];
+      const float rescale = __shfl_sync(0xffffffffu, my_rescale, h * kLanesPerHead);
 #pragma unroll
-      for (int r = 1; r < kRounds; ++r) iter_max = fmaxf(iter_max, score[r][h]);
-#pragma unroll
-      for (int offset = kLanesPerKey; offset < 32; offset *= 2) {
-        iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, offset));
-      }
-      const float new_max = fmaxf(run_max[h], iter_max);
-      const float rescale = exp2f(run_max[h] - new_max);
-      run_max[h] = new_max;
-      float sum = run_sum[h] * rescale;
-#pragma unroll
-      for (int r = 0; r < kRounds; ++r) {
-        score[r][h] = exp2f(score[r][h] - new_max);
-        sum += score[r][h];
-      }
-      run_sum[h] = sum;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[h][i] *= rescale;
+      for (int d = 0; d < kDims; ++d) acc[h][d] *= rescale;
     }
+
     // Weighted values; masked keys have probability 0 and zero-filled V.
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
-      float v[kVec];
-      Vec16<T>::Load(k_src + kStageBytes / 2 + (r * 32 + lane) * 16, v);
+      float prob[kGroup];
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) {
+        prob[h] = kLanesPerKey == 1
+                      ? score[r]
+                      : __shfl_sync(0xffffffffu, score[r], row_lane0 + h * kLanesPerHead);
+      }
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[h][i] = fmaf(score[r][h], v[i], acc[h][i]);
+      for (int j = 0; j < kVecsPerLane; ++j) {
+        float v[kVec];
+        Vec16<T>::Load(v_src + slot(r, j), v);
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            acc[h][j * kVec + i] = fmaf(prob[h], v[i], acc[h][j * kVec + i]);
+          }
+        }
       }
     }
     read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
   }
 
-  // Sum the rows of the warp (same max everywhere in a warp).
+  // Sum the rows of the warp (every lane of a head has the same max).
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
+  for (int offset = kLanesPerKey; offset < 32; offset *= 2) {
+    my_sum += __shfl_xor_sync(0xffffffffu, my_sum, offset);
 #pragma unroll
-    for (int offset = kLanesPerKey; offset < 32; offset *= 2) {
-      run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], offset);
+    for (int h = 0; h < kGroup; ++h) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], offset);
-      }
+      for (int d = 0; d < kDims; ++d) acc[h][d] += __shfl_xor_sync(0xffffffffu, acc[h][d], offset);
     }
   }
 
@@ -267,14 +347,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) s_acc[(warp * kGroup + h) * kHeadDim + dim0 + i] = acc[h][i];
-    }
-  }
-  if (lane == 0) {
+      for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      s_max[warp * kGroup + h] = run_max[h];
-      s_sum[warp * kGroup + h] = run_sum[h];
+        for (int i = 0; i < kVec; ++i) {
+          s_acc[(warp * kGroup + h) * kHeadDim + dim_of(j, i)] = acc[h][j * kVec + i];
+        }
+      }
+    }
+    if (slice % kLanesPerHead == 0) {
+      const int my_head = slice / kLanesPerHead;
+      s_max[warp * kGroup + my_head] = my_max;
+      s_sum[warp * kGroup + my_head] = my_sum;
     }
   }
   __syncthreads();
@@ -326,6 +409,8 @@ __device__ float BlockReduce(float x, Op op, float* scratch) {
 // grid (num_q_heads, num_seqs), kMergeThreads threads: out = sum_i w_i * partial_i / sum_i w_i
 // with w_i = exp2(lse_i - max lse) over a split sequence's partial outputs. Thread t sums
 // float4 column t % columns over splits t / columns, t / columns + groups, ...
+// Launched as a programmatic dependent of the decode kernel: it reads the batch metadata
+// (never written by the decode kernel) before waiting for that grid's results.
 __global__ void __launch_bounds__(kMergeThreads)
     MergeKernel(PagedAttentionParams p, DecodeWorkspace ws) {
   __shared__ float s_weight[kMaxSplits];
@@ -340,6 +425,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   if (plan.num_splits == 1) return;
   const int64_t first = int64_t{s} * ws.max_splits;
   const int t = threadIdx.x;
+  cudaGridDependencySynchronize();  // the decode grid's partials are complete and visible
 
   const float lse =
       t < plan.num_splits ? ws.partial_lse[(first + t) * p.num_q_heads + head] : -INFINITY;
@@ -354,6 +440,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int groups = kMergeThreads / columns;
   const int column = t % columns;
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
   for (int i = t / columns; i < plan.num_splits; i += groups) {
     const float w = s_weight[i];
     const float4 part = reinterpret_cast<const float4*>(
@@ -399,8 +486,19 @@ cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cud
   kernel<<<grid, kThreads, Shape::kSmemBytes, stream>>>(p, ws, group, subgroups, block_shift);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (ws.max_splits > 1) {
-    MergeKernel<<<dim3(p.num_q_heads, p.blocks.num_seqs), kMergeThreads, 0, stream>>>(p, ws);
-    return cudaGetLastError();
+    // Programmatic dependent launch: the merge grid is set up while the decode grid runs and
+    // waits in cudaGridDependencySynchronize for its completion (saves a launch gap).
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(p.num_q_heads, p.blocks.num_seqs);
+    config.blockDim = dim3(kMergeThreads);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, MergeKernel, p, ws);
   }
   return cudaSuccess;
 }

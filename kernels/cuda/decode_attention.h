@@ -9,7 +9,13 @@
 // group. The warps stream different runs of keys through a three-stage cp.async pipeline of
 // 16-byte copies (two runs in flight per warp while a third is scored), each keeping an
 // online softmax for the whole group in registers; the warps are combined through shared
-// memory at the end. The block table is read once per block, an iteration ahead.
+// memory at the end. The block table is read once per block, an iteration ahead. A key's
+// dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly reduces the
+// dot products of all group heads at once, leaving each lane one head's score: few shuffles
+// and one exp2 per key and head, so the loop stays memory-bound at large batch.
+//
+// The merge kernel is a programmatic dependent launch of the decode kernel (it is set up
+// while the decode grid runs and waits for its results on the device).
 //
 // A context is cut into up to `max_splits` ranges of whole 128-key granules, each at least
 // 128 keys; DecodeMaxSplits sizes them so that the grid covers the device several times.

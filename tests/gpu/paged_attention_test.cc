@@ -1,8 +1,10 @@
 // CUDA paged attention (split-KV decode, tiled prefill, mixed batches) against the CPU
 // reference: scattered block tables over several chunks (one released), block sizes
 // 1/16/64, GQA groups 1/4/7/8/12, head_dim 64/128, contexts 1 to 32k, f32 and bf16 KV.
-// The tensor-core prefill kernel is also run in its plain-bf16 mode (Q and P rounded to
-// bf16, as FlashAttention does), against the same reference with a bf16-sized tolerance.
+// With bf16 KV the backend's prefill runs the tensor-core kernel in its plain-bf16 mode (Q and
+// P rounded to bf16, as FlashAttention does): those rows are held to a bf16-sized tolerance,
+// every other row (f32 KV, decodes) to fp32 accumulation-order error. The kernel's split mode
+// (Q and P as bf16 pairs) is also launched directly and must meet the tight tolerance.
 
 #include <algorithm>
 #include <cmath>
@@ -36,9 +38,26 @@ struct AttentionCase {
   int num_kv_heads = 2;
   int group = 4;
   bool causal = true;
-  // Run the bf16 prefill kernel with Q and P rounded to plain bf16 (prefill-only batches).
+  // Launch the bf16 prefill kernel directly (prefill-only batches) with Q and P rounded to
+  // plain bf16, or split into bf16 pairs.
   bool bf16_qp = false;
+  bool split_qp = false;
 };
+
+// Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
+// rounded to bf16 (8 significant bits, relative rounding error <= 2^-9 ~ 2e-3): P's rounding
+// moves an output (a convex combination of |v| <= 1) by <= 2^-9 * max|v| ~ 2e-3, Q's moves
+// each logit by ~2^-9 of |q.k| and the softmax turns that into a comparable shift. An fp64
+// emulation of the kernel's rounding over this test's inputs (q in [-3, 3], k, v in [-1, 1],
+// 1 to 16k keys) peaks at 2.5e-3 absolute, 0.4 of the bound below; a wrong fragment, mask or
+// tile moves outputs by ~0.1.
+constexpr double kBf16PrefillRtol = 2e-2;
+constexpr double kBf16PrefillAtol = 4e-3;
+// Everything else attends over the same fp32 values on both sides (bf16 KV was rounded
+// beforehand), so only accumulation order, the split-KV merge and exp2 vs exp differ: ~1e-6
+// in practice. A dropped key, split or block moves outputs by far more than 5e-5.
+constexpr double kExactRtol = 1e-4;
+constexpr double kExactAtol = 5e-5;
 
 int NextPowerOfTwo(int64_t x) {
   int shift = 0;
@@ -140,11 +159,11 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.out_stride = out_stride;
     p.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.causal = c.causal;
-    if (c.bf16_qp && &b == &gpu()) {
+    if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
-      const cudaError_t err =
-          cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), gpu().num_sms() * 4,
-                                       gpu().stream(), cuda::MmaPrecision::kBf16);
+      const cudaError_t err = cuda::LaunchPrefillAttention(
+          p, tile_indptr.as<int32_t>(), gpu().num_sms() * 4, gpu().stream(),
+          c.split_qp ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16);
       if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
       return b.Synchronize();  // before tile_indptr is freed
     }
@@ -158,13 +177,19 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
   const size_t out_floats = size_t(total_q) * out_stride;
   const std::vector<float> gpu_out = DownloadFloats(gpu(), gpu_side.out.data(), out_floats);
   const std::vector<float> cpu_out = DownloadFloats(cpu(), cpu_side.out.data(), out_floats);
-  std::vector<float> gpu_used, cpu_used;
+  // Rows of bf16 prefills (unless run in split mode) go to the bf16 comparison.
+  std::vector<bool> bf16_row(total_q, false);
+  for (int s = 0; s < num_seqs; ++s) {
+    const bool bf16_prefill = c.kv_dtype == DType::kBF16 && c.seqs[s].q_len > 1 && !c.split_qp;
+    for (int r = q_indptr[s]; r < q_indptr[s + 1]; ++r) bf16_row[r] = bf16_prefill;
+  }
+  std::vector<float> gpu_exact, cpu_exact, gpu_bf16, cpu_bf16;
   for (int r = 0; r < total_q; ++r) {
     for (int i = 0; i < out_stride; ++i) {
       const size_t at = size_t(r) * out_stride + i;
       if (i < num_q_heads * c.head_dim) {
-        gpu_used.push_back(gpu_out[at]);
-        cpu_used.push_back(cpu_out[at]);
+        (bf16_row[r] ? gpu_bf16 : gpu_exact).push_back(gpu_out[at]);
+        (bf16_row[r] ? cpu_bf16 : cpu_exact).push_back(cpu_out[at]);
       } else {
         uint32_t bits;
         std::memcpy(&bits, &gpu_out[at], 4);
@@ -172,16 +197,9 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
       }
     }
   }
-  if (c.bf16_qp) {
-    // Q and P rounded to bf16 (8 significant bits) move outputs by ~1e-3; a wrong fragment,
-    // mask or tile moves them by ~0.1 and more.
-    EXPECT_TRUE(AllClose(gpu_used, cpu_used, 1e-2, 1e-2));
-    return;
-  }
-  // Both backends attend over the same fp32 values (bf16 KV was rounded beforehand), so
-  // only accumulation order, the split-KV merge and exp2 vs exp differ: ~1e-6 in practice.
-  // A dropped key, split or block moves outputs by far more than 5e-5.
-  EXPECT_TRUE(AllClose(gpu_used, cpu_used, 1e-4, 5e-5));
+  EXPECT_TRUE(AllClose(gpu_exact, cpu_exact, kExactRtol, kExactAtol)) << "f32 / decode rows";
+  EXPECT_TRUE(AllClose(gpu_bf16, cpu_bf16, kBf16PrefillRtol, kBf16PrefillAtol))
+      << "bf16 prefill rows";
 }
 
 std::vector<AttentionCase> Cases() {
@@ -260,6 +278,13 @@ std::vector<AttentionCase> Cases() {
   }
   add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
   cases.back().bf16_qp = true;
+  // The split mode (Q and P as bf16 pairs) stays within fp32 accumulation error.
+  for (const int head_dim : {64, 128}) {
+    add(absl::StrCat("splitqp_prefill_d", head_dim), prefills, DType::kBF16, head_dim, 16, 2, 4);
+    cases.back().split_qp = true;
+  }
+  add("splitqp_prefill_d128_bs64_g8_noncausal", prefills, DType::kBF16, 128, 64, 1, 8, false);
+  cases.back().split_qp = true;
   return cases;
 }
 

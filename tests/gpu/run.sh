@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Runs the GPU tests (and, when present, gpu_bench and ../shared/peers/torch_peers.py) on a
-# GPU machine, writing logs and JSON under $OUT (default: ./gpu-out beside this script).
+# Runs the GPU tests (and, when present, gpu_bench, the engine tests gpu_engine_test, the
+# end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py) on a GPU
+# machine, writing logs and JSON under $OUT (default: ./gpu-out beside this script).
 #
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
-# RUN_BENCH=0 skips gpu_bench; RUN_PEERS=0 skips torch_peers.py. Exit status: gpu_test's.
+# RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench; RUN_ENGINE=0 skips gpu_engine_test;
+# RUN_PEERS=0 skips torch_peers.py. Exit status: non-zero when gpu_test, gpu_engine_test or
+# kvd_e2e_bench (engine failure or non-finite logits, never a time) failed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,12 +16,14 @@ if [[ -f "$here/env.sh" ]]; then
   # shellcheck source=/dev/null
   source "$here/env.sh"
   bin="$here/bin"
+  bench_bin="$here/bin"
   peers="$here/shared/peers/torch_peers.py"
 else
   root="$(cd "$here/../.." && pwd)"
   build="${BUILD:-build}"
   [[ "$build" = /* ]] || build="$root/$build"
   bin="$build/tests/gpu"
+  bench_bin="$build/bench"
   peers="$root/../shared/peers/torch_peers.py"
 fi
 export OUT="${OUT:-$here/gpu-out}"
@@ -27,13 +32,10 @@ mkdir -p "$OUT"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader | tee "$OUT/nvidia-smi.txt"
 
-echo "== gpu_test"
-"$bin/gpu_test" --gtest_output="json:$OUT/gpu_test.json" "$@" 2>&1 | tee "$OUT/gpu_test.log"
-status=${PIPESTATUS[0]}
-
-# Summary from the JSON report: totals, then each failure with its first message line.
-if command -v python3 > /dev/null && [[ -f "$OUT/gpu_test.json" ]]; then
-  python3 - "$OUT/gpu_test.json" <<'PY'
+# summarize NAME: totals from $OUT/NAME.json, then each failure with its first message line.
+summarize() {
+  if command -v python3 > /dev/null && [[ -f "$OUT/$1.json" ]]; then
+    python3 - "$OUT/$1.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 failed = []
@@ -52,14 +54,37 @@ for name, message in failed:
     for line in message:
         print(f"    {line}")
 PY
-else
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gpu_test.log" || true
-fi
+  else
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$1.log" || true
+  fi
+}
+
+echo "== gpu_test"
+"$bin/gpu_test" --gtest_output="json:$OUT/gpu_test.json" "$@" 2>&1 | tee "$OUT/gpu_test.log"
+status=${PIPESTATUS[0]}
+
+summarize gpu_test
 echo "gpu_test exit status $status"
 
 if [[ "${RUN_BENCH:-1}" != 0 && -x "$bin/gpu_bench" ]]; then
   echo "== gpu_bench"
   "$bin/gpu_bench" 2>&1 | tee "$OUT/gpu_bench.log"
+fi
+if [[ "${RUN_ENGINE:-1}" != 0 && -x "$bin/gpu_engine_test" ]]; then
+  echo "== gpu_engine_test"
+  "$bin/gpu_engine_test" --gtest_output="json:$OUT/gpu_engine_test.json" 2>&1 |
+    tee "$OUT/gpu_engine_test.log"
+  engine_status=${PIPESTATUS[0]}
+  summarize gpu_engine_test
+  echo "gpu_engine_test exit status $engine_status"
+  [[ $engine_status != 0 ]] && status=$engine_status
+fi
+if [[ "${RUN_BENCH:-1}" != 0 && -x "$bench_bin/kvd_e2e_bench" ]]; then
+  echo "== kvd_e2e_bench"
+  timeout 300 "$bench_bin/kvd_e2e_bench" --device cuda 2>&1 | tee "$OUT/kvd_e2e_bench.log"
+  e2e_status=${PIPESTATUS[0]}
+  echo "kvd_e2e_bench exit status $e2e_status"
+  [[ $e2e_status != 0 && $status == 0 ]] && status=$e2e_status
 fi
 if [[ "${RUN_PEERS:-1}" != 0 && -f "$peers" ]] && python3 -c 'import torch' 2> /dev/null; then
   echo "== torch_peers.py"

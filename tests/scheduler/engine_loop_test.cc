@@ -238,6 +238,7 @@ TEST_F(EngineLoopTest, RejectsWhatCanNeverRun) {
   auto s = engine_->Submit(big, nullptr);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.status().message(), HasSubstr("200 tokens"));
+  EXPECT_EQ(engine_->Stats().requests_rejected, 1);
   Request bad = Greedy(0);
   bad.max_tokens = 0;
   EXPECT_THAT(engine_->Submit(bad, nullptr).status().message(), HasSubstr("max_tokens"));

@@ -1,0 +1,50 @@
+# kvd container image: CPU backend, stories260K baked in (deploy/README.md).
+#   docker build -t kvd:latest .
+#   docker run --rm -p 50051:50051 -p 9090:9090 kvd:latest
+# The build stage needs network access (Debian packages; the model from Hugging Face).
+
+# ---- build: Debian 12 with the same packages `make test` installs ------------------------
+FROM debian:12 AS build
+WORKDIR /src
+COPY scripts/ scripts/
+RUN scripts/install-deps && rm -rf /var/lib/apt/lists/*
+
+COPY CMakeLists.txt Makefile ./
+COPY bench/ bench/
+COPY cache/ cache/
+COPY config/ config/
+COPY kernels/ kernels/
+COPY model/ model/
+COPY proto/ proto/
+COPY scheduler/ scheduler/
+COPY server/ server/
+COPY tests/ tests/
+COPY tools/ tools/
+# No CUDA toolkit in this image: the CPU reference backend only.
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVD_CUDA=OFF \
+ && cmake --build build --target kvd \
+ && strip build/server/kvd
+
+# stories260K + tok512, checked against their sha256 (scripts/fetch-model).
+RUN KVD_MODEL_CACHE=/opt/kvd/models scripts/fetch-model
+
+# ---- runtime: the binary, its shared libraries, the model -------------------------------
+FROM debian:12-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libgrpc++1.51 libgrpc29 libprotobuf32 libyaml-cpp0.7 libabsl20220623 libre2-9 \
+      libc-ares2 libssl3 zlib1g ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 kvd \
+ && useradd --system --uid 10001 --gid kvd --home-dir /nonexistent --shell /usr/sbin/nologin kvd
+
+COPY --from=build /src/build/server/kvd /usr/local/bin/kvd
+COPY --from=build /opt/kvd/models/ /opt/kvd/models/
+COPY config/inference_config.yaml /usr/share/doc/kvd/inference_config.yaml
+
+USER kvd
+EXPOSE 50051 9090
+ENTRYPOINT ["/usr/local/bin/kvd"]
+# Every key at its default except these; mount a file and pass --config to change more.
+CMD ["serve", "--model", "/opt/kvd/models/stories260K.bin", \
+     "--grpc-address", "0.0.0.0:50051", "--metrics-address", "0.0.0.0:9090"]

@@ -1,0 +1,344 @@
+// End-to-end decode benchmark: time per decode step of the whole engine path (batch
+// upload, LlamaModel forward through the backend, greedy argmax, KV bookkeeping) on a
+// synthetic model, beside the memory roofline of the same run:
+//
+//   roofline step = (weight bytes read + KV bytes read) / measured device copy bandwidth
+//
+// The KV cache is filled to the context with seeded random values (no prefill), then
+// `--steps` greedy decode steps are timed after `--warmup` untimed ones. Weights are made
+// on the device (tools/random_model.h), so llama3-8b needs no host copy. A program, not a
+// test: it prints a table (and JSON lines to $OUT/e2e_decode_bench.jsonl when OUT is set),
+// exits non-zero only when the engine fails or produces non-finite logits.
+//
+//   kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,1x4096,...]
+//                 [--steps N] [--warmup W] [--block-size B] [--seed S]
+//
+// On a CPU-only machine, `--device cpu --model synthetic:tiny --cases 1x64,4x128` runs the
+// same code path in seconds.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cache/clock.h"
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "tools/device.h"
+#include "tools/engine_setup.h"
+#include "tools/flags.h"
+#include "tools/random_model.h"
+#if defined(KVD_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace kvd {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double Ms(SteadyClock::time_point start, SteadyClock::time_point end) {
+  return std::chrono::duration<double, std::milli>(end - start).count();
+}
+
+struct Case {
+  int32_t batch = 0;
+  int32_t context = 0;
+};
+
+absl::StatusOr<std::vector<Case>> ParseCases(const std::string& text) {
+  std::vector<Case> cases;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(item, 'x');
+    Case c;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &c.batch) ||
+        !absl::SimpleAtoi(parts[1], &c.context) || c.batch < 1 || c.context < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cases: '", item, "' is not BATCHxCONTEXT (e.g. 64x4096)"));
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Device copy bandwidth in GB/s, counting bytes read plus bytes written (as gpu_bench and
+// torch_peers.py do): median of 10 copies of 2 GiB on CUDA, 256 MiB on the CPU.
+absl::StatusOr<double> CopyBandwidth([[maybe_unused]] Backend* backend) {
+#if defined(KVD_HAVE_CUDA)
+  if (auto* cuda = dynamic_cast<CudaBackend*>(backend)) {
+    const size_t bytes = size_t{2} << 30;
+    auto a = backend->Allocate(bytes);
+    auto b = backend->Allocate(bytes);
+    if (!a.ok()) return a.status();
+    if (!b.ok()) return b.status();
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    std::vector<float> times;
+    for (int i = 0; i < 11; ++i) {
+      cudaEventRecord(start, cuda->stream());
+      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, cuda->stream());
+      cudaEventRecord(stop, cuda->stream());
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (i > 0) times.push_back(ms);  // the first copy warms up
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    if (absl::Status s = backend->Synchronize(); !s.ok()) return s;
+    std::sort(times.begin(), times.end());
+    return 2.0 * bytes / (times[times.size() / 2] * 1e6);
+  }
+#endif
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = SteadyClock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    times.push_back(Ms(start, SteadyClock::now()));
+    a[i] = b[bytes - 1 - i];  // keep the copies observable
+  }
+  std::sort(times.begin(), times.end());
+  return 2.0 * bytes / (times[times.size() / 2] * 1e6);
+}
+
+struct Result {
+  Case shape;
+  double step_ms = 0;      // mean over the timed steps
+  double min_step_ms = 0;  // fastest timed step
+  double kv_gb = 0;        // KV bytes read per step (mean context), GB
+  double roofline_ms = 0;
+  bool finite = true;
+};
+
+// Runs one case: a cache sized for it, KV filled at random to `context` tokens, then
+// warmup + timed greedy decode steps of every sequence together.
+absl::StatusOr<Result> RunCase(const Case& c, LlamaModel* model, Backend* backend,
+                               int32_t block_size, int32_t warmup, int32_t steps, uint64_t seed,
+                               double weight_bytes, double copy_gbps) {
+  const ModelSpec& spec = model->spec();
+  if (int64_t{c.context} + warmup + steps + 1 > spec.max_context_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("context + warm-up + steps exceeds the model's ",
+                                                   spec.max_context_tokens, " tokens"));
+  }
+  RealClock clock;
+  auto cache = CreateCache(spec, backend, &clock,
+                           {.block_size = block_size,
+                            .num_sequences = c.batch,
+                            .tokens_per_sequence = c.context + warmup + steps + 1,
+                            .kv_dtype = DefaultKvDtype(*backend),
+                            .enable_prefix_caching = false});
+  if (!cache.ok()) return cache.status();
+  KvCacheManager& kv = **cache;
+
+  // Random K/V everywhere (what a prefill would have written, as far as bandwidth goes).
+  const KvArena& arena = *kv.arena();
+  const DType kv_dtype = kv.layout().dtype();
+  const size_t elem_bytes = static_cast<size_t>(DTypeBits(kv_dtype) / 8);
+  for (int32_t chunk = 0; chunk < arena.num_chunks(); ++chunk) {
+    void* base = arena.BlockAddress(chunk << arena.chunk_shift(), 0);
+    const RandomFill fill{.key = RandomFillKey(seed + 1, static_cast<uint64_t>(chunk)),
+                          .scale = 1.0f};
+    if (absl::Status s = FillRandom(backend, base, kv_dtype,
+                                    static_cast<size_t>(arena.chunk_bytes()) / elem_bytes, fill);
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  // Each sequence: a distinct pseudo-random "prompt" of `context` tokens, marked computed.
+  std::vector<int32_t> next(c.batch);
+  for (int32_t i = 0; i < c.batch; ++i) {
+    std::vector<int32_t> prompt(c.context);
+    const RandomFill ids{.key = RandomFillKey(seed + 2, static_cast<uint64_t>(i))};
+    for (int32_t p = 0; p < c.context; ++p) {
+      const float u = 0.5f * (RandomFillValue(ids, p) + 1.0f);  // [0, 1)
+      prompt[p] = std::min(spec.vocab_size - 1, static_cast<int32_t>(u * spec.vocab_size));
+    }
+    auto computed = kv.AddSequence(i, prompt);
+    if (!computed.ok()) return computed.status();
+    if (!kv.Reserve(i, c.context - *computed)) {
+      return absl::ResourceExhaustedError("KV pool too small for the prompt");
+    }
+    kv.MarkComputed(i, c.context - *computed);
+    next[i] = prompt.back();
+  }
+
+  std::vector<KvCacheView> views(spec.num_layers);
+  for (int32_t l = 0; l < spec.num_layers; ++l) views[l] = kv.LayerView(l);
+  DeviceArgmax argmax(backend);
+  std::vector<double> step_ms;
+  const float* last_logits = nullptr;
+  for (int32_t step = 0; step < warmup + steps; ++step) {
+    const auto start = SteadyClock::now();
+    ForwardBatch batch;
+    for (int32_t i = 0; i < c.batch; ++i) {
+      kv.AppendTokens(i, {next[i]});
+      if (!kv.Reserve(i, 1)) return absl::ResourceExhaustedError("KV pool too small");
+      batch.AddSequence({next[i]}, kv.NumComputed(i), kv.BlockIds(i), block_size,
+                        /*want_logits=*/true);
+    }
+    auto logits = model->ForwardToDevice(batch, views);
+    if (!logits.ok()) return logits.status();
+    if (absl::Status s = argmax.Run(*logits, c.batch, spec.vocab_size, &next); !s.ok()) return s;
+    for (int32_t i = 0; i < c.batch; ++i) kv.MarkComputed(i, 1);
+    if (step >= warmup) step_ms.push_back(Ms(start, SteadyClock::now()));
+    last_logits = *logits;
+  }
+
+  Result r;
+  r.shape = c;
+  // Self-check: the last step's first logit row is finite and every id is in range.
+  std::vector<float> row(spec.vocab_size);
+  if (absl::Status s = backend->CopyToHost(row.data(), last_logits, row.size() * sizeof(float));
+      !s.ok()) {
+    return s;
+  }
+  for (float x : row) r.finite = r.finite && std::isfinite(x);
+  for (int32_t id : next) r.finite = r.finite && id >= 0 && id < spec.vocab_size;
+
+  double total = 0;
+  for (double ms : step_ms) total += ms;
+  r.step_ms = total / std::max<size_t>(1, step_ms.size());
+  r.min_step_ms = step_ms.empty() ? 0 : *std::min_element(step_ms.begin(), step_ms.end());
+  const double kv_bytes_per_token =
+      static_cast<double>(kv.layout().block_bytes()) / kv.layout().block_size();
+  const double mean_kv_len = c.context + warmup + 0.5 * (steps + 1);
+  r.kv_gb = kv_bytes_per_token * mean_kv_len * c.batch / 1e9;
+  r.roofline_ms = (weight_bytes + r.kv_gb * 1e9) / (copy_gbps * 1e6);
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  FlagSet flags(
+      "kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,...]\n"
+      "              [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]");
+  flags.AddString("model", "synthetic:<preset> (weights made on the device)",
+                  "synthetic:llama3-8b");
+  flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
+  flags.AddString("cases", "comma-separated BATCHxCONTEXT", "1x512,1x4096,64x1024,64x4096");
+  flags.AddInt("steps", "timed decode steps per case", 32);
+  flags.AddInt("warmup", "untimed decode steps before them", 4);
+  flags.AddInt("block-size", "tokens per KV block", 16);
+  flags.AddInt("seed", "weights and KV seed", 1);
+  flags.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "kvd_e2e_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::printf("%s", flags.Usage().c_str());
+    return 0;
+  }
+  auto cases = ParseCases(flags.GetString("cases"));
+  if (!cases.ok()) return fail(cases.status());
+  const std::string model_ref = flags.GetString("model");
+  auto spec = LoadModelSpec(model_ref);
+  if (!spec.ok()) return fail(spec.status());
+  if (model_ref.rfind("synthetic:", 0) != 0) {
+    return fail(absl::InvalidArgumentError("--model must be synthetic:<preset>"));
+  }
+  auto device = ResolveDevice(flags.GetString("device"));
+  if (!device.ok()) return fail(device.status());
+  auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
+  if (!backend.ok()) return fail(backend.status());
+  const int32_t steps = static_cast<int32_t>(std::max<int64_t>(1, flags.GetInt("steps")));
+  const int32_t warmup = static_cast<int32_t>(std::max<int64_t>(0, flags.GetInt("warmup")));
+  const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
+  const uint64_t seed = static_cast<uint64_t>(flags.GetInt("seed"));
+
+  // The CPU backend keeps fp32 weights in host memory: refuse what would swap the machine.
+  constexpr double kMaxCpuWeightBytes = 4e9;
+  if (*device == Device::kCpu && spec->NumParameters() * 4.0 > kMaxCpuWeightBytes) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        spec->name, " needs ", spec->NumParameters() * 4.0 / 1e9,
+        " GB of fp32 weights on the CPU; use --device cuda, or --model synthetic:tiny")));
+  }
+  auto copy_gbps = CopyBandwidth(backend->get());
+  if (!copy_gbps.ok()) return fail(copy_gbps.status());
+  const auto init_start = SteadyClock::now();
+  auto model = CreateRandomModel(*spec, seed, backend->get());
+  if (!model.ok()) return fail(model.status());
+  const double init_ms = Ms(init_start, SteadyClock::now());
+
+  // Bytes a decode step reads: every weight except the embedding table (only the batch's
+  // rows are gathered), which counts once as the classifier when shared.
+  const double weight_elem_bytes = DTypeBits((*backend)->weight_dtype()) / 8.0;
+  const double embedding_params = static_cast<double>(spec->vocab_size) * spec->dim;
+  const double weight_bytes = (static_cast<double>(spec->NumParameters()) -
+                               (spec->shared_classifier ? 0 : embedding_params)) *
+                              weight_elem_bytes;
+
+  std::printf(
+      "kvd end-to-end decode, %s on %s: %.3f GB of %s weights read per step "
+      "(made in backend memory in %.0f ms), KV %s, block %d\n",
+      spec->name.c_str(), std::string(DeviceName(*device)).c_str(), weight_bytes / 1e9,
+      std::string(DTypeName((*backend)->weight_dtype())).c_str(), init_ms,
+      std::string(DTypeName(DefaultKvDtype(**backend))).c_str(), block_size);
+  std::printf(
+      "measured copy bandwidth (read + write): %.1f GB/s; %d timed steps after %d "
+      "warm-up steps; greedy argmax in backend memory; no CUDA graphs\n\n",
+      *copy_gbps, steps, warmup);
+  std::printf("%6s %8s %10s %10s %10s %10s %12s %9s %s\n", "batch", "context", "step ms", "min ms",
+              "tokens/s", "KV GB", "roofline ms", "ratio", "check");
+
+  FILE* json = nullptr;
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    json = std::fopen((std::string(out) + "/e2e_decode_bench.jsonl").c_str(), "w");
+  }
+  int status = 0;
+  for (const Case& c : *cases) {
+    auto r = RunCase(c, model->get(), backend->get(), block_size, warmup, steps, seed, weight_bytes,
+                     *copy_gbps);
+    if (!r.ok()) {
+      std::printf("%6d %8d  FAILED: %s\n", c.batch, c.context,
+                  std::string(r.status().message()).c_str());
+      std::fflush(stdout);
+      status = 1;
+      continue;
+    }
+    const double tokens_per_s = c.batch * 1000.0 / r->step_ms;
+    const double ratio = r->step_ms / r->roofline_ms;
+    std::printf("%6d %8d %10.3f %10.3f %10.1f %10.3f %12.3f %8.2fx %s\n", c.batch, c.context,
+                r->step_ms, r->min_step_ms, tokens_per_s, r->kv_gb, r->roofline_ms, ratio,
+                r->finite ? "ok" : "NON-FINITE LOGITS");
+    std::fflush(stdout);
+    if (!r->finite) status = 1;
+    if (json != nullptr) {
+      std::fprintf(json,
+                   "{\"model\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"context\": %d, "
+                   "\"step_ms\": %.4f, \"min_step_ms\": %.4f, \"tokens_per_s\": %.1f, "
+                   "\"weight_gb\": %.4f, \"kv_gb\": %.4f, \"copy_gbps\": %.1f, "
+                   "\"roofline_ms\": %.4f, \"ratio_to_roofline\": %.4f, \"finite\": %s}\n",
+                   spec->name.c_str(), std::string(DeviceName(*device)).c_str(), c.batch, c.context,
+                   r->step_ms, r->min_step_ms, tokens_per_s, weight_bytes / 1e9, r->kv_gb,
+                   *copy_gbps, r->roofline_ms, ratio, r->finite ? "true" : "false");
+    }
+  }
+  if (json != nullptr) std::fclose(json);
+  std::printf(
+      "\nratio = measured step / roofline step (1.00x is the memory bound; the issue's "
+      "target is <= 1.3x at batch 1 and at 64 x 4096)\n");
+  return status;
+}
+
+}  // namespace
+}  // namespace kvd
+
+int main(int argc, char** argv) { return kvd::Main(argc, argv); }

@@ -1,0 +1,28 @@
+#ifndef KVD_KERNELS_CUDA_GENERIC_ATTENTION_H_
+#define KVD_KERNELS_CUDA_GENERIC_ATTENTION_H_
+
+// A simple paged attention kernel for head sizes the fast kernels (decode_attention.h,
+// prefill_attention.h: head_dim 64 and 128) do not cover, e.g. stories260K's head_dim 8,
+// so small real models run end to end on the GPU. Correct for any mix of prefill chunks
+// and decodes, causal or not, GQA; not fast: one CTA per (sequence, query head), whose
+// warps each walk one query row's keys in order with an online softmax. Same semantics as
+// Backend::PagedAttention (kernels/params.h).
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/params.h"
+
+namespace kvd::cuda {
+
+// Largest head_dim the generic kernel handles (one value per lane of a warp). Sizes between
+// it and the fast kernels' (e.g. 96) stay Unimplemented rather than silently slow.
+constexpr int kGenericAttentionMaxHeadDim = 32;
+
+// REQUIRES (validated by the caller): KV dtype f32 or bf16, 0 < head_dim <=
+// kGenericAttentionMaxHeadDim, num_q_heads a multiple of num_kv_heads, at most 65535
+// query heads.
+cudaError_t LaunchGenericAttention(const PagedAttentionParams& p, cudaStream_t stream);
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_GENERIC_ATTENTION_H_

@@ -1,0 +1,99 @@
+#include "server/client_command.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kvd/v1/kvd.grpc.pb.h"
+#include "server/grpc_status.h"
+#include "tools/flags.h"
+
+namespace kvd {
+
+namespace {
+
+FlagSet MakeFlags() {
+  FlagSet f(
+      "kvd client --address HOST:PORT --prompt TEXT [--max-tokens N] [--temperature T]\n"
+      "           [--top-p P] [--top-k K] [--seed S] [--stop TEXT] [--session-id ID]\n"
+      "           [--timeout SECONDS] [--usage]\n"
+      "\n"
+      "Streams a completion of TEXT from a running `kvd serve` to stdout.");
+  f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
+  f.AddString("prompt", "text to complete");
+  f.AddInt("max-tokens", "most tokens to generate; 0 = server default", 0);
+  f.AddFloat("temperature", "0 = greedy", 0.0);
+  f.AddFloat("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
+  f.AddInt("top-k", "0 = off", 0);
+  f.AddInt("seed", "sampling seed; 0 = server default", 0);
+  f.AddString("stop", "stop string (not printed)");
+  f.AddString("session-id", "multi-turn session id");
+  f.AddFloat("timeout", "deadline in seconds; 0 = none", 0.0);
+  f.AddBool("usage", "print usage and timings to stderr at the end");
+  return f;
+}
+
+}  // namespace
+
+int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  FlagSet flags = MakeFlags();
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    err << "kvd client: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (flags.help()) {
+    out << flags.Usage();
+    return 0;
+  }
+  if (absl::Status s = flags.Require({"prompt"}); !s.ok()) {
+    err << "kvd client: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  v1::GenerateRequest request;
+  request.set_prompt(flags.GetString("prompt"));
+  request.set_max_tokens(static_cast<uint32_t>(flags.GetInt("max-tokens")));
+  request.set_temperature(static_cast<float>(flags.GetFloat("temperature")));
+  request.set_top_p(static_cast<float>(flags.GetFloat("top-p")));
+  request.set_top_k(static_cast<uint32_t>(flags.GetInt("top-k")));
+  request.set_seed(static_cast<uint64_t>(flags.GetInt("seed")));
+  if (flags.Has("stop")) request.add_stop(flags.GetString("stop"));
+  if (flags.Has("session-id")) request.set_session_id(flags.GetString("session-id"));
+
+  auto channel =
+      grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials());
+  auto stub = v1::Inference::NewStub(channel);
+  grpc::ClientContext context;
+  if (const double timeout = flags.GetFloat("timeout"); timeout > 0) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6)));
+  }
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  v1::GenerateResponse last;
+  while (reader->Read(&response)) {
+    out << response.text() << std::flush;
+    if (!response.finish_reason().empty()) last = response;
+  }
+  const grpc::Status status = reader->Finish();
+  out << "\n";
+  if (!status.ok()) {
+    err << "kvd client: " << absl::StatusCodeToString(FromGrpcStatus(status).code()) << ": "
+        << status.error_message() << "\n";
+    return 1;
+  }
+  if (flags.GetBool("usage")) {
+    const v1::Usage& u = last.usage();
+    err << "finish_reason=" << last.finish_reason() << " prompt_tokens=" << u.prompt_tokens()
+        << " cached_prompt_tokens=" << u.cached_prompt_tokens()
+        << " completion_tokens=" << u.completion_tokens()
+        << " queue_time_s=" << u.queue_time_seconds()
+        << " ttft_s=" << u.time_to_first_token_seconds() << " total_s=" << u.total_time_seconds()
+        << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kvd

@@ -1,0 +1,21 @@
+#ifndef KVD_SERVER_CLIENT_COMMAND_H_
+#define KVD_SERVER_CLIENT_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kvd {
+
+// `kvd client --address HOST:PORT --prompt TEXT [--max-tokens N] [--temperature T]
+//             [--top-p P] [--top-k K] [--seed S] [--stop TEXT] [--session-id ID]
+//             [--timeout SECONDS] [--usage]`
+// Streams one completion from a running `kvd serve` to `out` as the text deltas arrive
+// (the prompt is not repeated), then a newline; --usage adds one line of usage and
+// timings to `err`. Returns 0 on success, 1 when the call fails (the gRPC status code and
+// message on `err`), 2 for bad flags.
+int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_CLIENT_COMMAND_H_

@@ -1,0 +1,68 @@
+#ifndef KVD_SERVER_HTTP_SERVER_H_
+#define KVD_SERVER_HTTP_SERVER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace kvd {
+
+// A deliberately small HTTP/1.1 server for GET endpoints such as /metrics: one thread
+// accepts connections and answers them one at a time (a scrape takes microseconds), each
+// with `Connection: close`. GET and HEAD of a registered path call its handler; any other
+// path is 404, any other method 405, a malformed or oversized request 400.
+//
+// Listens on "host:port" (IPv4, a host name, or "[v6]:port"; port 0 picks a free port, and
+// address() reports the real one) or "unix:/path".
+//
+// Thread safety: handlers run on the server thread and must be thread safe with respect to
+// the rest of the program. Start/Stop are called from one owning thread. The destructor
+// stops the server.
+class HttpServer {
+ public:
+  struct Response {
+    std::string content_type;
+    std::string body;
+  };
+  using Handler = std::function<Response()>;
+
+  // Binds, listens and starts serving `routes` (path -> handler). Errors: InvalidArgument
+  // for a malformed address, Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
+                                                           std::map<std::string, Handler> routes);
+
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The bound address, port resolved: "127.0.0.1:40123", "[::1]:9090", "unix:/run/kvd.sock".
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }  // 0 for unix sockets
+
+  // Stops accepting and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  HttpServer(int listen_fd, int wake_read_fd, int wake_write_fd, std::string address, int port,
+             std::string unix_path, std::map<std::string, Handler> routes);
+  void Serve();
+  void HandleConnection(int fd);
+
+  const int listen_fd_;
+  const int wake_read_fd_;  // self-pipe: Stop() writes a byte to end poll()
+  const int wake_write_fd_;
+  const std::string address_;
+  const int port_;
+  const std::string unix_path_;  // unlinked on Stop; empty for TCP
+  const std::map<std::string, Handler> routes_;
+  std::thread thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_HTTP_SERVER_H_

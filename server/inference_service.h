@@ -1,0 +1,78 @@
+#ifndef KVD_SERVER_INFERENCE_SERVICE_H_
+#define KVD_SERVER_INFERENCE_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "kvd/v1/kvd.grpc.pb.h"
+#include "model/model_spec.h"
+#include "scheduler/engine_loop.h"
+#include "server/request_validator.h"
+
+namespace kvd {
+
+// What GetModelInfo reports beyond the ModelSpec.
+struct ServedModelInfo {
+  ModelSpec spec;
+  std::string backend;   // "cpu"
+  std::string kv_dtype;  // "f32"
+  int32_t block_size = 0;
+  int32_t max_context_tokens = 0;  // min(model context, max_seq_length)
+};
+
+// The kvd.v1.Inference gRPC service (synchronous API: one handler thread per call).
+//
+// Generate validates the request (RequestValidator), submits it to the EngineLoop and
+// relays the engine's StreamEvents to the client as they arrive, through a small per-call
+// queue that the engine thread fills and the handler thread drains. While waiting it polls
+// ServerContext::IsCancelled() every kPollInterval: a client that cancels or disconnects,
+// or whose deadline passes, gets its request cancelled through EngineLoop::Cancel (its
+// blocks are freed within one engine step). Statuses: INVALID_ARGUMENT for bad fields
+// (naming the field), RESOURCE_EXHAUSTED / UNAVAILABLE from admission, CANCELLED,
+// DEADLINE_EXCEEDED; after BeginDrain() new calls get UNAVAILABLE at once.
+//
+// Generate reads its request as raw bytes (the method is registered "streamed", see
+// InferenceService()), so that a string field that is not UTF-8 is INVALID_ARGUMENT naming
+// the field rather than protobuf's anonymous parse failure. On the wire the method is the
+// ordinary server-streaming Generate.
+//
+// Thread safe: gRPC calls the handlers concurrently. Does not own the engine (nor the
+// validator's tokenizer); they must outlive the gRPC server this service is registered with.
+class InferenceService final : public v1::Inference::Service {
+ public:
+  static constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+  // How long a cancelled call waits for the engine's final event before returning anyway.
+  static constexpr absl::Duration kCancelGrace = absl::Seconds(5);
+
+  InferenceService(EngineLoop* engine, RequestValidator validator, ServedModelInfo model);
+
+  // New Generate calls fail with UNAVAILABLE from now on; calls in flight run on.
+  void BeginDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+
+  grpc::Status CloseSession(grpc::ServerContext* context, const v1::CloseSessionRequest* request,
+                            v1::CloseSessionResponse* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
+                            v1::ModelInfo* response) override;
+  grpc::Status GetCacheStats(grpc::ServerContext* context, const v1::GetCacheStatsRequest* request,
+                             v1::CacheStats* response) override;
+
+ private:
+  // The Generate handler, on raw bytes (see the class comment).
+  grpc::Status GenerateRaw(grpc::ServerContext* context,
+                           grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+
+  EngineLoop* const engine_;
+  const RequestValidator validator_;
+  const ServedModelInfo model_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_request_id_{1};
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_INFERENCE_SERVICE_H_

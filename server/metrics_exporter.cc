@@ -1,0 +1,142 @@
+#include "server/metrics_exporter.h"
+
+#include <utility>
+
+#include "absl/time/time.h"
+#include "server/prometheus_writer.h"
+
+namespace kvd {
+
+namespace {
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+MetricsExporter::MetricsExporter(MetricsInfo info, StatsSource source)
+    : info_(std::move(info)), source_(std::move(source)) {}
+
+std::string MetricsExporter::Scrape() const { return Render(source_(), info_); }
+
+std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& info) {
+  const KvCacheStats& c = s.cache;
+  PrometheusWriter w;
+
+  // Deployment.
+  w.Gauges("kvd_cache_config_info", "KV cache configuration (value is always 1).",
+           {{{{"block_size", std::to_string(info.block_size)},
+              {"num_blocks", std::to_string(info.num_blocks)},
+              {"kv_dtype", info.kv_dtype}},
+             1.0}});
+  w.Gauges("kvd_model_info", "Served model and backend (value is always 1).",
+           {{{{"model", info.model}, {"backend", info.backend}}, 1.0}});
+
+  // Requests (Gateway API Inference Extension: queued and running requests).
+  w.Gauge("kvd_num_requests_waiting", "Requests queued for admission.", s.requests_waiting);
+  w.Gauge("kvd_num_requests_running", "Requests admitted and not yet finished.",
+          s.requests_running);
+  w.Counter("kvd_requests_finished", "Requests that reached a final event.",
+            static_cast<double>(s.requests_finished));
+  w.Counter("kvd_admission_rejections",
+            "Requests refused with RESOURCE_EXHAUSTED (queue full or prompt larger than the pool).",
+            static_cast<double>(s.requests_rejected));
+  w.Counter("kvd_preemptions", "Running requests preempted (blocks freed, recomputed later).",
+            static_cast<double>(s.preemptions));
+  w.Counter("kvd_engine_steps", "Engine steps (forward passes) run.", static_cast<double>(s.steps));
+
+  // Tokens.
+  w.Counter("kvd_prompt_tokens", "Prompt tokens received (tokens in).",
+            static_cast<double>(s.prompt_tokens));
+  w.Counter("kvd_prompt_tokens_computed",
+            "Prompt tokens actually prefilled (the rest came from the prefix or session cache).",
+            static_cast<double>(s.computed_prompt_tokens));
+  w.Counter("kvd_generation_tokens", "Tokens generated (tokens out).",
+            static_cast<double>(s.generated_tokens));
+
+  // KV utilization (Gateway API Inference Extension: KV cache utilization).
+  const double usage = c.max_blocks > 0
+                           ? static_cast<double>(c.used_blocks) / static_cast<double>(c.max_blocks)
+                           : 0.0;
+  w.Gauge("kvd_kv_cache_usage_ratio",
+          "Fraction of the KV pool's capacity (blocks at max_size) referenced by sequences or "
+          "sessions, 0..1.",
+          usage);
+  w.Gauges("kvd_kv_cache_blocks",
+           "KV blocks by state: free + used + cached = allocated; pinned is the part of used "
+           "held by idle sessions.",
+           {{{{"state", "free"}}, static_cast<double>(c.free_blocks)},
+            {{{"state", "used"}}, static_cast<double>(c.used_blocks)},
+            {{{"state", "cached"}}, static_cast<double>(c.cached_blocks)},
+            {{{"state", "pinned"}}, static_cast<double>(c.pinned_blocks)}});
+  w.Gauge("kvd_kv_cache_allocated_blocks", "KV blocks in the chunks allocated now.",
+          static_cast<double>(c.total_blocks));
+  w.Gauge("kvd_kv_cache_capacity_blocks", "KV blocks the pool may grow to (max_size).",
+          static_cast<double>(c.max_blocks));
+  w.Gauge("kvd_kv_cache_block_bytes", "Bytes of one KV block (all layers, K and V).",
+          static_cast<double>(c.block_bytes));
+  w.Gauge("kvd_kv_pool_reserved_bytes", "Bytes of KV arena reserved (allocated chunks).",
+          static_cast<double>(c.total_bytes));
+  w.Gauge("kvd_kv_pool_used_bytes", "Bytes of KV arena in referenced blocks.",
+          static_cast<double>(c.used_bytes));
+  w.Gauge("kvd_kv_pool_cached_bytes", "Bytes of KV arena in cached, evictable blocks.",
+          static_cast<double>(c.cached_bytes));
+  w.Gauge("kvd_kv_pool_max_bytes", "Most bytes the KV arena may grow to.",
+          static_cast<double>(c.max_bytes));
+  w.Gauge("kvd_kv_pool_chunks", "KV arena chunks allocated now.", c.num_chunks);
+  w.Counter("kvd_kv_pool_chunks_grown", "KV arena chunks allocated since start.",
+            static_cast<double>(c.chunks_grown));
+  w.Counter("kvd_kv_pool_chunks_released", "KV arena chunks returned since start.",
+            static_cast<double>(c.chunks_released));
+  w.Gauge("kvd_kv_cache_sequences", "Sequences holding KV blocks.", c.num_sequences);
+  w.Gauge("kvd_prefix_cache_keys", "Blocks registered in the prefix index.",
+          static_cast<double>(c.num_prefix_keys));
+
+  // Prefix cache and sessions.
+  w.Counter("kvd_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
+            static_cast<double>(c.prefix_query_tokens));
+  w.Counter("kvd_prefix_cache_hit_tokens",
+            "Prompt tokens found already computed in the prefix index.",
+            static_cast<double>(c.prefix_hit_tokens));
+  w.Counter("kvd_session_cache_hit_tokens",
+            "Prompt tokens found already computed in a session's pinned blocks.",
+            static_cast<double>(c.session_hit_tokens));
+  w.Counter("kvd_kv_cache_evicted_blocks", "Cached blocks evicted to make room.",
+            static_cast<double>(c.evictions));
+  w.Counter("kvd_kv_cache_fork_copied_blocks", "Partial blocks copied when forking sequences.",
+            static_cast<double>(c.fork_copies));
+  w.Gauge("kvd_sessions_active", "Sessions known to the cache.", c.num_sessions);
+  w.Counters("kvd_sessions_released", "Sessions whose pins were released, by reason.",
+             {{{{"reason", "idle"}}, static_cast<double>(c.session_releases_idle)},
+              {{{"reason", "pin_cap"}}, static_cast<double>(c.session_releases_pin_cap)},
+              {{{"reason", "closed"}}, static_cast<double>(c.session_releases_closed)}});
+
+  // Defragmentation.
+  w.Counter("kvd_defrag_moved_blocks", "KV blocks moved by the defragmenter.",
+            static_cast<double>(c.defrag_moves));
+  const DefragPauseStats& d = c.defrag_pauses;
+  w.Summary("kvd_defrag_pause_seconds",
+            "Engine pauses spent applying defragmentation moves (quantiles over recent pauses).",
+            {{0.5, Seconds(d.p50)}, {0.99, Seconds(d.p99)}}, Seconds(d.total), d.num_pauses);
+  w.Gauge("kvd_defrag_pause_max_seconds", "Longest defragmentation pause so far.", Seconds(d.max));
+
+  // Output length prediction.
+  w.Gauge("kvd_output_length_predicted_tokens",
+          "The admission predictor's current output length (a quantile of observed lengths).",
+          s.predicted_output_tokens);
+  w.HistogramFamily("kvd_output_length_tokens", "Output tokens of finished requests.",
+                    s.output_length);
+  w.HistogramFamily("kvd_output_length_prediction_error_tokens",
+                    "Actual minus predicted output tokens of finished requests.",
+                    s.prediction_error);
+
+  // Latency.
+  w.HistogramFamily("kvd_time_to_first_token_seconds", "Submit to first token.",
+                    s.time_to_first_token);
+  w.HistogramFamily("kvd_inter_token_latency_seconds", "Time between consecutive tokens.",
+                    s.inter_token_latency);
+  w.HistogramFamily("kvd_request_latency_seconds", "Submit to final event (end to end).",
+                    s.end_to_end_latency);
+  return w.text();
+}
+
+}  // namespace kvd

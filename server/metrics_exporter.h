@@ -1,0 +1,50 @@
+#ifndef KVD_SERVER_METRICS_EXPORTER_H_
+#define KVD_SERVER_METRICS_EXPORTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "scheduler/engine_stats.h"
+
+namespace kvd {
+
+// Facts about the deployment that never change while the daemon runs.
+struct MetricsInfo {
+  std::string model;     // ModelSpec::name
+  std::string backend;   // "cpu", "cuda"
+  std::string kv_dtype;  // "f32", ...
+  int32_t block_size = 0;
+  int64_t num_blocks = 0;  // capacity: the pool's blocks at max_size
+};
+
+// Publishes EngineStats as Prometheus metrics (text format 0.0.4, see PrometheusWriter).
+// Every series is named `kvd_*` and says its unit. The series the Kubernetes Gateway API
+// Inference Extension's model-server protocol reads are:
+//   kvd_num_requests_waiting   (queued requests)
+//   kvd_num_requests_running   (running requests)
+//   kvd_kv_cache_usage_ratio   (KV utilization, 0..1)
+// server/README.md lists every series.
+//
+// Thread safe when the stats source is (EngineLoop::Stats is). Does not own what the source
+// reads; it must outlive the exporter.
+class MetricsExporter {
+ public:
+  using StatsSource = std::function<EngineStats()>;
+
+  MetricsExporter(MetricsInfo info, StatsSource source);
+
+  // One scrape: takes a snapshot and renders it.
+  std::string Scrape() const;
+
+  // The rendering alone (what Scrape does with a snapshot).
+  static std::string Render(const EngineStats& stats, const MetricsInfo& info);
+
+ private:
+  MetricsInfo info_;
+  StatsSource source_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_METRICS_EXPORTER_H_

@@ -1,0 +1,370 @@
+#include "server/serve_command.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/clock.h"
+#include "cache/kv_cache_manager.h"
+#include "config/config_loader.h"
+#include "config/inference_config.h"
+#include "kernels/cpu_backend.h"
+#include "model/llama_model.h"
+#include "model/model_loader.h"
+#include "model/tokenizer.h"
+#include "scheduler/engine_loop.h"
+#include "server/http_server.h"
+#include "server/inference_service.h"
+#include "server/metrics_exporter.h"
+#include "server/request_validator.h"
+#include "server/termination_signals.h"
+#include "tools/flags.h"
+
+namespace kvd {
+
+namespace {
+
+constexpr char kUsage[] =
+    "kvd serve [--config FILE] [--model PATH] [--grpc-address HOST:PORT]\n"
+    "          [--metrics-address HOST:PORT] [--set key=value ...]\n"
+    "\n"
+    "Serves the kvd.v1.Inference gRPC API (plus grpc.health.v1.Health and reflection) and\n"
+    "Prometheus metrics at /metrics. Settings come from FILE (config/README.md lists every\n"
+    "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
+    "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
+    "the daemon exits 0.";
+
+// Quantizations the CPU reference backend runs (it stores fp32 KV only).
+const std::vector<std::string> kSupportedQuantizations = {"none"};
+
+// How long gRPC may take to finish calls still open after the engine has stopped.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
+
+FlagSet MakeFlags() {
+  FlagSet f(kUsage);
+  f.AddString("config", "inference_config.yaml; default: built-in defaults");
+  f.AddString("model", "overrides model.path (llama2.c .bin or synthetic:<preset>)");
+  f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");
+  f.AddString("metrics-address", "overrides server.metrics_address; empty = no metrics");
+  f.AddString("set", "dotted.key=value, repeatable: overrides one config key");
+  return f;
+}
+
+// The embedded default model, when model.path is empty: the development copy beside the
+// checkout, else the user's cache (where `make serve` downloads it).
+absl::StatusOr<std::string> DefaultModelPath() {
+  std::vector<std::string> candidates = {"../shared/models/stories260K.bin"};
+  if (const char* home = std::getenv("HOME"); home != nullptr) {
+    candidates.push_back(absl::StrCat(home, "/.cache/kvd/stories260K.bin"));
+  }
+  for (const std::string& path : candidates) {
+    if (std::filesystem::exists(path)) return path;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "model.path is empty and the default model stories260K.bin is not in ",
+      absl::StrJoin(candidates, " or "), "; pass --model PATH (`make serve` downloads it)"));
+}
+
+// The llama2.c tokenizer beside the model whose vocabulary matches the model's.
+absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& model_path,
+                                                           int32_t vocab_size) {
+  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
+  std::vector<std::string> tried;
+  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
+    const std::string path = (dir / name).string();
+    if (!std::filesystem::exists(path)) continue;
+    auto tokenizer = Tokenizer::LoadLlama2c(path, vocab_size);
+    if (tokenizer.ok()) return tokenizer;
+    tried.push_back(absl::StrCat(path, ": ", tokenizer.status().message()));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "model.tokenizer is empty and no tokenizer with ", vocab_size,
+      " tokens is beside the model (tried tok512.bin and tokenizer.bin in '", dir.string(), "'",
+      tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), "); set model.tokenizer"));
+}
+
+absl::StatusOr<InferenceConfig> BuildConfig(const FlagSet& flags,
+                                            const std::vector<std::string>& sets) {
+  InferenceConfig config;
+  if (flags.Has("config")) {
+    auto loaded = LoadConfigFile(flags.GetString("config"));
+    if (!loaded.ok()) return loaded.status();
+    config = *std::move(loaded);
+  }
+  std::vector<std::string> overrides = sets;
+  for (const auto& [flag, key] : {std::pair<const char*, const char*>{"model", "model.path"},
+                                  {"grpc-address", "server.grpc_address"},
+                                  {"metrics-address", "server.metrics_address"}}) {
+    if (flags.Has(flag)) overrides.push_back(absl::StrCat(key, "=", flags.GetString(flag)));
+  }
+  if (absl::Status s = ApplyOverrides(config, overrides); !s.ok()) return s;
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (absl::Status s = CheckQuantizationSupported(config.kv_cache, kSupportedQuantizations);
+      !s.ok()) {
+    return s;
+  }
+  if (config.model.device == DeviceKind::kCuda) {
+    return absl::UnimplementedError(
+        "model.device: 'cuda' is not supported by `kvd serve` in this build; allowed: auto, "
+        "cpu");
+  }
+  if (config.kv_cache.sliding_window.window_tokens != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("kv_cache_config.sliding_window.window_tokens: ",
+                     config.kv_cache.sliding_window.window_tokens,
+                     " is not supported by the engine yet; allowed: 0 (off)"));
+  }
+  return config;
+}
+
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv) {
+  KvCacheOptions options;
+  options.block_size = kv.block_size;
+  options.kv_dtype = DType::kF32;  // quantization `none` on the CPU backend
+  options.max_pool_bytes = kv.memory_pool.max_size_bytes;
+  // Chunks are the unit of growth and of return; a pool smaller than one default chunk is
+  // one chunk. An initial size of 0 still reserves the first chunk.
+  options.chunk_bytes = std::min(options.chunk_bytes, options.max_pool_bytes);
+  options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
+  options.enable_prefix_caching = kv.enable_prefix_caching;
+  options.eviction_policy = "lru";
+  options.session_idle_timeout = kv.session.idle_timeout;
+  options.max_pinned_fraction = kv.session.max_pinned_fraction;
+  options.enable_defrag = kv.defrag.enabled;
+  options.defrag_max_moves_per_step = kv.defrag.max_moves_per_step;
+  return options;
+}
+
+EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
+  EngineOptions options;
+  options.max_batch_size = config.kv_cache.max_batch_size;
+  options.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+  options.max_waiting_requests = config.server.max_waiting_requests;
+  options.predictor_quantile = config.scheduler.predictor_quantile;
+  switch (config.scheduler.admission_policy) {
+    case AdmissionPolicyKind::kPredicted:
+      options.admission = AdmissionMode::kPredicted;
+      break;
+    case AdmissionPolicyKind::kReserveMax:
+      options.admission = AdmissionMode::kReserveMax;
+      break;
+    case AdmissionPolicyKind::kOptimistic:
+      options.admission = AdmissionMode::kOptimistic;
+      break;
+  }
+  return options;
+}
+
+// Everything the daemon runs on, in construction order (destroyed in reverse).
+struct Daemon {
+  RealClock clock;
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<KvCacheManager> cache;
+  std::unique_ptr<EngineLoop> engine;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<MetricsExporter> metrics;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<HttpServer> http_server;
+};
+
+absl::Status Start(const InferenceConfig& config, Daemon& d, std::ostream& out) {
+  std::string model_path = config.model.path;
+  if (model_path.empty()) {
+    auto path = DefaultModelPath();
+    if (!path.ok()) return path.status();
+    model_path = *path;
+  }
+  auto weights = LoadModel(model_path, config.model.seed);
+  if (!weights.ok()) {
+    return absl::Status(weights.status().code(), absl::StrCat("model.path '", model_path,
+                                                              "': ", weights.status().message()));
+  }
+  const ModelSpec spec = weights->spec;
+
+  if (!config.model.tokenizer.empty()) {
+    auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
+    if (!tokenizer.ok()) {
+      return absl::Status(tokenizer.status().code(),
+                          absl::StrCat("model.tokenizer: ", tokenizer.status().message()));
+    }
+    d.tokenizer = *std::move(tokenizer);
+  } else if (!absl::StartsWith(model_path, "synthetic:")) {
+    auto tokenizer = TokenizerBeside(model_path, spec.vocab_size);
+    if (!tokenizer.ok()) return tokenizer.status();
+    d.tokenizer = *std::move(tokenizer);
+  }  // a synthetic model without a tokenizer serves prompt_token_ids only
+
+  int threads = config.server.num_threads;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  d.backend = std::make_unique<CpuBackend>(threads);
+  auto model = LlamaModel::Create(*weights, d.backend.get());
+  if (!model.ok()) return model.status();
+  d.model = *std::move(model);
+
+  const KvCacheOptions cache_options = CacheOptionsFrom(config.kv_cache);
+  const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
+  auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
+  if (!cache.ok()) {
+    return absl::Status(cache.status().code(),
+                        absl::StrCat("kv_cache_config: ", cache.status().message()));
+  }
+  d.cache = *std::move(cache);
+
+  d.engine = std::make_unique<EngineLoop>(EngineOptionsFrom(config), d.model.get(), d.cache.get(),
+                                          d.tokenizer.get(), &d.clock);
+  d.engine->Start();
+
+  RequestLimits limits;
+  limits.vocab_size = spec.vocab_size;
+  limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
+  limits.default_seed = config.model.seed;
+  // llama2.c checkpoints end a story with BOS (run.c stops there); other formats with EOS.
+  limits.default_stop_token_ids = {absl::StartsWith(model_path, "synthetic:") ||
+                                           absl::EndsWith(model_path, ".bin")
+                                       ? spec.bos_token_id
+                                       : spec.eos_token_id};
+  ServedModelInfo info;
+  info.spec = spec;
+  info.backend = std::string(d.backend->name());
+  info.kv_dtype = std::string(DTypeName(cache_options.kv_dtype));
+  info.block_size = cache_options.block_size;
+  info.max_context_tokens = limits.max_context_tokens;
+  d.service = std::make_unique<InferenceService>(d.engine.get(),
+                                                 RequestValidator(limits, d.tokenizer.get()), info);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(config.server.grpc_address, grpc::InsecureServerCredentials(),
+                           &grpc_port);
+  builder.RegisterService(d.service.get());
+  d.grpc_server = builder.BuildAndStart();
+  const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
+  if (d.grpc_server == nullptr || (!is_unix && grpc_port == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("server.grpc_address: cannot listen on '", config.server.grpc_address, "'"));
+  }
+  // Overall ("") and per service; SetServingStatus(false) on drain flips both.
+  d.grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  d.grpc_server->GetHealthCheckService()->SetServingStatus(
+      std::string(v1::Inference::service_full_name()), true);
+  std::string grpc_address = config.server.grpc_address;
+  if (!is_unix) {
+    grpc_address = absl::StrCat(grpc_address.substr(0, grpc_address.rfind(':')), ":", grpc_port);
+  }
+
+  if (!config.server.metrics_address.empty()) {
+    MetricsInfo metrics_info;
+    metrics_info.model = spec.name;
+    metrics_info.backend = info.backend;
+    metrics_info.kv_dtype = info.kv_dtype;
+    metrics_info.block_size = cache_options.block_size;
+    metrics_info.num_blocks = d.cache->stats().max_blocks;
+    EngineLoop* engine = d.engine.get();
+    d.metrics =
+        std::make_unique<MetricsExporter>(metrics_info, [engine] { return engine->Stats(); });
+    MetricsExporter* metrics = d.metrics.get();
+    auto http =
+        HttpServer::Start(config.server.metrics_address,
+                          {{"/metrics", [metrics] {
+                              return HttpServer::Response{
+                                  "text/plain; version=0.0.4; charset=utf-8", metrics->Scrape()};
+                            }}});
+    if (!http.ok()) {
+      return absl::Status(http.status().code(),
+                          absl::StrCat("server.metrics_address: ", http.status().message()));
+    }
+    d.http_server = *std::move(http);
+  }
+
+  out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
+      << " layers, vocab " << spec.vocab_size << ", context " << limits.max_context_tokens
+      << " tokens; backend " << info.backend << " (" << threads << " threads), kv " << info.kv_dtype
+      << ", block size " << cache_options.block_size << ", " << d.cache->stats().max_blocks
+      << " blocks\n";
+  out << "kvd: serving gRPC on " << grpc_address << "\n";
+  if (d.http_server) {
+    out << "kvd: serving metrics on http://" << d.http_server->address() << "/metrics\n";
+  }
+  out << std::flush;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  TerminationSignals signals;  // before any thread starts
+  // A daemon whose stdout reader went away must still drain and exit 0, not die of SIGPIPE
+  // on its next status line (sockets use MSG_NOSIGNAL already).
+  std::signal(SIGPIPE, SIG_IGN);
+
+  // --set may repeat; FlagSet keeps one value per flag, so collect them first.
+  std::vector<std::string> sets;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--set" && i + 1 < args.size()) {
+      sets.push_back(args[++i]);
+    } else if (absl::StartsWith(args[i], "--set=")) {
+      sets.push_back(args[i].substr(6));
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  FlagSet flags = MakeFlags();
+  if (absl::Status s = flags.Parse(rest); !s.ok()) {
+    err << "kvd serve: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (flags.help()) {
+    out << flags.Usage();
+    return 0;
+  }
+  auto config = BuildConfig(flags, sets);
+  if (!config.ok()) {
+    err << "kvd serve: " << config.status().message() << "\n";
+    return 1;
+  }
+
+  Daemon d;
+  if (absl::Status s = Start(*config, d, out); !s.ok()) {
+    err << "kvd serve: " << s.message() << "\n";
+    return 1;
+  }
+
+  const int signal = signals.Wait();
+  const absl::Duration drain = config->server.drain_timeout;
+  out << "kvd: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (up to "
+      << absl::FormatDuration(drain) << ")\n"
+      << std::flush;
+  d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
+  d.service->BeginDrain();
+  d.engine->BeginDrain();
+  const bool idle = d.engine->WaitIdle(drain);
+  if (!idle) {
+    const EngineStats stats = d.engine->Stats();
+    out << "kvd: drain timeout: aborting " << stats.requests_running + stats.requests_waiting
+        << " requests\n";
+  }
+  d.engine->Stop();  // anything left gets its final (aborted) event
+  d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+  if (d.http_server) d.http_server->Stop();
+  out << "kvd: stopped\n" << std::flush;
+  return 0;
+}
+
+}  // namespace kvd

@@ -1,0 +1,32 @@
+#ifndef KVD_SERVER_SERVE_COMMAND_H_
+#define KVD_SERVER_SERVE_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kvd {
+
+// `kvd serve --config FILE [--model PATH] [--grpc-address HOST:PORT]
+//            [--metrics-address HOST:PORT] [--set key=value ...]`
+//
+// Loads the config (built-in defaults without --config), applies --set overrides in order,
+// then the dedicated flags, validates, refuses what this build cannot run (KV quantization
+// other than `none`, device `cuda`), loads the model and its tokenizer, builds the CPU
+// backend, the KV cache and the engine, and serves kvd.v1.Inference, grpc.health.v1.Health
+// and server reflection over gRPC, and Prometheus metrics at /metrics. Once listening it
+// prints one line per listener to `out`:
+//   kvd: serving gRPC on 127.0.0.1:50051
+//   kvd: serving metrics on http://127.0.0.1:9090/metrics
+// (port 0 in an address picks a free port; the line shows the real one).
+// On SIGTERM or SIGINT: health turns NOT_SERVING, new Generate calls get UNAVAILABLE,
+// accepted requests finish (bounded by server.drain_timeout, then they are aborted), and
+// the command returns 0. Exit codes: 0 after a drain, 1 for a startup failure (the reason
+// on `err`, naming the key or file), 2 for bad flags.
+//
+// REQUIRES: called before the process starts any thread (see TerminationSignals).
+int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_SERVE_COMMAND_H_

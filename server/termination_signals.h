@@ -1,0 +1,35 @@
+#ifndef KVD_SERVER_TERMINATION_SIGNALS_H_
+#define KVD_SERVER_TERMINATION_SIGNALS_H_
+
+#include <csignal>
+
+#include "absl/time/time.h"
+
+namespace kvd {
+
+// Receives SIGINT and SIGTERM synchronously, with no signal handler at all: the
+// constructor blocks both signals in the calling thread, every thread started afterwards
+// inherits that mask, and Wait() takes a pending one with sigtimedwait. So a signal can
+// neither interrupt work nor run code in an async-signal context.
+//
+// REQUIRES: constructed before the process starts any other thread (gRPC, the backend's
+// pool), so that no thread is left with the signals unblocked. The destructor restores the
+// previous mask of the constructing thread. Wait() is called from that thread.
+class TerminationSignals {
+ public:
+  TerminationSignals();
+  ~TerminationSignals();
+  TerminationSignals(const TerminationSignals&) = delete;
+  TerminationSignals& operator=(const TerminationSignals&) = delete;
+
+  // Returns the signal (SIGINT or SIGTERM) once one is pending, or 0 after `timeout`.
+  int Wait(absl::Duration timeout = absl::InfiniteDuration());
+
+ private:
+  sigset_t signals_;
+  sigset_t previous_;
+};
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_TERMINATION_SIGNALS_H_

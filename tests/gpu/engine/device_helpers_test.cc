@@ -1,0 +1,102 @@
+// The device-side helpers of the engine tools on CUDA (tools/device.h, tools/random_model.h):
+// seeded random fills equal their host definition bit for bit, the device argmax equals the
+// host one (ties to the lowest index, NaN never wins), and a random model made on the
+// device computes the same logits as the same model made on the CPU, to bf16 accuracy.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cache/clock.h"
+#include "model/synthetic_model.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tools/device.h"
+#include "tools/engine_setup.h"
+#include "tools/random_model.h"
+
+namespace kvd::gpu_test {
+namespace {
+
+using DeviceHelpersTest = GpuVsCpuTest;
+
+TEST_F(DeviceHelpersTest, RandomFillOnTheDeviceEqualsTheHostDefinition) {
+  const size_t count = (size_t{1} << 20) + 7;  // several grid-stride rounds and a tail
+  const RandomFill fill{.key = RandomFillKey(42, 3), .scale = 0.02f, .offset = 0.5f};
+  DeviceBuffer f32 = Poisoned(gpu(), count * 4);
+  DeviceBuffer bf16 = Poisoned(gpu(), count * 2);
+  ASSERT_TRUE(FillRandom(&gpu(), f32.data(), DType::kF32, count, fill).ok());
+  ASSERT_TRUE(FillRandom(&gpu(), bf16.data(), DType::kBF16, count, fill).ok());
+  const std::vector<float> got = DownloadFloats(gpu(), f32.data(), count);
+  const std::vector<uint8_t> got16 = DownloadBytes(gpu(), bf16.data(), count * 2);
+  size_t f32_mismatch = 0, bf16_mismatch = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const float want = RandomFillValue(fill, i);
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want, 4);
+    f32_mismatch += a != b;
+    uint16_t h;
+    std::memcpy(&h, &got16[2 * i], 2);
+    bf16_mismatch += h != Bf16Bits(want);
+  }
+  EXPECT_EQ(f32_mismatch, 0u);
+  EXPECT_EQ(bf16_mismatch, 0u);
+}
+
+TEST_F(DeviceHelpersTest, DeviceArgmaxEqualsHostArgmax) {
+  const int32_t rows = 37, cols = 128256;
+  std::vector<float> logits = RandomFloats(size_t{rows} * cols, 7);
+  logits[5 * cols + 100] = 9.0f;  // a tie: the lower index wins
+  logits[5 * cols + 90000] = 9.0f;
+  logits[6 * cols + 0] = NAN;  // a NaN never wins
+  logits[6 * cols + 3] = 50.0f;
+  DeviceBuffer device = Upload(gpu(), logits);
+  std::vector<int32_t> got, want;
+  DeviceArgmax gpu_argmax(&gpu());
+  DeviceArgmax cpu_argmax(&cpu());
+  ASSERT_TRUE(gpu_argmax.Run(device.as<float>(), rows, cols, &got).ok());
+  ASSERT_TRUE(cpu_argmax.Run(logits.data(), rows, cols, &want).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[5], 100);
+  EXPECT_EQ(got[6], 3);
+}
+
+TEST_F(DeviceHelpersTest, RandomModelOnTheDeviceMatchesTheSameModelOnTheCpu) {
+  // head_dim 64 so the fast attention kernels run, small enough for the CPU.
+  ModelSpec spec = *SyntheticSpec("tiny");
+  spec.dim = 256;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.hidden_dim = 512;
+  auto on_gpu = CreateRandomModel(spec, 11, &gpu());
+  auto on_cpu = CreateRandomModel(spec, 11, &cpu());
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 40; ++i) tokens.push_back((i * 37 + 5) % spec.vocab_size);
+  std::vector<std::vector<float>> logits;
+  for (auto [model, backend] : {std::pair{on_gpu->get(), static_cast<Backend*>(&gpu())},
+                                std::pair{on_cpu->get(), static_cast<Backend*>(&cpu())}}) {
+    FakeClock clock;
+    auto cache = CreateCacheForSequences(spec, backend, &clock, 16, 1, false);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    ASSERT_TRUE((*cache)->AddSequence(0, tokens).ok());
+    ASSERT_TRUE((*cache)->Reserve(0, static_cast<int32_t>(tokens.size())));
+    ForwardBatch batch;
+    batch.AddSequence(tokens, 0, (*cache)->BlockIds(0), 16, true);
+    std::vector<KvCacheView> views;
+    for (int32_t l = 0; l < spec.num_layers; ++l) views.push_back((*cache)->LayerView(l));
+    std::vector<float> out;
+    ASSERT_TRUE(model->Forward(batch, views, &out).ok());
+    logits.push_back(out);
+  }
+  // bf16 weights (the CPU ones are the same values before rounding) and bf16 KV.
+  EXPECT_TRUE(AllClose(logits[0], logits[1], 0.05, 0.05));
+}
+
+}  // namespace
+}  // namespace kvd::gpu_test

@@ -1,0 +1,158 @@
+"""Config files at startup: bad ones stop `kvd serve` with exit 1 and a message naming the
+key and value; the seeds' example, config/serve.yaml (`make serve`) and the ConfigMap in
+deploy/kvd.yaml start a daemon that serves."""
+
+import os
+import re
+import tempfile
+import unittest
+
+import kvd_harness as h
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+SEED_YAML = """\
+model:
+  path: {model}
+kv_cache_config:
+  max_batch_size: 8
+  max_seq_length: 4096
+  quantization: {quantization}
+  memory_pool:
+    initial_size: 16GB
+    max_size: 32GB
+  eviction_policy: lru
+"""
+
+
+class BadConfigTest(unittest.TestCase):
+    """Each bad config: `kvd serve` exits 1 (2 for bad flags) with one message naming the key
+    and the value."""
+
+    def assertStartupFails(self, config_yaml, args, key_regex, rc=1, with_model=True):
+        model_args = ["--model", h.Paths.model()] if with_model else []
+        code, out, err = h.run_kvd_serve(model_args + args, config_yaml)
+        self.assertEqual(code, rc, "stdout:\n%s\nstderr:\n%s" % (out, err))
+        self.assertRegex(err, key_regex)
+        self.assertNotIn("serving gRPC", out)
+
+    def test_unknown_key(self):
+        self.assertStartupFails("kv_cache_config:\n  blok_size: 16\n", [],
+                                r"kv_cache_config\.blok_size")
+
+    def test_unknown_section(self):
+        self.assertStartupFails("servr:\n  drain_timeout: 1s\n", [], r"servr")
+
+    def test_bad_byte_size(self):
+        self.assertStartupFails(
+            "kv_cache_config:\n  memory_pool:\n    initial_size: 16XB\n", [],
+            r"kv_cache_config\.memory_pool\.initial_size.*16XB")
+
+    def test_bad_enum(self):
+        self.assertStartupFails("kv_cache_config:\n  quantization: int9\n", [],
+                                r"kv_cache_config\.quantization.*int9")
+
+    def test_initial_size_above_max_size(self):
+        self.assertStartupFails(
+            "kv_cache_config:\n  memory_pool:\n    initial_size: 2GB\n    max_size: 1GB\n", [],
+            r"initial_size")
+
+    def test_bad_duration(self):
+        self.assertStartupFails("server:\n  drain_timeout: soon\n", [],
+                                r"server\.drain_timeout.*soon")
+
+    def test_invalid_yaml(self):
+        self.assertStartupFails("kv_cache_config: [1, 2\n", [], r"(?i)yaml")
+
+    def test_bad_override(self):
+        self.assertStartupFails(None, ["--set", "kv_cache_config.block_size=3"],
+                                r"kv_cache_config\.block_size.*3")
+
+    def test_unknown_override_key(self):
+        self.assertStartupFails(None, ["--set", "scheduler.nope=1"], r"scheduler\.nope")
+
+    def test_missing_model(self):
+        self.assertStartupFails(None, ["--model", "/nonexistent/model.bin"],
+                                r"model\.path.*/nonexistent/model\.bin", with_model=False)
+
+    def test_model_without_tokenizer(self):
+        # A model file in an empty folder: no tok512.bin / tokenizer.bin beside it.
+        with tempfile.TemporaryDirectory(prefix="kvd_model_") as d:
+            model = os.path.join(d, "stories260K.bin")
+            os.symlink(h.Paths.model(), model)
+            self.assertStartupFails(None, ["--model", model], r"model\.tokenizer",
+                                    with_model=False)
+
+    def test_missing_config_file(self):
+        code, _, err = h.run_kvd_serve(["--config", "/nonexistent/kvd.yaml"])
+        self.assertEqual(code, 1, err)
+        self.assertIn("/nonexistent/kvd.yaml", err)
+
+    def test_unknown_flag(self):
+        code, _, err = h.run_kvd_serve(["--no-such-flag"])
+        self.assertEqual(code, 2, err)
+        self.assertIn("no-such-flag", err)
+
+    def test_seed_config_with_int8_is_refused_with_a_clear_message(self):
+        yaml = SEED_YAML.format(model=h.Paths.model(), quantization="int8")
+        code, out, err = h.run_kvd_serve([], yaml)
+        self.assertEqual(code, 1, "stdout:\n%s\nstderr:\n%s" % (out, err))
+        self.assertRegex(err, r"kv_cache_config\.quantization.*int8")
+        self.assertIn("none", err)  # says what this build supports
+
+
+class SeedConfigTest(unittest.TestCase):
+    """The seeds' YAML with quantization none (16GB/32GB pool) starts and serves; the pool is
+    committed lazily, so the process stays small."""
+
+    def test_seed_config_with_none_serves(self):
+        yaml = SEED_YAML.format(model=h.Paths.model(), quantization="none")
+        daemon = h.Daemon(config_yaml=yaml, model=None, title="kvd (seed config)")
+        self.addCleanup(daemon.kill)
+        case = h.load_golden()[0]
+        tokens, _, _ = daemon.generate(h.greedy_request(case))
+        self.assertEqual(tokens, case["output_tokens"])
+        stats = daemon.cache_stats()
+        self.assertLessEqual(stats.max_bytes, 32 * 10**9)
+        self.assertGreater(stats.max_bytes, 31 * 10**9)
+        with open("/proc/%d/status" % daemon.pid) as f:
+            rss_kib = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
+        self.assertLess(rss_kib, 2 * 1024 * 1024, "16GB pool was committed eagerly")
+        self.assertEqual(daemon.stop(), 0)
+
+
+class ShippedConfigTest(unittest.TestCase):
+    """The config files in the repository start a daemon that serves (addresses and model
+    overridden by flags, which win over the file)."""
+
+    def assertServes(self, config_yaml, title):
+        daemon = h.Daemon(config_yaml=config_yaml, title=title)
+        self.addCleanup(daemon.kill)
+        case = h.load_golden()[2]
+        tokens, _, last = daemon.generate(h.greedy_request(case))
+        self.assertEqual(tokens, case["output_tokens"])
+        self.assertEqual(last.finish_reason, h.expected_finish_reason(case))
+        self.assertEqual(daemon.stop(), 0, daemon.process.output())
+
+    def test_make_serve_config(self):
+        with open(os.path.join(SOURCE_DIR, "config", "serve.yaml")) as f:
+            self.assertServes(f.read(), "kvd (config/serve.yaml)")
+
+    def test_inference_config_with_every_key(self):
+        with open(os.path.join(SOURCE_DIR, "config", "inference_config.yaml")) as f:
+            self.assertServes(f.read(), "kvd (config/inference_config.yaml)")
+
+    def test_kubernetes_configmap(self):
+        with open(os.path.join(SOURCE_DIR, "deploy", "kvd.yaml")) as f:
+            text = f.read()
+        # The ConfigMap's block scalar: the lines indented under `inference_config.yaml: |`.
+        m = re.search(r"(?m)^  inference_config\.yaml: \|\n((?:    .*\n|\s*\n)+)", text)
+        self.assertIsNotNone(m, "no inference_config.yaml in deploy/kvd.yaml's ConfigMap")
+        yaml = "\n".join(line[4:] for line in m.group(1).splitlines())
+        self.assertIn("kv_cache_config:", yaml)
+        self.assertServes(yaml, "kvd (deploy/kvd.yaml ConfigMap)")
+
+
+if __name__ == "__main__":
+    h.main()

@@ -1,0 +1,166 @@
+"""What operators and tools see: grpc.health.v1 says SERVING, server reflection lists the
+API (so grpcurl works without the proto), GetModelInfo describes the model, and a real
+Prometheus server scrapes kvd_* series from /metrics."""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import unittest
+import urllib.parse
+import urllib.request
+
+import grpc
+
+import kvd_harness as h
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+class HealthAndReflectionTest(h.DaemonTestCase):
+
+    def test_health_is_serving_overall_and_for_the_service(self):
+        check = self.daemon.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=h.health_pb().HealthCheckRequest.SerializeToString,
+            response_deserializer=h.health_pb().HealthCheckResponse.FromString)
+        for service in ["", "kvd.v1.Inference"]:
+            with self.subTest(service=service):
+                r = check(h.health_pb().HealthCheckRequest(service=service),
+                          timeout=h.RPC_TIMEOUT_S)
+                self.assertEqual(r.status, h.health_pb().HealthCheckResponse.SERVING)
+        with self.assertRaises(grpc.RpcError) as e:
+            check(h.health_pb().HealthCheckRequest(service="no.such.Service"),
+                  timeout=h.RPC_TIMEOUT_S)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def reflect(self, request):
+        """One ServerReflectionInfo exchange, over v1alpha (what gRPC 1.51 serves) or v1."""
+        rpb = h.reflection_pb()
+        last_error = None
+        for version in ["v1alpha", "v1"]:
+            call = self.daemon.channel.stream_stream(
+                "/grpc.reflection.%s.ServerReflection/ServerReflectionInfo" % version,
+                request_serializer=rpb.ServerReflectionRequest.SerializeToString,
+                response_deserializer=rpb.ServerReflectionResponse.FromString)
+            try:
+                return next(iter(call(iter([request]), timeout=h.RPC_TIMEOUT_S)))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                last_error = e
+        raise last_error
+
+    def test_reflection_lists_the_services(self):
+        r = self.reflect(h.reflection_pb().ServerReflectionRequest(list_services="*"))
+        names = {s.name for s in r.list_services_response.service}
+        self.assertIn("kvd.v1.Inference", names)
+        self.assertIn("grpc.health.v1.Health", names)
+
+    def test_reflection_serves_the_api_descriptor(self):
+        from google.protobuf import descriptor_pb2
+        r = self.reflect(h.reflection_pb().ServerReflectionRequest(
+            file_containing_symbol="kvd.v1.Inference"))
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in r.file_descriptor_response.file_descriptor_proto]
+        api = [f for f in files if f.package == "kvd.v1"]
+        self.assertTrue(api, [f.name for f in files])
+        methods = {m.name for s in api[0].service for m in s.method}
+        self.assertTrue({"Generate", "CloseSession", "GetModelInfo", "GetCacheStats"} <= methods)
+
+    def test_model_info_describes_stories260k(self):
+        info = self.daemon.stub.GetModelInfo(h.pb().GetModelInfoRequest(),
+                                             timeout=h.RPC_TIMEOUT_S)
+        self.assertEqual((info.num_layers, info.dim, info.num_heads, info.num_kv_heads),
+                         (5, 64, 8, 4))
+        self.assertEqual(info.vocab_size, 512)
+        self.assertEqual(info.max_context_tokens, 512)
+        self.assertEqual(info.block_size, 16)
+        self.assertEqual(info.bos_token_id, 1)
+
+    def test_metrics_endpoint_speaks_prometheus_text(self):
+        self.daemon.generate(h.greedy_request(h.load_golden()[0], max_tokens=8))
+        text = self.daemon.metrics_text()
+        for series in ["kvd_num_requests_waiting", "kvd_num_requests_running",
+                       "kvd_kv_cache_usage_ratio", "kvd_generation_tokens_total"]:
+            self.assertRegex(text, r"(?m)^# TYPE %s " % series)
+        self.assertRegex(text, r'(?m)^kvd_cache_config_info\{.*block_size="16".*\} 1')
+
+
+def prometheus_query(base_url, query):
+    url = "%s/api/v1/query?%s" % (base_url, urllib.parse.urlencode({"query": query}))
+    with urllib.request.urlopen(url, timeout=h.RPC_TIMEOUT_S) as r:
+        body = json.loads(r.read().decode())
+    if body.get("status") != "success":
+        raise AssertionError("query %r failed: %s" % (query, body))
+    return body["data"]["result"]
+
+
+@unittest.skipUnless(os.access(PROMETHEUS, os.X_OK),
+                     "%s is missing: install Debian's `prometheus` package "
+                     "(scripts/install-deps does)" % PROMETHEUS)
+class PrometheusScrapeTest(h.DaemonTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.dir = tempfile.mkdtemp(prefix="kvd_prometheus_")
+        config = os.path.join(cls.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                    "scrape_configs:\n  - job_name: kvd\n    static_configs:\n"
+                    "      - targets: ['%s']\n" % cls.daemon.metrics_host_port)
+        port = h.free_port()
+        cls.prometheus_url = "http://127.0.0.1:%d" % port
+        cls.prometheus = h.Process("prometheus", [
+            PROMETHEUS, "--config.file=" + config,
+            "--storage.tsdb.path=" + os.path.join(cls.dir, "data"),
+            "--web.listen-address=127.0.0.1:%d" % port, "--log.level=warn"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prometheus.kill()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        super().tearDownClass()
+
+    def wait_for_series(self, query, predicate, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            self.assertIsNone(self.prometheus.proc.poll(), self.prometheus.output())
+            try:
+                last = prometheus_query(self.prometheus_url, query)
+                if last and predicate(last):
+                    return last
+            except OSError as e:  # not listening yet
+                last = e
+            time.sleep(0.25)
+        self.fail("Prometheus never returned %r as expected; last answer: %s" % (query, last))
+
+    def test_prometheus_scrapes_kvd_series(self):
+        case = h.load_golden()[0]
+        tokens, _, _ = self.daemon.generate(h.greedy_request(case))
+        timeout = 60 * h.TIME_SCALE
+
+        up = self.wait_for_series('up{job="kvd"}', lambda r: r[0]["value"][1] == "1", timeout)
+        self.assertEqual(up[0]["metric"]["instance"], self.daemon.metrics_host_port)
+        generated = self.wait_for_series(
+            "kvd_generation_tokens_total",
+            lambda r: float(r[0]["value"][1]) >= len(tokens), timeout)
+        self.assertEqual(float(generated[0]["value"][1]), len(tokens))
+        # The Gateway API Inference Extension's three signals.
+        for query in ["kvd_num_requests_waiting", "kvd_num_requests_running",
+                      "kvd_kv_cache_usage_ratio"]:
+            with self.subTest(query=query):
+                result = self.wait_for_series(query, lambda r: True, timeout)
+                self.assertEqual(float(result[0]["value"][1]), 0.0)
+        info = self.wait_for_series("kvd_cache_config_info", lambda r: True, timeout)
+        self.assertEqual(info[0]["metric"]["block_size"], "16")
+        names = self.wait_for_series('count by (__name__) ({__name__=~"kvd_.+"})',
+                                     lambda r: len(r) >= 20, timeout)
+        self.assertGreaterEqual(len(names), 20)
+
+
+if __name__ == "__main__":
+    h.main()

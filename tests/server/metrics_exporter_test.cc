@@ -1,0 +1,324 @@
+#include "server/metrics_exporter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "server/prometheus_writer.h"
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A strict reader of the text exposition format 0.0.4, enough to check our own output.
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+struct Scrape {
+  std::map<std::string, std::string> type;  // family -> counter/gauge/histogram/summary
+  std::vector<Sample> samples;
+  std::vector<std::string> errors;
+
+  std::vector<Sample> Find(const std::string& name) const {
+    std::vector<Sample> out;
+    for (const Sample& s : samples) {
+      if (s.name == name) out.push_back(s);
+    }
+    return out;
+  }
+};
+
+double ParseValue(const std::string& text) {
+  if (text == "+Inf") return INFINITY;
+  if (text == "-Inf") return -INFINITY;
+  if (text == "NaN") return NAN;
+  return std::stod(text);
+}
+
+// The family a sample belongs to, given the families declared so far.
+std::string FamilyOf(const std::string& name, const std::map<std::string, std::string>& type) {
+  if (type.count(name)) return name;
+  for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+    const std::string s = suffix;
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      const std::string base = name.substr(0, name.size() - s.size());
+      auto it = type.find(base);
+      if (it != type.end() &&
+          (it->second == "histogram" || (it->second == "summary" && s != "_bucket"))) {
+        return base;
+      }
+    }
+  }
+  return "";
+}
+
+Scrape Parse(const std::string& text) {
+  static const std::regex kHelp(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) \S.*$)");
+  static const std::regex kType(
+      R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
+  static const std::regex kSample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
+  static const std::regex kLabel(R"(([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)\"(,|$))");
+  static const std::regex kNumber(R"(^([+-]?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN)$)");
+  Scrape out;
+  std::set<std::string> helped;
+  std::istringstream in(text);
+  std::string line;
+  std::string last_help;
+  int line_no = 0;
+  if (text.empty() || text.back() != '\n') out.errors.push_back("does not end in a newline");
+  while (std::getline(in, line)) {
+    ++line_no;
+    const std::string where = "line " + std::to_string(line_no) + ": " + line;
+    std::smatch m;
+    if (std::regex_match(line, m, kHelp)) {
+      if (!helped.insert(m[1]).second) out.errors.push_back("HELP repeated: " + where);
+      last_help = m[1];
+    } else if (std::regex_match(line, m, kType)) {
+      if (m[1] != last_help) out.errors.push_back("TYPE without HELP before it: " + where);
+      if (!out.type.emplace(m[1], m[2]).second) out.errors.push_back("TYPE repeated: " + where);
+      if (m[2] == "counter" && !std::string(m[1]).ends_with("_total")) {
+        out.errors.push_back("counter not named _total: " + where);
+      }
+    } else if (std::regex_match(line, m, kSample)) {
+      Sample s;
+      s.name = m[1];
+      const std::string labels = m[3];
+      std::string rest = labels;
+      std::smatch lm;
+      while (!rest.empty()) {
+        if (!std::regex_search(rest, lm, kLabel) || lm.position(0) != 0) {
+          out.errors.push_back("bad labels: " + where);
+          break;
+        }
+        if (!s.labels.emplace(lm[1], lm[2]).second) out.errors.push_back("dup label: " + where);
+        rest = lm.suffix();
+      }
+      const std::string value = m[4];
+      if (!std::regex_match(value, kNumber)) {
+        out.errors.push_back("bad value: " + where);
+        continue;
+      }
+      s.value = ParseValue(value);
+      if (FamilyOf(s.name, out.type).empty()) {
+        out.errors.push_back("sample of an undeclared family: " + where);
+      }
+      out.samples.push_back(s);
+    } else {
+      out.errors.push_back("malformed: " + where);
+    }
+  }
+  return out;
+}
+
+// Checks every histogram: buckets cumulative, le ascending, last le="+Inf" == _count.
+void CheckHistograms(const Scrape& scrape) {
+  for (const auto& [family, type] : scrape.type) {
+    if (type != "histogram") continue;
+    SCOPED_TRACE(family);
+    const std::vector<Sample> buckets = scrape.Find(family + "_bucket");
+    ASSERT_FALSE(buckets.empty());
+    double last_le = -INFINITY;
+    double last_count = 0;
+    for (const Sample& b : buckets) {
+      ASSERT_TRUE(b.labels.count("le"));
+      const double le = ParseValue(b.labels.at("le"));
+      EXPECT_GT(le, last_le);
+      EXPECT_GE(b.value, last_count);
+      last_le = le;
+      last_count = b.value;
+    }
+    EXPECT_EQ(buckets.back().labels.at("le"), "+Inf");
+    const std::vector<Sample> count = scrape.Find(family + "_count");
+    ASSERT_EQ(count.size(), 1u);
+    EXPECT_EQ(count[0].value, buckets.back().value);
+    EXPECT_EQ(scrape.Find(family + "_sum").size(), 1u);
+  }
+}
+
+EngineStats BusyStats() {
+  EngineStats s;
+  s.requests_waiting = 3;
+  s.requests_running = 5;
+  s.requests_finished = 1234567890123;
+  s.requests_rejected = 2;
+  s.preemptions = 7;
+  s.prompt_tokens = 1000;
+  s.computed_prompt_tokens = 600;
+  s.generated_tokens = 4321;
+  s.predicted_output_tokens = 96.5;
+  s.time_to_first_token = Histogram({0.01, 0.1, 1});
+  s.time_to_first_token.counts = {1, 4, 2, 3};  // 3 above the last bound
+  s.time_to_first_token.sum = 9.25;
+  s.time_to_first_token.count = 10;
+  s.inter_token_latency = Histogram({0.001, 0.01});
+  s.end_to_end_latency = Histogram({1, 10});
+  s.output_length = Histogram({16, 64, 256});
+  s.prediction_error = Histogram({-64, 0, 64});
+  s.prediction_error.counts = {1, 0, 2, 0};
+  KvCacheStats& c = s.cache;
+  c.block_size = 16;
+  c.max_blocks = 1000;
+  c.total_blocks = 512;
+  c.free_blocks = 200;
+  c.used_blocks = 250;
+  c.cached_blocks = 62;
+  c.pinned_blocks = 40;
+  c.session_releases_idle = 4;
+  c.session_releases_closed = 1;
+  c.prefix_query_tokens = 900;
+  c.prefix_hit_tokens = 300;
+  c.defrag_pauses.num_pauses = 3;
+  c.defrag_pauses.total = absl::Microseconds(1500);
+  c.defrag_pauses.p50 = absl::Microseconds(400);
+  return s;
+}
+
+MetricsInfo Info() {
+  MetricsInfo info;
+  info.model = "stories260K";
+  info.backend = "cpu";
+  info.kv_dtype = "f32";
+  info.block_size = 16;
+  info.num_blocks = 1000;
+  return info;
+}
+
+TEST(MetricsExporterTest, OutputIsWellFormedExposition) {
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  EXPECT_THAT(scrape.errors, ::testing::IsEmpty());
+  CheckHistograms(scrape);
+  for (const auto& [family, type] : scrape.type) {
+    EXPECT_EQ(family.rfind("kvd_", 0), 0u) << family;
+  }
+}
+
+TEST(MetricsExporterTest, DefaultStatsAreWellFormedToo) {
+  const EngineStats empty;
+  const Scrape scrape = Parse(MetricsExporter::Render(empty, MetricsInfo{}));
+  EXPECT_THAT(scrape.errors, ::testing::IsEmpty());
+  CheckHistograms(scrape);
+}
+
+TEST(MetricsExporterTest, CoversTheIssuesMetrics) {
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  for (const char* family : {"kvd_num_requests_waiting",
+                             "kvd_num_requests_running",
+                             "kvd_kv_cache_usage_ratio",
+                             "kvd_kv_cache_blocks",
+                             "kvd_kv_pool_reserved_bytes",
+                             "kvd_kv_pool_used_bytes",
+                             "kvd_prefix_cache_query_tokens_total",
+                             "kvd_prefix_cache_hit_tokens_total",
+                             "kvd_kv_cache_evicted_blocks_total",
+                             "kvd_preemptions_total",
+                             "kvd_sessions_active",
+                             "kvd_sessions_released_total",
+                             "kvd_defrag_moved_blocks_total",
+                             "kvd_defrag_pause_seconds",
+                             "kvd_admission_rejections_total",
+                             "kvd_output_length_predicted_tokens",
+                             "kvd_output_length_tokens",
+                             "kvd_output_length_prediction_error_tokens",
+                             "kvd_time_to_first_token_seconds",
+                             "kvd_inter_token_latency_seconds",
+                             "kvd_request_latency_seconds",
+                             "kvd_prompt_tokens_total",
+                             "kvd_generation_tokens_total",
+                             "kvd_cache_config_info"}) {
+    EXPECT_TRUE(scrape.type.count(family)) << family;
+  }
+}
+
+TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  EXPECT_EQ(scrape.Find("kvd_num_requests_waiting")[0].value, 3);
+  EXPECT_EQ(scrape.Find("kvd_num_requests_running")[0].value, 5);
+  EXPECT_EQ(scrape.Find("kvd_requests_finished_total")[0].value, 1234567890123.0);
+  EXPECT_DOUBLE_EQ(scrape.Find("kvd_kv_cache_usage_ratio")[0].value, 0.25);
+  std::map<std::string, double> blocks;
+  for (const Sample& s : scrape.Find("kvd_kv_cache_blocks")) blocks[s.labels.at("state")] = s.value;
+  EXPECT_EQ(blocks, (std::map<std::string, double>{
+                        {"free", 200}, {"used", 250}, {"cached", 62}, {"pinned", 40}}));
+  std::map<std::string, double> released;
+  for (const Sample& s : scrape.Find("kvd_sessions_released_total")) {
+    released[s.labels.at("reason")] = s.value;
+  }
+  EXPECT_EQ(released, (std::map<std::string, double>{{"idle", 4}, {"pin_cap", 0}, {"closed", 1}}));
+
+  // The histogram is cumulative: 1, 1+4, 1+4+2, then +Inf holds all 10.
+  std::vector<double> ttft;
+  for (const Sample& s : scrape.Find("kvd_time_to_first_token_seconds_bucket")) {
+    ttft.push_back(s.value);
+  }
+  EXPECT_EQ(ttft, (std::vector<double>{1, 5, 7, 10}));
+  EXPECT_EQ(scrape.Find("kvd_time_to_first_token_seconds_sum")[0].value, 9.25);
+
+  const std::vector<Sample> info = scrape.Find("kvd_cache_config_info");
+  ASSERT_EQ(info.size(), 1u);
+  EXPECT_EQ(info[0].value, 1);
+  EXPECT_EQ(info[0].labels,
+            (std::map<std::string, std::string>{
+                {"block_size", "16"}, {"num_blocks", "1000"}, {"kv_dtype", "f32"}}));
+  EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_sum")[0].value, 0.0015);
+}
+
+TEST(MetricsExporterTest, ScrapeReadsTheSourceEachTime) {
+  int calls = 0;
+  MetricsExporter exporter(Info(), [&calls] {
+    EngineStats s;
+    s.requests_waiting = ++calls;
+    return s;
+  });
+  EXPECT_THAT(exporter.Scrape(), HasSubstr("\nkvd_num_requests_waiting 1\n"));
+  EXPECT_THAT(exporter.Scrape(), HasSubstr("\nkvd_num_requests_waiting 2\n"));
+}
+
+TEST(PrometheusWriterTest, FormatsValuesExactly) {
+  EXPECT_EQ(PrometheusWriter::FormatValue(0), "0");
+  EXPECT_EQ(PrometheusWriter::FormatValue(-3), "-3");
+  EXPECT_EQ(PrometheusWriter::FormatValue(123456789012345), "123456789012345");
+  EXPECT_EQ(PrometheusWriter::FormatValue(0.25), "0.25");
+  EXPECT_EQ(PrometheusWriter::FormatValue(INFINITY), "+Inf");
+  EXPECT_EQ(PrometheusWriter::FormatValue(-INFINITY), "-Inf");
+  EXPECT_EQ(PrometheusWriter::FormatValue(NAN), "NaN");
+  EXPECT_EQ(std::stod(PrometheusWriter::FormatValue(0.1)), 0.1);  // round-trips
+}
+
+TEST(PrometheusWriterTest, EscapesLabelValuesAndHelp) {
+  PrometheusWriter w;
+  w.Gauges("kvd_test", "a \\ help\nline", {{{{"model", "a\"b\\c\nd"}}, 1}});
+  EXPECT_EQ(w.text(),
+            "# HELP kvd_test a \\\\ help\\nline\n"
+            "# TYPE kvd_test gauge\n"
+            "kvd_test{model=\"a\\\"b\\\\c\\nd\"} 1\n");
+  EXPECT_THAT(Parse(w.text()).errors, ::testing::IsEmpty());
+}
+
+TEST(PrometheusWriterTest, CountersGetTheTotalSuffix) {
+  PrometheusWriter w;
+  w.Counter("kvd_things", "Things.", 2);
+  EXPECT_EQ(w.text(),
+            "# HELP kvd_things_total Things.\n# TYPE kvd_things_total counter\n"
+            "kvd_things_total 2\n");
+}
+
+TEST(PrometheusWriterDeathTest, AFamilyNameMayBeUsedOnce) {
+  PrometheusWriter w;
+  w.Gauge("kvd_x", "X.", 1);
+  EXPECT_DEATH(w.Gauge("kvd_x", "X again.", 2), "written twice");
+  EXPECT_DEATH(w.Gauge("9bad", "Bad.", 2), "bad metric name");
+}
+
+}  // namespace
+}  // namespace kvd

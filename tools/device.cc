@@ -1,0 +1,156 @@
+#include "tools/device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_backend.h"
+#if defined(KVD_HAVE_CUDA)
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace kvd {
+namespace {
+
+// Host staging per FillRandom round on backends without a fill kernel (4 MiB of f32).
+constexpr size_t kFillChunkElements = size_t{1} << 20;
+
+uint16_t Bf16Bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN stays NaN
+  bits += 0x7FFFu + ((bits >> 16) & 1u);                  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+#if defined(KVD_HAVE_CUDA)
+CudaBackend* AsCuda(Backend* backend) { return dynamic_cast<CudaBackend*>(backend); }
+#endif
+
+}  // namespace
+
+std::string_view DeviceName(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
+bool BuiltWithCuda() {
+#if defined(KVD_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<Device> ResolveDevice(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name != "cuda" && name != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", std::string(name), "' is not one of cpu, cuda, auto"));
+  }
+#if defined(KVD_HAVE_CUDA)
+  const int count = CudaDeviceCount();
+  if (count > 0) return Device::kCuda;
+  if (name == "auto") return Device::kCpu;
+  return absl::UnavailableError("--device cuda: no CUDA device is visible (no GPU or no driver)");
+#else
+  if (name == "auto") return Device::kCpu;
+  return absl::FailedPreconditionError(
+      "--device cuda: this kvd was built without the CUDA backend (configure with a CUDA "
+      "toolkit and KVD_CUDA=ON)");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads) {
+  if (device == Device::kCpu) {
+    if (cpu_threads <= 0) {
+      cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    }
+    return std::make_unique<CpuBackend>(cpu_threads);
+  }
+#if defined(KVD_HAVE_CUDA)
+  auto cuda = CudaBackend::Create(/*device_index=*/0);
+  if (!cuda.ok()) return cuda.status();
+  return std::unique_ptr<Backend>(std::move(*cuda));
+#else
+  return absl::FailedPreconditionError("MakeBackend: this kvd was built without CUDA");
+#endif
+}
+
+DType DefaultKvDtype(const Backend& backend) {
+  return backend.name() == "cuda" ? DType::kBF16 : DType::kF32;
+}
+
+absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
+                        const RandomFill& fill) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::UnimplementedError(
+        absl::StrCat("FillRandom: dtype ", std::string(DTypeName(dtype)), " (f32 and bf16 only)"));
+  }
+#if defined(KVD_HAVE_CUDA)
+  if (CudaBackend* cuda = AsCuda(backend)) return cuda->FillRandom(data, dtype, count, fill);
+#endif
+  const size_t elem_bytes = static_cast<size_t>(DTypeBits(dtype) / 8);
+  std::vector<uint8_t> host(std::min(count, kFillChunkElements) * elem_bytes);
+  for (size_t begin = 0; begin < count; begin += kFillChunkElements) {
+    const size_t n = std::min(kFillChunkElements, count - begin);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = RandomFillValue(fill, begin + i);
+      if (dtype == DType::kF32) {
+        std::memcpy(host.data() + i * 4, &v, 4);
+      } else {
+        const uint16_t b = Bf16Bits(v);
+        std::memcpy(host.data() + i * 2, &b, 2);
+      }
+    }
+    if (absl::Status s = backend->CopyToDevice(static_cast<uint8_t*>(data) + begin * elem_bytes,
+                                               host.data(), n * elem_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceArgmax::Run(const float* logits, int32_t rows, int32_t cols,
+                               std::vector<int32_t>* ids) {
+  Backend* backend = backend_;
+  if (rows < 0 || cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ArgmaxRows: bad shape ", rows, "x", cols));
+  }
+  ids->assign(static_cast<size_t>(rows), 0);
+  if (rows == 0) return absl::OkStatus();
+#if defined(KVD_HAVE_CUDA)
+  if (CudaBackend* cuda = AsCuda(backend)) {
+    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    if (ids_.bytes() < bytes) {
+      auto grown = backend->Allocate(std::max<size_t>(bytes, 1024));
+      if (!grown.ok()) return grown.status();
+      ids_ = std::move(*grown);
+    }
+    if (absl::Status s = cuda->ArgmaxRows(logits, rows, cols, ids_.as<int32_t>()); !s.ok()) {
+      return s;
+    }
+    return backend->CopyToHost(ids->data(), ids_.data(), bytes);
+  }
+#endif
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int32_t r = 0; r < rows; ++r) {
+    if (absl::Status s =
+            backend->CopyToHost(row.data(), logits + int64_t{r} * cols, row.size() * sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    // Strict > keeps the first of equal maxima and never lets a NaN replace a number;
+    // leading NaNs are skipped so a number can win.
+    size_t best = 0;
+    while (best + 1 < row.size() && std::isnan(row[best])) ++best;
+    for (size_t c = best + 1; c < row.size(); ++c) {
+      if (row[c] > row[best]) best = c;
+    }
+    (*ids)[r] = static_cast<int32_t>(best);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvd

@@ -1,0 +1,69 @@
+#ifndef KVD_TOOLS_DEVICE_H_
+#define KVD_TOOLS_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/random_fill.h"
+#include "kernels/dtype.h"
+
+namespace kvd {
+
+// The device the engine runs on (`--device cpu|cuda|auto` of `kvd generate` and the
+// benchmarks), and the few device-side helpers the tools need beyond Backend's ops. The
+// CUDA parts exist only in builds with the CUDA backend (KVD_HAVE_CUDA); a CPU-only build
+// compiles the same API and refuses "cuda" with a clear error. All functions are
+// stateless; those taking a Backend are not thread safe (one thread drives a backend).
+enum class Device { kCpu, kCuda };
+
+// "cpu" or "cuda".
+std::string_view DeviceName(Device device);
+
+// True when this binary was built with the CUDA backend.
+bool BuiltWithCuda();
+
+// Resolves a --device value: "cpu"; "cuda" (FailedPrecondition on a build without CUDA,
+// Unavailable when no GPU is visible); "auto" is cuda when the build has CUDA and
+// CudaDeviceCount() > 0, else cpu. InvalidArgument for anything else, naming the value.
+absl::StatusOr<Device> ResolveDevice(std::string_view name);
+
+// A CpuBackend with `cpu_threads` threads (<= 0: all cores), or a CudaBackend on GPU 0.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads);
+
+// The KV arena dtype the engine uses on `backend`: bf16 on CUDA (half the bytes a decode
+// step reads), f32 on the CPU reference backend (what it computes in).
+DType DefaultKvDtype(const Backend& backend);
+
+// Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) into element i of the backend
+// buffer `data`, i < count: in a kernel on CUDA, through host chunks and CopyToDevice on
+// any other backend. Same fill and dtype give the same bytes on every backend. Enqueued on
+// asynchronous backends. REQUIRES: data holds count elements of dtype.
+absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
+                        const RandomFill& fill);
+
+// Greedy token choice over logits in backend memory: ids[r] = the index of the largest
+// logits[r][c], c < cols (lowest index on ties; NaN never wins over a number). On CUDA the
+// argmax runs on the device and only the ids cross to the host, so a batch of 64 rows of
+// 128k logits costs 256 bytes of copy instead of 32 MB. Owns a small id buffer in backend
+// memory, grown on demand. Not thread safe; `backend` must outlive it.
+class DeviceArgmax {
+ public:
+  explicit DeviceArgmax(Backend* backend) : backend_(backend) {}
+
+  // Waits for the backend's queued work. InvalidArgument for rows < 0 or cols <= 0.
+  absl::Status Run(const float* logits, int32_t rows, int32_t cols, std::vector<int32_t>* ids);
+
+ private:
+  Backend* backend_;
+  DeviceBuffer ids_;  // [capacity] int32, CUDA only
+};
+
+}  // namespace kvd
+
+#endif  // KVD_TOOLS_DEVICE_H_
