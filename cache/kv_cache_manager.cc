@@ -301,7 +301,13 @@ int64_t KvCacheManager::MaxPinnedBlocks() const {
 void KvCacheManager::Tick() {
   ReleaseSessions(sessions_.ExpireIdle());
   ReleaseSessions(sessions_.EnforcePinCap(MaxPinnedBlocks()));
-  if (defrag_ != nullptr) DefragStep();
+  if (defrag_ != nullptr) {
+    const absl::Time now = clock_->Now();
+    if (now - last_defrag_step_ >= options_.defrag_interval) {
+      last_defrag_step_ = now;
+      DefragStep();
+    }
+  }
 }
 
 int32_t KvCacheManager::NumComputed(SeqId id) const { return Seq(id).num_computed; }

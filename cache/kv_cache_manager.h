@@ -175,6 +175,8 @@ class KvCacheManager {
   int64_t session_releases_[3] = {0, 0, 0};  // by SessionReleaseReason
   int64_t fork_copies_ = 0;
   int64_t defrag_moves_ = 0;
+  absl::Time last_defrag_step_ = absl::InfinitePast();
+  double seconds_per_move_ = 0;  // moving average of the measured cost of one move
 };
 
 }  // namespace kvd

@@ -60,8 +60,15 @@ void KvCacheManager::ApplyMoves() {
   absl::flat_hash_set<BlockId> taken;
   const int64_t by_bytes =
       std::max<int64_t>(1, options_.defrag_max_bytes_per_step / layout_.block_data_bytes());
-  const int32_t max_moves =
-      static_cast<int32_t>(std::min<int64_t>(options_.defrag_max_moves_per_step, by_bytes));
+  // Moves that fit the pause budget at the cost measured so far (unknown before the first).
+  const int64_t by_time =
+      seconds_per_move_ > 0
+          ? std::max<int64_t>(1, static_cast<int64_t>(
+                                     absl::ToDoubleSeconds(options_.defrag_max_pause) /
+                                     seconds_per_move_))
+          : by_bytes;
+  const int32_t max_moves = static_cast<int32_t>(
+      std::min({int64_t{options_.defrag_max_moves_per_step}, by_bytes, by_time}));
   // Re-check every planned move against the pool now: the plan came from an older
   // snapshot. Sources freed since then need no move; destinations used since are skipped
   // (the next plan finds others).
@@ -103,6 +110,9 @@ void KvCacheManager::ApplyMoves() {
   defrag_moves_ += static_cast<int64_t>(src.size());
   const auto end = std::chrono::steady_clock::now();
   defrag_->RecordPause(absl::FromChrono(end - start), static_cast<int32_t>(src.size()));
+  const double per_move = std::chrono::duration<double>(end - start).count() / src.size();
+  seconds_per_move_ =
+      seconds_per_move_ > 0 ? 0.8 * seconds_per_move_ + 0.2 * per_move : per_move;
 }
 
 void KvCacheManager::WaitForDefragPlan() {

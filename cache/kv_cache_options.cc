@@ -45,6 +45,14 @@ absl::Status KvCacheOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("defrag_max_bytes_per_step: must be >= 1, got ", defrag_max_bytes_per_step));
   }
+  if (defrag_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("defrag_interval: must be >= 0, got ",
+                                                   absl::FormatDuration(defrag_interval)));
+  }
+  if (defrag_max_pause <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("defrag_max_pause: must be > 0, got ",
+                                                   absl::FormatDuration(defrag_max_pause)));
+  }
   if (!(defrag_low_water >= 0.0 && defrag_low_water <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("defrag_low_water: must be in [0, 1], got ", defrag_low_water));

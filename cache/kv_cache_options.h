@@ -32,6 +32,11 @@ struct KvCacheOptions {
   // stays bounded for large blocks on a backend whose copies are synchronous (CPU).
   int64_t defrag_max_bytes_per_step = int64_t{4} << 20;
   double defrag_low_water = 0.5;  // DefragOptions::low_water
+  // Least time between two defragmentation steps (Tick() calls in between skip it).
+  absl::Duration defrag_interval = absl::ZeroDuration();
+  // Pause budget of one step: the moves per step adapt to the measured cost of a move so a
+  // pause stays near this (at least one move per step; the caps above still apply).
+  absl::Duration defrag_max_pause = absl::Milliseconds(2);
   bool defrag_background_planning = true;
   // Mixed into every prefix key with the KV layout: e.g. a digest of the model's weights,
   // so caches of different models can never match.

@@ -29,6 +29,7 @@ enum class AdmissionMode {
 struct EngineOptions {
   int32_t max_batch_size = 64;            // sequences per step
   int32_t max_num_batched_tokens = 2048;  // tokens per step, prefill chunks and decodes
+  int32_t prefill_chunk_tokens = 512;     // most prompt tokens of one sequence per step
   int32_t max_waiting_requests = 256;     // Submit fails with ResourceExhausted beyond
   AdmissionMode admission = AdmissionMode::kPredicted;
   double predictor_quantile = 0.9;        // of observed output lengths

@@ -147,7 +147,7 @@ bool EngineLoop::Impl::Step() {
   // slots preempts the lowest-priority, most recently admitted one not yet planned.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* s = running_[i].get();
-    const int32_t n = std::min(s->pending(), budget);
+    const int32_t n = std::min({s->pending(), budget, options_.prefill_chunk_tokens});
     bool reserved = cache_->Reserve(static_cast<SeqId>(s->handle), n);
     while (!reserved) {
       Sequence* victim = s;
@@ -184,7 +184,7 @@ bool EngineLoop::Impl::Step() {
     Sequence& s = *waiting_.front();
     if (s.finished()) break;
     if (!Admissible(s) || !Admit(s)) break;
-    const int32_t n = std::min(s.pending(), budget);
+    const int32_t n = std::min({s.pending(), budget, options_.prefill_chunk_tokens});
     if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
       cache_->Free(static_cast<SeqId>(s.handle));
       s.in_cache = false;

@@ -144,6 +144,8 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv) {
   options.max_pinned_fraction = kv.session.max_pinned_fraction;
   options.enable_defrag = kv.defrag.enabled;
   options.defrag_max_moves_per_step = kv.defrag.max_moves_per_step;
+  options.defrag_interval = kv.defrag.interval;
+  options.defrag_max_pause = kv.defrag.max_pause;
   return options;
 }
 
@@ -151,6 +153,7 @@ EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
   EngineOptions options;
   options.max_batch_size = config.kv_cache.max_batch_size;
   options.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+  options.prefill_chunk_tokens = config.scheduler.prefill_chunk_tokens;
   options.max_waiting_requests = config.server.max_waiting_requests;
   options.predictor_quantile = config.scheduler.predictor_quantile;
   switch (config.scheduler.admission_policy) {

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "cache/defragmenter.h"
 
 #include <memory>
@@ -128,6 +130,59 @@ TEST(DefragManagerLoadTest, DoesNotShrinkWhileTheLoadIsHigh) {
   for (int i = 0; i < 5; ++i) m->Tick();
   EXPECT_EQ(m->stats().num_chunks, 2);
   EXPECT_EQ(m->stats().defrag_moves, 0);
+}
+
+// The burst-then-idle state of the shrink test, with the given options.
+// Sequence i holds blocks 2i and 2i+1 (chunks of 4 blocks); all but `survivors` end.
+std::unique_ptr<KvCacheManager> GrownThenIdle(KvCacheOptions o, Backend* backend, Clock* clock,
+                                              std::vector<SeqId> survivors = {7}) {
+  o.defrag_background_planning = false;
+  auto m = *KvCacheManager::Create(o, TinyShape(), backend, clock);
+  for (SeqId id = 0; id < 8; ++id) {
+    EXPECT_TRUE(m->AddSequence(id, Iota(7, 100 * static_cast<int32_t>(id))).ok());
+    EXPECT_TRUE(Step(*m, id, 7));
+  }
+  for (SeqId id = 0; id < 8; ++id) {
+    if (std::find(survivors.begin(), survivors.end(), id) == survivors.end()) m->Free(id);
+  }
+  return m;
+}
+
+TEST(DefragManagerPacingTest, StepsNoMoreOftenThanTheInterval) {
+  FakeBackend backend;
+  FakeClock clock;
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_interval = absl::Seconds(1);
+  o.defrag_low_water = 0.75;
+  auto m = GrownThenIdle(o, &backend, &clock);
+  m->Tick();  // the first step may run at once
+  const int64_t after_first = m->stats().defrag_pauses.num_pauses + m->stats().chunks_released;
+  for (int i = 0; i < 10; ++i) m->Tick();  // same instant: all skipped
+  EXPECT_EQ(m->stats().defrag_pauses.num_pauses + m->stats().chunks_released, after_first);
+  for (int i = 0; i < 40 && m->stats().num_chunks > 1; ++i) {
+    clock.Advance(absl::Seconds(1));
+    m->Tick();
+  }
+  EXPECT_EQ(m->stats().num_chunks, 1);
+}
+
+TEST(DefragManagerPacingTest, PauseBudgetLimitsMovesPerStep) {
+  FakeBackend backend;
+  FakeClock clock;
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_max_moves_per_step = 64;
+  o.defrag_max_pause = absl::Nanoseconds(1);  // below the cost of any move
+  o.defrag_low_water = 1.0;  // shrink while the survivors fit below the top chunk
+  // Survivors in chunks 2 and 3: blocks 8, 9 and 14, 15 must all move down.
+  auto m = GrownThenIdle(o, &backend, &clock, {4, 7});
+  for (int i = 0; i < 50 && m->stats().num_chunks > 1; ++i) m->Tick();
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_chunks, 1);
+  // The first pause, before any cost is known, moves the top chunk's two blocks at once;
+  // after it every pause moves exactly one block.
+  EXPECT_GE(st.defrag_pauses.num_pauses, 3);
+  EXPECT_EQ(st.defrag_moves, st.defrag_pauses.num_pauses + 1);
+  EXPECT_TRUE(m->CheckInvariants().ok());
 }
 
 }  // namespace

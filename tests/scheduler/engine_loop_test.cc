@@ -334,6 +334,19 @@ TEST_F(EngineLoopTest, DefragmentationDuringGenerationChangesNoOutput) {
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 
+TEST_F(EngineLoopTest, PrefillIsChunkedPerSequence) {
+  MakeCache(64, 4);
+  MakeEngine({.prefill_chunk_tokens = 4});
+  Request r = Greedy(10);  // a 32-token prompt
+  r.max_tokens = 10;
+  Stream* s = Submit(r);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(s->tokens, std::vector<int32_t>(golden_[10].output.begin(),
+                                            golden_[10].output.begin() + 10));
+  // 8 prefill steps of 4 tokens (the last one samples), then 9 decode steps.
+  EXPECT_EQ(engine_->Stats().steps, 8 + 9);
+}
+
 TEST_F(EngineLoopTest, RunsOnItsOwnThread) {
   MakeCache(64, 4);
   MakeEngine();
