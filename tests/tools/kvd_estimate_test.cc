@@ -1,40 +1,21 @@
 // `kvd estimate` reproduces the seeds' worked example and the exact GQA figure.
 
-#include <array>
-#include <cstdio>
 #include <string>
-
-#include <sys/wait.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "tests/tools/run_kvd.h"
 
 namespace kvd {
 namespace {
 
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code;
-  std::string out;
-};
-
-Result RunKvd(const std::string& args) {
-  FILE* pipe = popen((std::string(KVD_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  Result r{-1, ""};
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 TEST(KvdEstimateTest, SeedsWorkedExampleLlama7bFp16) {
   // 32 layers, d_model 4096, 32 KV heads (multi-head attention), fp16, 4 x 2048 tokens.
-  const Result r = RunKvd(
+  const KvdResult r = RunKvd(
       "estimate --model synthetic:llama2-7b --batch 4 --seq-len 2048 --kv-dtype fp16 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -43,7 +24,7 @@ TEST(KvdEstimateTest, SeedsWorkedExampleLlama7bFp16) {
 }
 
 TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
-  const Result r = RunKvd(
+  const KvdResult r = RunKvd(
       "estimate --model synthetic:llama3-8b --batch 64 --seq-len 4096 --budget 80GB --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -57,7 +38,7 @@ TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
 }
 
 TEST(KvdEstimateTest, TableAndErrors) {
-  Result r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
+  KvdResult r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
                     "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("per token           1280 bytes"));

@@ -1,14 +1,12 @@
 // `kvd generate` as a user runs it: the real binary, the real model.
 
-#include <array>
-#include <cstdio>
 #include <string>
-
-#include <sys/wait.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "tests/tools/run_kvd.h"
 
 namespace kvd {
 namespace {
@@ -18,33 +16,15 @@ using ::testing::StartsWith;
 
 const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bin";
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout and stderr together
-};
-
-Result RunKvd(const std::string& args) {
-  const std::string cmd = std::string(KVD_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 TEST(KvdGenerateTest, GreedyStoryMatchesLlama2c) {
-  const Result r = RunKvd("generate --model " + kModel +
+  const KvdResult r = RunKvd("generate --model " + kModel +
                           " --prompt 'Once upon a time' --max-tokens 60 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, StartsWith(", there was a little girl named Lily."));
 }
 
 TEST(KvdGenerateTest, JsonOutput) {
-  const Result r = RunKvd("generate --model " + kModel +
+  const KvdResult r = RunKvd("generate --model " + kModel +
                           " --prompt 'Once upon a time' --max-tokens 20 --temperature 0 --json"
                           " --block-size 4");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -56,7 +36,7 @@ TEST(KvdGenerateTest, JsonOutput) {
 }
 
 TEST(KvdGenerateTest, StopsAtBosLikeLlama2c) {
-  const Result r = RunKvd("generate --model " + kModel +
+  const KvdResult r = RunKvd("generate --model " + kModel +
                           " --prompt 'Lily and Tom' --max-tokens 400 --temperature 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -68,19 +48,19 @@ TEST(KvdGenerateTest, SeededSamplingIsReproducible) {
   const std::string args = "generate --model " + kModel +
                            " --prompt 'The little dog' --max-tokens 40 --temperature 0.9"
                            " --top-p 0.9 --seed 42 --json";
-  const Result a = RunKvd(args);
-  const Result b = RunKvd(args);
+  const KvdResult a = RunKvd(args);
+  const KvdResult b = RunKvd(args);
   ASSERT_EQ(a.exit_code, 0) << a.out;
   EXPECT_EQ(a.out, b.out);
-  const Result c = RunKvd(args + " --seed 43");
+  const KvdResult c = RunKvd(args + " --seed 43");
   EXPECT_NE(a.out, c.out);
 }
 
 TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
-  const Result top = RunKvd("--help");
+  const KvdResult top = RunKvd("--help");
   EXPECT_EQ(top.exit_code, 0);
   EXPECT_THAT(top.out, HasSubstr("generate"));
-  const Result r = RunKvd("generate --help");
+  const KvdResult r = RunKvd("generate --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--model", "--tokenizer", "--prompt", "--max-tokens", "--temperature",
                            "--top-p", "--top-k", "--seed", "--block-size", "--json"}) {
@@ -89,7 +69,7 @@ TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
 }
 
 TEST(KvdGenerateTest, BadInputsFailClearly) {
-  Result r = RunKvd("generate --prompt hi");
+  KvdResult r = RunKvd("generate --prompt hi");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("--model"));
   r = RunKvd("generate --model /nonexistent/model.bin --prompt hi");
@@ -101,6 +81,9 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("generate --model " + kModel + " --prompt hi --block-size 0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("block"));
+  r = RunKvd("generate --model " + kModel + " --prompt hi --device gpu");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("'gpu' is not one of cpu, cuda, auto"));
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));
