@@ -93,6 +93,10 @@ void Defragmenter::RecordPause(absl::Duration pause, int32_t num_moves) {
   stats_.num_moves += num_moves;
   stats_.total += pause;
   stats_.max = std::max(stats_.max, pause);
+  const double seconds = absl::ToDoubleSeconds(pause);
+  const auto bucket = std::lower_bound(kDefragPauseBoundsSeconds.begin(),
+                                       kDefragPauseBoundsSeconds.end(), seconds);
+  ++stats_.bucket_counts[bucket - kDefragPauseBoundsSeconds.begin()];
   if (static_cast<int32_t>(recent_pauses_.size()) < kPauseWindow) {
     recent_pauses_.push_back(pause);
   } else {

@@ -1,6 +1,7 @@
 #ifndef KVD_CACHE_DEFRAGMENTER_H_
 #define KVD_CACHE_DEFRAGMENTER_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <thread>
@@ -39,6 +40,10 @@ struct BlockMove {
   BlockId dst = kNoBlock;
 };
 
+// Upper bounds of the pause histogram's buckets, in seconds (the goal is under 2 ms).
+inline constexpr std::array<double, 10> kDefragPauseBoundsSeconds = {
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 100e-3};
+
 // Distribution of the step-boundary pauses spent applying moves.
 struct DefragPauseStats {
   int64_t num_pauses = 0;
@@ -47,6 +52,9 @@ struct DefragPauseStats {
   absl::Duration max;
   absl::Duration p50;  // over the last kPauseWindow pauses
   absl::Duration p99;
+  // Pauses per bucket of kDefragPauseBoundsSeconds (not cumulative); the last bucket holds
+  // pauses above every bound.
+  std::array<int64_t, kDefragPauseBoundsSeconds.size() + 1> bucket_counts{};
 };
 
 // Defragmenter plans how to empty the arena's top chunk: every used block there moves to

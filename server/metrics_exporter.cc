@@ -114,9 +114,14 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_defrag_moved_blocks", "KV blocks moved by the defragmenter.",
             static_cast<double>(c.defrag_moves));
   const DefragPauseStats& d = c.defrag_pauses;
-  w.Summary("kvd_defrag_pause_seconds",
-            "Engine pauses spent applying defragmentation moves (quantiles over recent pauses).",
-            {{0.5, Seconds(d.p50)}, {0.99, Seconds(d.p99)}}, Seconds(d.total), d.num_pauses);
+  Histogram pauses(std::vector<double>(kDefragPauseBoundsSeconds.begin(),
+                                       kDefragPauseBoundsSeconds.end()));
+  pauses.counts.assign(d.bucket_counts.begin(), d.bucket_counts.end());
+  pauses.sum = Seconds(d.total);
+  pauses.count = d.num_pauses;
+  w.HistogramFamily("kvd_defrag_pause_seconds",
+                    "Engine pauses spent applying defragmentation moves (goal: under 2 ms).",
+                    pauses);
   w.Gauge("kvd_defrag_pause_max_seconds", "Longest defragmentation pause so far.", Seconds(d.max));
 
   // Output length prediction.

@@ -72,6 +72,10 @@ TEST(DefragmenterTest, PauseStatsSummarizeRecordedPauses) {
   EXPECT_EQ(s.p50, absl::Microseconds(50));
   EXPECT_EQ(s.p99, absl::Microseconds(99));
   EXPECT_EQ(s.total, absl::Microseconds(5050));
+  EXPECT_EQ(s.bucket_counts[0], 50);  // <= 50 us
+  EXPECT_EQ(s.bucket_counts[1], 50);  // <= 100 us
+  d.RecordPause(absl::Seconds(1), 1);
+  EXPECT_EQ(d.pause_stats().bucket_counts.back(), 1);  // above every bound
 }
 
 class DefragManagerTest : public ::testing::TestWithParam<bool> {

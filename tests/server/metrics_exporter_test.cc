@@ -181,6 +181,8 @@ EngineStats BusyStats() {
   c.defrag_pauses.num_pauses = 3;
   c.defrag_pauses.total = absl::Microseconds(1500);
   c.defrag_pauses.p50 = absl::Microseconds(400);
+  c.defrag_pauses.bucket_counts[3] = 2;  // 250-500 us
+  c.defrag_pauses.bucket_counts[4] = 1;  // 500 us - 1 ms
   return s;
 }
 
@@ -271,6 +273,7 @@ TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
             (std::map<std::string, std::string>{
                 {"block_size", "16"}, {"num_blocks", "1000"}, {"kv_dtype", "f32"}}));
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_sum")[0].value, 0.0015);
+  EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_count")[0].value, 3);
 }
 
 TEST(MetricsExporterTest, ScrapeReadsTheSourceEachTime) {
