@@ -5,13 +5,15 @@
 //   roofline step = (weight bytes read + KV bytes read) / measured device copy bandwidth
 //
 // The KV cache is filled to the context with seeded random values (no prefill), then
-// `--steps` greedy decode steps are timed after `--warmup` untimed ones. Weights are made
+// `--steps` greedy decode steps are timed after `--warmup` untimed ones, with the decode
+// steps replayed as CUDA graphs and without (`--graphs both|on|off`; graphs exist on CUDA
+// only; the first steps of a graphed run record the graph). Weights are made
 // on the device (tools/random_model.h), so llama3-8b needs no host copy. A program, not a
 // test: it prints a table (and JSON lines to $OUT/e2e_decode_bench.jsonl when OUT is set),
 // exits non-zero only when the engine fails or produces non-finite logits.
 //
 //   kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,1x4096,...]
-//                 [--steps N] [--warmup W] [--block-size B] [--seed S]
+//                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--graphs both]
 //
 // On a CPU-only machine, `--device cpu --model synthetic:tiny --cases 1x64,4x128` runs the
 // same code path in seconds.
@@ -116,19 +118,24 @@ absl::StatusOr<double> CopyBandwidth([[maybe_unused]] Backend* backend) {
 
 struct Result {
   Case shape;
-  double step_ms = 0;      // mean over the timed steps
-  double min_step_ms = 0;  // fastest timed step
-  double kv_gb = 0;        // KV bytes read per step (mean context), GB
+  bool graphs = false;
+  DecodeGraphStats graph_stats;  // this case's captures and replays
+  double step_ms = 0;            // mean over the timed steps
+  double min_step_ms = 0;        // fastest timed step
+  double kv_gb = 0;              // KV bytes read per step (mean context), GB
   double roofline_ms = 0;
   bool finite = true;
 };
 
 // Runs one case: a cache sized for it, KV filled at random to `context` tokens, then
 // warmup + timed greedy decode steps of every sequence together.
-absl::StatusOr<Result> RunCase(const Case& c, LlamaModel* model, Backend* backend,
+absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Backend* backend,
                                int32_t block_size, int32_t warmup, int32_t steps, uint64_t seed,
                                double weight_bytes, double copy_gbps) {
   const ModelSpec& spec = model->spec();
+  // Fresh graphs per case: the cache (and so every KV view) is new.
+  model->SetDecodeGraphs(graphs ? MakeOpGraphRecorder(backend) : nullptr, c.batch);
+  const DecodeGraphStats stats_before = model->decode_graph_stats();
   if (int64_t{c.context} + warmup + steps + 1 > spec.max_context_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("context + warm-up + steps exceeds the model's ",
                                                    spec.max_context_tokens, " tokens"));
@@ -200,6 +207,13 @@ absl::StatusOr<Result> RunCase(const Case& c, LlamaModel* model, Backend* backen
 
   Result r;
   r.shape = c;
+  r.graphs = graphs;
+  r.graph_stats.captures = model->decode_graph_stats().captures - stats_before.captures;
+  r.graph_stats.replays = model->decode_graph_stats().replays - stats_before.replays;
+  r.graph_stats.capture_failures =
+      model->decode_graph_stats().capture_failures - stats_before.capture_failures;
+  r.graph_stats.last_failure = model->decode_graph_stats().last_failure;
+  model->SetDecodeGraphs(nullptr, 0);
   // Self-check: the last step's first logit row is finite and every id is in range.
   std::vector<float> row(spec.vocab_size);
   if (absl::Status s = backend->CopyToHost(row.data(), last_logits, row.size() * sizeof(float));
@@ -234,6 +248,7 @@ int Main(int argc, char** argv) {
   flags.AddInt("block-size", "tokens per KV block", 16);
   flags.AddInt("seed", "weights and KV seed", 1);
   flags.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
+  flags.AddString("graphs", "both, on or off: decode steps as CUDA graphs (cuda only)", "both");
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "kvd_e2e_bench: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -262,6 +277,16 @@ int Main(int argc, char** argv) {
   const int32_t warmup = static_cast<int32_t>(std::max<int64_t>(0, flags.GetInt("warmup")));
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
   const uint64_t seed = static_cast<uint64_t>(flags.GetInt("seed"));
+  const std::string graphs_flag = flags.GetString("graphs");
+  if (graphs_flag != "both" && graphs_flag != "on" && graphs_flag != "off") {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--graphs '", graphs_flag, "' is not one of both, on, off")));
+  }
+  // Graph modes to run per case: only the uncaptured path where the backend cannot record.
+  std::vector<bool> graph_modes;
+  const bool can_record = MakeOpGraphRecorder(backend->get()) != nullptr;
+  if (graphs_flag != "on" || !can_record) graph_modes.push_back(false);
+  if (graphs_flag != "off" && can_record) graph_modes.push_back(true);
 
   // The CPU backend keeps fp32 weights in host memory: refuse what would swap the machine.
   constexpr double kMaxCpuWeightBytes = 4e9;
@@ -293,10 +318,12 @@ int Main(int argc, char** argv) {
       std::string(DTypeName(DefaultKvDtype(**backend))).c_str(), block_size);
   std::printf(
       "measured copy bandwidth (read + write): %.1f GB/s; %d timed steps after %d "
-      "warm-up steps; greedy argmax in backend memory; no CUDA graphs\n\n",
-      *copy_gbps, steps, warmup);
-  std::printf("%6s %8s %10s %10s %10s %10s %12s %9s %s\n", "batch", "context", "step ms", "min ms",
-              "tokens/s", "KV GB", "roofline ms", "ratio", "check");
+      "warm-up steps; greedy argmax in backend memory; graphs: %s\n\n",
+      *copy_gbps, steps, warmup,
+      can_record ? "decode steps uncaptured (off) and replayed as CUDA graphs (on)"
+                 : "none (this backend cannot record them)");
+  std::printf("%6s %8s %6s %10s %10s %10s %10s %12s %9s %s\n", "batch", "context", "graphs",
+              "step ms", "min ms", "tokens/s", "KV GB", "roofline ms", "ratio", "check");
 
   FILE* json = nullptr;
   if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
@@ -304,31 +331,43 @@ int Main(int argc, char** argv) {
   }
   int status = 0;
   for (const Case& c : *cases) {
-    auto r = RunCase(c, model->get(), backend->get(), block_size, warmup, steps, seed, weight_bytes,
-                     *copy_gbps);
-    if (!r.ok()) {
-      std::printf("%6d %8d  FAILED: %s\n", c.batch, c.context,
-                  std::string(r.status().message()).c_str());
+    for (const bool graphs : graph_modes) {
+      auto r = RunCase(c, graphs, model->get(), backend->get(), block_size, warmup, steps, seed,
+                       weight_bytes, *copy_gbps);
+      const char* mode = graphs ? "on" : "off";
+      if (!r.ok()) {
+        std::printf("%6d %8d %6s  FAILED: %s\n", c.batch, c.context, mode,
+                    std::string(r.status().message()).c_str());
+        std::fflush(stdout);
+        status = 1;
+        continue;
+      }
+      const double tokens_per_s = c.batch * 1000.0 / r->step_ms;
+      const double ratio = r->step_ms / r->roofline_ms;
+      // A graphed run that never replayed measured nothing new: report it as a failure.
+      const bool replayed = !graphs || r->graph_stats.replays + 1 >= warmup + steps;
+      std::printf("%6d %8d %6s %10.3f %10.3f %10.1f %10.3f %12.3f %8.2fx %s\n", c.batch, c.context,
+                  mode, r->step_ms, r->min_step_ms, tokens_per_s, r->kv_gb, r->roofline_ms, ratio,
+                  !r->finite ? "NON-FINITE LOGITS"
+                  : replayed ? "ok"
+                             : "GRAPHS NOT REPLAYED");
       std::fflush(stdout);
-      status = 1;
-      continue;
-    }
-    const double tokens_per_s = c.batch * 1000.0 / r->step_ms;
-    const double ratio = r->step_ms / r->roofline_ms;
-    std::printf("%6d %8d %10.3f %10.3f %10.1f %10.3f %12.3f %8.2fx %s\n", c.batch, c.context,
-                r->step_ms, r->min_step_ms, tokens_per_s, r->kv_gb, r->roofline_ms, ratio,
-                r->finite ? "ok" : "NON-FINITE LOGITS");
-    std::fflush(stdout);
-    if (!r->finite) status = 1;
-    if (json != nullptr) {
-      std::fprintf(json,
-                   "{\"model\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"context\": %d, "
-                   "\"step_ms\": %.4f, \"min_step_ms\": %.4f, \"tokens_per_s\": %.1f, "
-                   "\"weight_gb\": %.4f, \"kv_gb\": %.4f, \"copy_gbps\": %.1f, "
-                   "\"roofline_ms\": %.4f, \"ratio_to_roofline\": %.4f, \"finite\": %s}\n",
-                   spec->name.c_str(), std::string(DeviceName(*device)).c_str(), c.batch, c.context,
-                   r->step_ms, r->min_step_ms, tokens_per_s, weight_bytes / 1e9, r->kv_gb,
-                   *copy_gbps, r->roofline_ms, ratio, r->finite ? "true" : "false");
+      if (!r->finite || !replayed) status = 1;
+      if (r->graph_stats.capture_failures > 0) {
+        std::printf("       graph recording failed: %s\n", r->graph_stats.last_failure.c_str());
+      }
+      if (json != nullptr) {
+        std::fprintf(json,
+                     "{\"model\": \"%s\", \"device\": \"%s\", \"graphs\": %s, \"batch\": %d, "
+                     "\"context\": %d, "
+                     "\"step_ms\": %.4f, \"min_step_ms\": %.4f, \"tokens_per_s\": %.1f, "
+                     "\"weight_gb\": %.4f, \"kv_gb\": %.4f, \"copy_gbps\": %.1f, "
+                     "\"roofline_ms\": %.4f, \"ratio_to_roofline\": %.4f, \"finite\": %s}\n",
+                     spec->name.c_str(), std::string(DeviceName(*device)).c_str(),
+                     graphs ? "true" : "false", c.batch, c.context, r->step_ms, r->min_step_ms,
+                     tokens_per_s, weight_bytes / 1e9, r->kv_gb, *copy_gbps, r->roofline_ms, ratio,
+                     r->finite ? "true" : "false");
+      }
     }
   }
   if (json != nullptr) std::fclose(json);

@@ -1,5 +1,6 @@
 #include "model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,7 +10,6 @@
 namespace kvd {
 
 namespace {
-
 
 absl::StatusOr<DeviceBuffer> UploadConcat(Backend* backend,
                                           std::initializer_list<const std::vector<float>*> parts) {
@@ -22,6 +22,48 @@ absl::Status CheckSize(const char* name, const std::vector<float>& v, int64_t ex
   if (static_cast<int64_t>(v.size()) == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("model weights: ", name, " has ", v.size(),
                                                  " values, the spec needs ", expected));
+}
+
+// Every field, so a graph recorded against one view is never replayed against another
+// (a new chunk changes num_chunks even though the table address stays).
+bool SameView(const KvCacheView& a, const KvCacheView& b) {
+  return a.chunks == b.chunks && a.num_chunks == b.num_chunks && a.chunk_shift == b.chunk_shift &&
+         a.k_offset_bytes == b.k_offset_bytes && a.v_offset_bytes == b.v_offset_bytes &&
+         a.block_bytes == b.block_bytes && a.dtype == b.dtype && a.num_kv_heads == b.num_kv_heads &&
+         a.block_size == b.block_size && a.head_dim == b.head_dim;
+}
+
+bool SameViews(absl::Span<const KvCacheView> a, absl::Span<const KvCacheView> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!SameView(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// Fixed layout of the decode-graph metadata buffer, in int32 words, for `rows` padded
+// sequences (one token each) and `blocks` kv_indices slots. The int64 slot mapping comes
+// first so it stays 8-byte aligned:
+//
+//   | slot_mapping [rows] int64 | token_ids [rows] | positions [rows] | q_indptr [rows+1] |
+//   | kv_indptr [rows+1] | kv_last [rows] | logit_rows [rows] | kv_indices [blocks] |
+struct GraphBatchLayout {
+  explicit GraphBatchLayout(int32_t rows)
+      : token_ids(2 * static_cast<size_t>(rows)),
+        positions(token_ids + rows),
+        q_indptr(positions + rows),
+        kv_indptr(q_indptr + rows + 1),
+        kv_last(kv_indptr + rows + 1),
+        logit_rows(kv_last + rows),
+        kv_indices(logit_rows + rows) {}
+  size_t token_ids, positions, q_indptr, kv_indptr, kv_last, logit_rows, kv_indices;
+};
+
+// Smallest power of two >= n.
+int32_t BucketFor(int32_t n) {
+  int32_t bucket = 1;
+  while (bucket < n) bucket *= 2;
+  return bucket;
 }
 
 }  // namespace
@@ -48,8 +90,9 @@ void ForwardBatch::AddSequence(absl::Span<const int32_t> tokens, int32_t start_p
 absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) const {
   const size_t t = token_ids.size();
   if (positions.size() != t || slot_mapping.size() != t) {
-    return absl::InvalidArgumentError("forward batch: token_ids, positions and slot_mapping "
-                                      "must have the same length");
+    return absl::InvalidArgumentError(
+        "forward batch: token_ids, positions and slot_mapping "
+        "must have the same length");
   }
   if (q_indptr.empty() || kv_indptr.size() != q_indptr.size() ||
       kv_last_block_len.size() + 1 != q_indptr.size() || q_indptr.front() != 0 ||
@@ -59,9 +102,8 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
   }
   for (int32_t id : token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward batch: token id ", id, " outside the vocabulary [0, ",
-                       vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward batch: token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   for (int32_t s = 0; s < num_seqs(); ++s) {
@@ -70,15 +112,15 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
     const int32_t last = kv_last_block_len[s];
     if (q_len < 0 || blocks <= 0 || last < 1 || last > block_size ||
         (blocks - 1) * block_size + last < q_len) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward batch: sequence ", s, " has ", q_len, " new tokens but ",
-                       blocks, " blocks with ", last, " tokens in the last"));
+      return absl::InvalidArgumentError(absl::StrCat("forward batch: sequence ", s, " has ", q_len,
+                                                     " new tokens but ", blocks, " blocks with ",
+                                                     last, " tokens in the last"));
     }
   }
   for (int32_t row : logit_rows) {
     if (row < 0 || row >= static_cast<int32_t>(t)) {
-      return absl::InvalidArgumentError(absl::StrCat("forward batch: logit row ", row,
-                                                     " outside [0, ", t, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward batch: logit row ", row, " outside [0, ", t, ")"));
     }
   }
   return absl::OkStatus();
@@ -143,8 +185,8 @@ absl::Status LlamaModel::Upload(const ModelWeights& w) {
   KVD_RETURN_IF_ERROR(CheckSize("token_embedding", w.token_embedding, s.vocab_size * dim));
   KVD_RETURN_IF_ERROR(CheckSize("final_norm", w.final_norm, dim));
   if (static_cast<int32_t>(w.layers.size()) != s.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("model weights: ", w.layers.size(),
-                                                   " layers, the spec needs ", s.num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model weights: ", w.layers.size(), " layers, the spec needs ", s.num_layers));
   }
   if (!s.shared_classifier) {
     KVD_RETURN_IF_ERROR(CheckSize("classifier", w.classifier, s.vocab_size * dim));
@@ -209,12 +251,14 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
     KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
     KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
     scratch_tokens_ = num_tokens;
+    ++scratch_epoch_;
   }
   if (num_logit_rows > scratch_logit_rows_) {
     const int64_t r = num_logit_rows;
     KVD_RETURN_IF_ERROR(alloc(&logit_in_, 2 * r * s.dim));
     KVD_RETURN_IF_ERROR(alloc(&logits_, r * s.vocab_size));
     scratch_logit_rows_ = num_logit_rows;
+    ++scratch_epoch_;
   }
   return absl::OkStatus();
 }
@@ -266,9 +310,8 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
                                                          absl::Span<const KvCacheView> layers) {
   const ModelSpec& s = spec_;
   if (static_cast<int32_t>(layers.size()) != s.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: ", layers.size(),
-                                                   " KV layer views for ", s.num_layers,
-                                                   " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: ", layers.size(), " KV layer views for ", s.num_layers, " layers"));
   }
   const int32_t block_size = layers[0].block_size;
   for (const KvCacheView& v : layers) {
@@ -279,6 +322,10 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
     }
   }
   KVD_RETURN_IF_ERROR(batch.Validate(s.vocab_size, block_size));
+  if (recorder_ != nullptr && IsGraphableDecode(batch)) {
+    KVD_RETURN_IF_ERROR(ForwardDecodeGraph(batch, layers));
+    return logits_.as<const float>();
+  }
   const int32_t t = batch.num_tokens();
   const int32_t rows = static_cast<int32_t>(batch.logit_rows.size());
   KVD_RETURN_IF_ERROR(EnsureScratch(std::max(t, 1), std::max(rows, 1)));
@@ -287,14 +334,34 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
 
   // Device views of the packed batch (same order as UploadBatch).
   const int32_t* base = batch_ints_.as<const int32_t>();
-  const int64_t* slot_mapping = reinterpret_cast<const int64_t*>(base);
-  const int32_t* token_ids = base + 2 * batch.slot_mapping.size();
-  const int32_t* positions = token_ids + batch.token_ids.size();
-  const int32_t* q_indptr = positions + batch.positions.size();
-  const int32_t* kv_indptr = q_indptr + batch.q_indptr.size();
-  const int32_t* kv_indices = kv_indptr + batch.kv_indptr.size();
-  const int32_t* kv_last = kv_indices + batch.kv_indices.size();
-  const int32_t* logit_rows = kv_last + batch.kv_last_block_len.size();
+  DeviceBatch d;
+  d.slot_mapping = reinterpret_cast<const int64_t*>(base);
+  d.token_ids = base + 2 * batch.slot_mapping.size();
+  d.positions = d.token_ids + batch.token_ids.size();
+  d.q_indptr = d.positions + batch.positions.size();
+  d.kv_indptr = d.q_indptr + batch.q_indptr.size();
+  d.kv_indices = d.kv_indptr + batch.kv_indptr.size();
+  d.kv_last = d.kv_indices + batch.kv_indices.size();
+  d.logit_rows = d.kv_last + batch.kv_last_block_len.size();
+  d.num_tokens = t;
+  d.num_seqs = batch.num_seqs();
+  d.num_logit_rows = rows;
+  KVD_RETURN_IF_ERROR(Enqueue(d, layers));
+  return logits_.as<const float>();
+}
+
+absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheView> layers) {
+  const ModelSpec& s = spec_;
+  const int32_t t = b.num_tokens;
+  const int32_t rows = b.num_logit_rows;
+  const int64_t* slot_mapping = b.slot_mapping;
+  const int32_t* token_ids = b.token_ids;
+  const int32_t* positions = b.positions;
+  const int32_t* q_indptr = b.q_indptr;
+  const int32_t* kv_indptr = b.kv_indptr;
+  const int32_t* kv_indices = b.kv_indices;
+  const int32_t* kv_last = b.kv_last;
+  const int32_t* logit_rows = b.logit_rows;
 
   const int32_t q_dim = s.num_heads * s.head_dim;
   const int32_t kv_dim = s.num_kv_heads * s.head_dim;
@@ -350,20 +417,20 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
                                             .num_tokens = t,
                                             .k_stride = qkv_dim,
                                             .v_stride = qkv_dim}));
-    KVD_RETURN_IF_ERROR(backend_->PagedAttention(
-        {.out = attn,
-         .q = q,
-         .q_indptr = q_indptr,
-         .cache = layers[l],
-         .blocks = {.indptr = kv_indptr,
-                    .indices = kv_indices,
-                    .last_block_len = kv_last,
-                    .num_seqs = batch.num_seqs()},
-         .num_q_heads = s.num_heads,
-         .q_stride = qkv_dim,
-         .out_stride = q_dim,
-         .sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
-         .causal = true}));
+    KVD_RETURN_IF_ERROR(
+        backend_->PagedAttention({.out = attn,
+                                  .q = q,
+                                  .q_indptr = q_indptr,
+                                  .cache = layers[l],
+                                  .blocks = {.indptr = kv_indptr,
+                                             .indices = kv_indices,
+                                             .last_block_len = kv_last,
+                                             .num_seqs = b.num_seqs},
+                                  .num_q_heads = s.num_heads,
+                                  .q_stride = qkv_dim,
+                                  .out_stride = q_dim,
+                                  .sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
+                                  .causal = true}));
     // Residual adds ride on the output projections (accumulate into x).
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
                                           .in = attn,
@@ -403,7 +470,7 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
                                           .k = s.hidden_dim,
                                           .accumulate = true}));
   }
-  if (rows == 0) return logits_.as<const float>();
+  if (rows == 0) return absl::OkStatus();
 
   // Only the sampled rows go through the final norm and the classifier.
   float* gathered = logit_in_.as<float>();
@@ -430,7 +497,117 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
                                         .m = rows,
                                         .n = s.vocab_size,
                                         .k = s.dim}));
-  return logits_.as<const float>();
+  return absl::OkStatus();
+}
+void LlamaModel::SetDecodeGraphs(std::unique_ptr<OpGraphRecorder> recorder,
+                                 int32_t max_batch_size) {
+  graphs_.clear();
+  graph_batch_.Reset();
+  graph_block_capacity_ = 0;
+  recorder_ = std::move(recorder);
+  max_bucket_ = recorder_ != nullptr ? BucketFor(std::max(max_batch_size, 1)) : 0;
+}
+
+bool LlamaModel::IsGraphableDecode(const ForwardBatch& batch) const {
+  const int32_t n = batch.num_seqs();
+  if (n < 1 || n > max_bucket_ || batch.num_tokens() != n ||
+      static_cast<int32_t>(batch.logit_rows.size()) != n) {
+    return false;
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (batch.q_indptr[i + 1] != i + 1 || batch.logit_rows[i] != i) return false;
+  }
+  return true;
+}
+
+absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
+                                            absl::Span<const KvCacheView> layers) {
+  const int32_t n = batch.num_seqs();
+  const int32_t bucket = BucketFor(n);
+  const int32_t pad = bucket - n;
+  // Scratch for the largest bucket up front, so growing buckets do not invalidate graphs.
+  KVD_RETURN_IF_ERROR(EnsureScratch(max_bucket_, max_bucket_));
+
+  const int32_t num_blocks = static_cast<int32_t>(batch.kv_indices.size()) + pad;
+  const GraphBatchLayout at(max_bucket_);
+  if (num_blocks > graph_block_capacity_) {
+    // New addresses: every recorded graph reads the old buffer.
+    graphs_.clear();
+    graph_batch_.Reset();
+    const int32_t capacity = std::max(2 * num_blocks, 64 * max_bucket_);
+    auto buf = backend_->Allocate((at.kv_indices + capacity) * sizeof(int32_t));
+    if (!buf.ok()) return buf.status();
+    graph_batch_ = *std::move(buf);
+    graph_block_capacity_ = capacity;
+  }
+
+  // Padding rows: token 0 at position 0, no K/V write (slot -1), attention over the first
+  // key of the first sequence's first block; their logits are computed and ignored.
+  std::vector<int32_t> host(at.kv_indices + num_blocks, 0);
+  int64_t* slots = reinterpret_cast<int64_t*>(host.data());
+  for (int32_t i = 0; i < bucket; ++i) {
+    const bool real = i < n;
+    slots[i] = real ? batch.slot_mapping[i] : -1;
+    host[at.token_ids + i] = real ? batch.token_ids[i] : 0;
+    host[at.positions + i] = real ? batch.positions[i] : 0;
+    host[at.q_indptr + i + 1] = i + 1;
+    host[at.kv_indptr + i + 1] = real ? batch.kv_indptr[i + 1] : host[at.kv_indptr + i] + 1;
+    host[at.kv_last + i] = real ? batch.kv_last_block_len[i] : 1;
+    host[at.logit_rows + i] = i;
+  }
+  std::copy(batch.kv_indices.begin(), batch.kv_indices.end(), host.begin() + at.kv_indices);
+  std::fill(host.begin() + at.kv_indices + batch.kv_indices.size(), host.end(),
+            batch.kv_indices[0]);
+  KVD_RETURN_IF_ERROR(
+      backend_->CopyToDevice(graph_batch_.data(), host.data(), host.size() * sizeof(int32_t)));
+
+  const int32_t* base = graph_batch_.as<const int32_t>();
+  DeviceBatch d;
+  d.slot_mapping = reinterpret_cast<const int64_t*>(base);
+  d.token_ids = base + at.token_ids;
+  d.positions = base + at.positions;
+  d.q_indptr = base + at.q_indptr;
+  d.kv_indptr = base + at.kv_indptr;
+  d.kv_indices = base + at.kv_indices;
+  d.kv_last = base + at.kv_last;
+  d.logit_rows = base + at.logit_rows;
+  d.num_tokens = d.num_seqs = d.num_logit_rows = bucket;
+
+  int32_t index = 0;
+  while ((int32_t{1} << index) < bucket) ++index;
+  if (static_cast<int32_t>(graphs_.size()) <= index) graphs_.resize(index + 1);
+  BucketGraph& g = graphs_[index];
+  if (g.graph != nullptr && g.backend_epoch == recorder_->epoch() &&
+      g.model_epoch == scratch_epoch_ && SameViews(g.views, layers)) {
+    KVD_RETURN_IF_ERROR(g.graph->Launch());
+    ++graph_stats_.replays;
+    return absl::OkStatus();
+  }
+  // This step runs uncaptured (which also sizes every backend scratch buffer for the
+  // bucket), then the same ops are recorded for the next steps.
+  g = BucketGraph{};
+  KVD_RETURN_IF_ERROR(Enqueue(d, layers));
+  absl::Status recorded = recorder_->BeginCapture();
+  if (recorded.ok()) {
+    recorded = Enqueue(d, layers);
+    auto graph = recorder_->EndCapture();
+    if (recorded.ok()) recorded = graph.status();
+    if (recorded.ok()) g.graph = *std::move(graph);
+  }
+  if (!recorded.ok()) {
+    // This step's result is already enqueued; later steps run uncaptured.
+    ++graph_stats_.capture_failures;
+    graph_stats_.last_failure = std::string(recorded.message());
+    recorder_.reset();  // `g` dangles from here on
+    graphs_.clear();
+    max_bucket_ = 0;
+    return absl::OkStatus();
+  }
+  g.views.assign(layers.begin(), layers.end());
+  g.backend_epoch = recorder_->epoch();
+  g.model_epoch = scratch_epoch_;
+  ++graph_stats_.captures;
+  return absl::OkStatus();
 }
 
 }  // namespace kvd

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -55,6 +56,39 @@ struct WeightTensorInfo {
 // Makes `info.count` values of the backend's weight_dtype() in backend memory.
 using WeightFactory = absl::FunctionRef<absl::StatusOr<DeviceBuffer>(const WeightTensorInfo& info)>;
 
+// Records the backend ops enqueued between BeginCapture and EndCapture as one replayable
+// graph, for backends that can (CUDA graphs; tools/device.h's MakeOpGraphRecorder). Not
+// thread safe: the thread driving the backend uses it.
+class OpGraphRecorder {
+ public:
+  // One recorded op sequence. Launch enqueues it again with the same addresses and by-value
+  // parameters, reading whatever those addresses hold then.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual absl::Status Launch() = 0;
+  };
+
+  virtual ~OpGraphRecorder() = default;
+  // Ops after this are recorded, not run; backend copies and waits fail until EndCapture,
+  // and so does an op that would grow backend scratch. REQUIRES: not capturing.
+  virtual absl::Status BeginCapture() = 0;
+  // Ends the capture; call it also after a recorded op failed (the capture then fails).
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture() = 0;
+  // Changes whenever backend scratch that recorded ops may use moves; a graph recorded
+  // under another epoch must not be launched.
+  virtual uint64_t epoch() const = 0;
+};
+
+// Counters of LlamaModel's decode graphs, for tests and benchmarks.
+struct DecodeGraphStats {
+  int64_t captures = 0;  // graphs recorded (first use of a bucket, or re-recorded)
+  int64_t replays = 0;   // steps run by launching a recorded graph
+  // Recordings that failed; the first failure turns graphs off (steps run uncaptured).
+  int64_t capture_failures = 0;
+  std::string last_failure;
+};
+
 // The Llama decoder (RMSNorm, GQA attention with RoPE, SwiGLU FFN) written against
 // Backend. Owns the weights in backend memory and scratch activations, grown on demand.
 // K/V live outside, in the paged arena the caller's per-layer views describe. Not thread
@@ -85,15 +119,53 @@ class LlamaModel {
   absl::StatusOr<const float*> ForwardToDevice(const ForwardBatch& batch,
                                                absl::Span<const KvCacheView> layers);
 
+  // Runs pure-decode batches (one new token per sequence, logits for every row in order)
+  // of up to `max_batch_size` sequences as recorded graphs, one per batch-size bucket (1, 2,
+  // 4, ... up to max_batch_size rounded up to a power of two). A batch is padded to its
+  // bucket with dummy rows (token 0 at position 0, slot -1 so no K/V is written, attention
+  // over one key of the first sequence's first block; their logits are computed and
+  // ignored); its metadata goes to device buffers at fixed addresses, and the bucket's
+  // graph is replayed when the KV views, the model's and the backend's scratch are those
+  // it was recorded with. Otherwise the padded batch runs once uncaptured (this step's
+  // result; it also sizes every scratch buffer) and is recorded for the next steps. Other
+  // batches run uncaptured. Logits equal the uncaptured path's bit for bit when a batch
+  // fills its bucket, and up to the GEMM's algorithm choice for the padded row count
+  // otherwise. Should a recording fail, the step's (uncaptured) result stands, the failure
+  // is counted in decode_graph_stats() and graphs are turned off. A null recorder turns
+  // graphs off (the default).
+  // REQUIRES: max_batch_size >= 1 when recorder is not null.
+  void SetDecodeGraphs(std::unique_ptr<OpGraphRecorder> recorder, int32_t max_batch_size);
+  const DecodeGraphStats& decode_graph_stats() const { return graph_stats_; }
+
  private:
   struct Layer {
     DeviceBuffer attn_norm, wqkv, wo, ffn_norm, w13, w2;
+  };
+
+  // Device addresses of one batch's metadata, and its sizes.
+  struct DeviceBatch {
+    const int64_t* slot_mapping = nullptr;
+    const int32_t *token_ids = nullptr, *positions = nullptr, *q_indptr = nullptr;
+    const int32_t *kv_indptr = nullptr, *kv_indices = nullptr, *kv_last = nullptr;
+    const int32_t* logit_rows = nullptr;
+    int32_t num_tokens = 0, num_seqs = 0, num_logit_rows = 0;
+  };
+  // A recorded decode step for one bucket and what it was recorded against.
+  struct BucketGraph {
+    std::unique_ptr<OpGraphRecorder::Graph> graph;
+    std::vector<KvCacheView> views;
+    uint64_t backend_epoch = 0;
+    uint64_t model_epoch = 0;
   };
 
   LlamaModel(const ModelSpec& spec, Backend* backend) : spec_(spec), backend_(backend) {}
   absl::Status Upload(const ModelWeights& weights);
   absl::Status EnsureScratch(int32_t num_tokens, int32_t num_logit_rows);
   absl::Status UploadBatch(const ForwardBatch& batch);
+  // Enqueues the whole forward pass of `b`; logits land in logits_.
+  absl::Status Enqueue(const DeviceBatch& b, absl::Span<const KvCacheView> layers);
+  bool IsGraphableDecode(const ForwardBatch& batch) const;
+  absl::Status ForwardDecodeGraph(const ForwardBatch& batch, absl::Span<const KvCacheView> layers);
 
   ModelSpec spec_;
   Backend* backend_;
@@ -107,6 +179,15 @@ class LlamaModel {
   DeviceBuffer x_, xb_, qkv_, attn_, h13_, h_, logit_in_, logits_;
   DeviceBuffer batch_ints_;  // token ids, positions, indptrs, indices, ... packed
   size_t batch_ints_capacity_ = 0;
+  uint64_t scratch_epoch_ = 0;  // bumped whenever a scratch activation buffer moves
+
+  // Decode graphs (SetDecodeGraphs); graphs_[i] serves buckets of 1 << i sequences.
+  std::unique_ptr<OpGraphRecorder> recorder_;
+  int32_t max_bucket_ = 0;
+  std::vector<BucketGraph> graphs_;
+  DeviceBuffer graph_batch_;          // fixed-address metadata of a padded decode batch
+  int32_t graph_block_capacity_ = 0;  // kv_indices slots in graph_batch_
+  DecodeGraphStats graph_stats_;
 };
 
 }  // namespace kvd

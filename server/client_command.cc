@@ -5,7 +5,9 @@
 #include <chrono>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kvd/v1/kvd.grpc.pb.h"
 #include "server/grpc_status.h"
 #include "tools/flags.h"
@@ -16,13 +18,15 @@ namespace {
 
 FlagSet MakeFlags() {
   FlagSet f(
-      "kvd client --address HOST:PORT --prompt TEXT [--max-tokens N] [--temperature T]\n"
-      "           [--top-p P] [--top-k K] [--seed S] [--stop TEXT] [--session-id ID]\n"
-      "           [--timeout SECONDS] [--usage]\n"
+      "kvd client --address HOST:PORT (--prompt TEXT | --prompt-token-ids 1,2,3)\n"
+      "           [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
+      "           [--stop TEXT] [--session-id ID] [--ignore-eos] [--timeout SECONDS] [--usage]\n"
       "\n"
-      "Streams a completion of TEXT from a running `kvd serve` to stdout.");
+      "Streams a completion of TEXT (or of the token ids) from a running `kvd serve` to\n"
+      "stdout; with --prompt-token-ids the generated token ids are printed, space-separated.");
   f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
   f.AddString("prompt", "text to complete");
+  f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
   f.AddInt("max-tokens", "most tokens to generate; 0 = server default", 0);
   f.AddFloat("temperature", "0 = greedy", 0.0);
   f.AddFloat("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
@@ -30,6 +34,7 @@ FlagSet MakeFlags() {
   f.AddInt("seed", "sampling seed; 0 = server default", 0);
   f.AddString("stop", "stop string (not printed)");
   f.AddString("session-id", "multi-turn session id");
+  f.AddBool("ignore-eos", "do not stop at the model's end-of-text token");
   f.AddFloat("timeout", "deadline in seconds; 0 = none", 0.0);
   f.AddBool("usage", "print usage and timings to stderr at the end");
   return f;
@@ -47,12 +52,27 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
     out << flags.Usage();
     return 0;
   }
-  if (absl::Status s = flags.Require({"prompt"}); !s.ok()) {
-    err << "kvd client: " << s.message() << "\n\n" << flags.Usage();
+  const bool token_ids = flags.Has("prompt-token-ids");
+  if (token_ids == flags.Has("prompt")) {
+    err << "kvd client: exactly one of --prompt and --prompt-token-ids is required\n\n"
+        << flags.Usage();
     return 2;
   }
   v1::GenerateRequest request;
-  request.set_prompt(flags.GetString("prompt"));
+  if (token_ids) {
+    for (absl::string_view item : absl::StrSplit(flags.GetString("prompt-token-ids"), ',')) {
+      uint32_t id = 0;
+      if (!absl::SimpleAtoi(item, &id)) {
+        err << "kvd client: --prompt-token-ids: '" << item
+            << "' is not a token id (comma-separated non-negative integers)\n";
+        return 2;
+      }
+      request.add_prompt_token_ids(id);
+    }
+  } else {
+    request.set_prompt(flags.GetString("prompt"));
+  }
+  request.set_ignore_eos(flags.GetBool("ignore-eos"));
   request.set_max_tokens(static_cast<uint32_t>(flags.GetInt("max-tokens")));
   request.set_temperature(static_cast<float>(flags.GetFloat("temperature")));
   request.set_top_p(static_cast<float>(flags.GetFloat("top-p")));
@@ -73,8 +93,17 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
       stub->Generate(&context, request);
   v1::GenerateResponse response;
   v1::GenerateResponse last;
+  bool first_id = true;
   while (reader->Read(&response)) {
-    out << response.text() << std::flush;
+    if (token_ids) {
+      for (uint32_t id : response.token_ids()) {
+        out << (first_id ? "" : " ") << id;
+        first_id = false;
+      }
+      out << std::flush;
+    } else {
+      out << response.text() << std::flush;
+    }
     if (!response.finish_reason().empty()) last = response;
   }
   const grpc::Status status = reader->Finish();

@@ -18,9 +18,9 @@
 #include "absl/strings/str_join.h"
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
+#include "config/config_enums.h"
 #include "config/config_loader.h"
 #include "config/inference_config.h"
-#include "kernels/cpu_backend.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/tokenizer.h"
@@ -30,24 +30,30 @@
 #include "server/metrics_exporter.h"
 #include "server/request_validator.h"
 #include "server/termination_signals.h"
+#include "tools/device.h"
 #include "tools/flags.h"
+#include "tools/random_model.h"
 
 namespace kvd {
 
 namespace {
 
 constexpr char kUsage[] =
-    "kvd serve [--config FILE] [--model PATH] [--grpc-address HOST:PORT]\n"
-    "          [--metrics-address HOST:PORT] [--set key=value ...]\n"
+    "kvd serve [--config FILE] [--model PATH] [--device auto|cpu|cuda]\n"
+    "          [--grpc-address HOST:PORT] [--metrics-address HOST:PORT]\n"
+    "          [--cuda-graphs on|off] [--set key=value ...]\n"
     "\n"
     "Serves the kvd.v1.Inference gRPC API (plus grpc.health.v1.Health and reflection) and\n"
     "Prometheus metrics at /metrics. Settings come from FILE (config/README.md lists every\n"
     "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
     "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
-    "the daemon exits 0.";
+    "the daemon exits 0. On cuda the weights and the KV cache are bf16, synthetic models are\n"
+    "generated in device memory from model.seed, and decode steps replay CUDA graphs.";
 
-// Quantizations the CPU reference backend runs (it stores fp32 KV only).
-const std::vector<std::string> kSupportedQuantizations = {"none"};
+// KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
+// reference, bf16 on CUDA); CUDA also accepts bf16 by name.
+const std::vector<std::string> kCpuQuantizations = {"none"};
+const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
@@ -56,8 +62,10 @@ FlagSet MakeFlags() {
   FlagSet f(kUsage);
   f.AddString("config", "inference_config.yaml; default: built-in defaults");
   f.AddString("model", "overrides model.path (llama2.c .bin or synthetic:<preset>)");
+  f.AddString("device", "overrides model.device: auto (cuda when a GPU is visible), cpu, cuda");
   f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");
   f.AddString("metrics-address", "overrides server.metrics_address; empty = no metrics");
+  f.AddString("cuda-graphs", "on or off: replay decode steps as CUDA graphs (cuda only)", "on");
   f.AddString("set", "dotted.key=value, repeatable: overrides one config key");
   return f;
 }
@@ -95,8 +103,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& mo
       tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), "); set model.tokenizer"));
 }
 
-absl::StatusOr<InferenceConfig> BuildConfig(const FlagSet& flags,
-                                            const std::vector<std::string>& sets) {
+// What BuildConfig decided: the validated config and the device it runs on.
+struct ServeSetup {
+  InferenceConfig config;
+  Device device = Device::kCpu;
+};
+
+absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<std::string>& sets) {
   InferenceConfig config;
   if (flags.Has("config")) {
     auto loaded = LoadConfigFile(flags.GetString("config"));
@@ -105,20 +118,22 @@ absl::StatusOr<InferenceConfig> BuildConfig(const FlagSet& flags,
   }
   std::vector<std::string> overrides = sets;
   for (const auto& [flag, key] : {std::pair<const char*, const char*>{"model", "model.path"},
+                                  {"device", "model.device"},
                                   {"grpc-address", "server.grpc_address"},
                                   {"metrics-address", "server.metrics_address"}}) {
     if (flags.Has(flag)) overrides.push_back(absl::StrCat(key, "=", flags.GetString(flag)));
   }
   if (absl::Status s = ApplyOverrides(config, overrides); !s.ok()) return s;
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (absl::Status s = CheckQuantizationSupported(config.kv_cache, kSupportedQuantizations);
+  auto device = ResolveDevice(Name(config.model.device));
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("model.device: ", device.status().message()));
+  }
+  if (absl::Status s = CheckQuantizationSupported(
+          config.kv_cache, *device == Device::kCuda ? kCudaQuantizations : kCpuQuantizations);
       !s.ok()) {
     return s;
-  }
-  if (config.model.device == DeviceKind::kCuda) {
-    return absl::UnimplementedError(
-        "model.device: 'cuda' is not supported by `kvd serve` in this build; allowed: auto, "
-        "cpu");
   }
   if (config.kv_cache.sliding_window.window_tokens != 0) {
     return absl::UnimplementedError(
@@ -126,13 +141,14 @@ absl::StatusOr<InferenceConfig> BuildConfig(const FlagSet& flags,
                      config.kv_cache.sliding_window.window_tokens,
                      " is not supported by the engine yet; allowed: 0 (off)"));
   }
-  return config;
+  return ServeSetup{std::move(config), *device};
 }
 
-KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv) {
+// `kv_dtype`: the backend's native KV dtype (quantization `none` or its explicit name).
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype) {
   KvCacheOptions options;
   options.block_size = kv.block_size;
-  options.kv_dtype = DType::kF32;  // quantization `none` on the CPU backend
+  options.kv_dtype = kv_dtype;
   options.max_pool_bytes = kv.memory_pool.max_size_bytes;
   // Chunks are the unit of growth and of return; a pool smaller than one default chunk is
   // one chunk. An initial size of 0 still reserves the first chunk.
@@ -173,7 +189,7 @@ EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
 // Everything the daemon runs on, in construction order (destroyed in reverse).
 struct Daemon {
   RealClock clock;
-  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<KvCacheManager> cache;
@@ -184,19 +200,45 @@ struct Daemon {
   std::unique_ptr<HttpServer> http_server;
 };
 
-absl::Status Start(const InferenceConfig& config, Daemon& d, std::ostream& out) {
+// The model on `backend`. A synthetic model on CUDA is generated in device memory
+// (random_model.h: no host fp32 copy, so llama3-8b fits); on the CPU, and for checkpoints,
+// weights are loaded on the host and uploaded, as before.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model_path,
+                                                        uint64_t seed, Device device,
+                                                        Backend* backend) {
+  if (device == Device::kCuda && absl::StartsWith(model_path, "synthetic:")) {
+    auto spec = LoadModelSpec(model_path);
+    if (!spec.ok()) return spec.status();
+    return CreateRandomModel(*spec, seed, backend);
+  }
+  auto weights = LoadModel(model_path, seed);
+  if (!weights.ok()) return weights.status();
+  return LlamaModel::Create(*weights, backend);
+}
+
+absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out) {
+  const InferenceConfig& config = setup.config;
   std::string model_path = config.model.path;
   if (model_path.empty()) {
     auto path = DefaultModelPath();
     if (!path.ok()) return path.status();
     model_path = *path;
   }
-  auto weights = LoadModel(model_path, config.model.seed);
-  if (!weights.ok()) {
-    return absl::Status(weights.status().code(), absl::StrCat("model.path '", model_path,
-                                                              "': ", weights.status().message()));
+  int threads = config.server.num_threads;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto backend = MakeBackend(setup.device, threads);
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("model.device: ", backend.status().message()));
   }
-  const ModelSpec spec = weights->spec;
+  d.backend = *std::move(backend);
+  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model.path '", model_path, "': ", model.status().message()));
+  }
+  d.model = *std::move(model);
+  const ModelSpec spec = d.model->spec();
 
   if (!config.model.tokenizer.empty()) {
     auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
@@ -211,14 +253,13 @@ absl::Status Start(const InferenceConfig& config, Daemon& d, std::ostream& out) 
     d.tokenizer = *std::move(tokenizer);
   }  // a synthetic model without a tokenizer serves prompt_token_ids only
 
-  int threads = config.server.num_threads;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  d.backend = std::make_unique<CpuBackend>(threads);
-  auto model = LlamaModel::Create(*weights, d.backend.get());
-  if (!model.ok()) return model.status();
-  d.model = *std::move(model);
+  const bool graphs = cuda_graphs && setup.device == Device::kCuda;
+  if (graphs) {
+    d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
+  }
 
-  const KvCacheOptions cache_options = CacheOptionsFrom(config.kv_cache);
+  const KvCacheOptions cache_options =
+      CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend));
   const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
@@ -297,9 +338,12 @@ absl::Status Start(const InferenceConfig& config, Daemon& d, std::ostream& out) 
 
   out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
       << " layers, vocab " << spec.vocab_size << ", context " << limits.max_context_tokens
-      << " tokens; backend " << info.backend << " (" << threads << " threads), kv " << info.kv_dtype
-      << ", block size " << cache_options.block_size << ", " << d.cache->stats().max_blocks
-      << " blocks\n";
+      << " tokens; backend " << info.backend << " ("
+      << (setup.device == Device::kCuda
+              ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
+              : absl::StrCat(threads, " threads"))
+      << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
+      << d.cache->stats().max_blocks << " blocks\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {
     out << "kvd: serving metrics on http://" << d.http_server->address() << "/metrics\n";
@@ -337,14 +381,21 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
     out << flags.Usage();
     return 0;
   }
-  auto config = BuildConfig(flags, sets);
-  if (!config.ok()) {
-    err << "kvd serve: " << config.status().message() << "\n";
+  const std::string graphs_flag = flags.GetString("cuda-graphs");
+  if (graphs_flag != "on" && graphs_flag != "off") {
+    err << "kvd serve: --cuda-graphs '" << graphs_flag << "' is not one of on, off\n\n"
+        << flags.Usage();
+    return 2;
+  }
+  auto setup = BuildConfig(flags, sets);
+  if (!setup.ok()) {
+    err << "kvd serve: " << setup.status().message() << "\n";
     return 1;
   }
+  const InferenceConfig* config = &setup->config;
 
   Daemon d;
-  if (absl::Status s = Start(*config, d, out); !s.ok()) {
+  if (absl::Status s = Start(*setup, graphs_flag == "on", d, out); !s.ok()) {
     err << "kvd serve: " << s.message() << "\n";
     return 1;
   }

@@ -7,15 +7,19 @@
 
 namespace kvd {
 
-// `kvd serve --config FILE [--model PATH] [--grpc-address HOST:PORT]
-//            [--metrics-address HOST:PORT] [--set key=value ...]`
+// `kvd serve --config FILE [--model PATH] [--device auto|cpu|cuda] [--grpc-address HOST:PORT]
+//            [--metrics-address HOST:PORT] [--cuda-graphs on|off] [--set key=value ...]`
 //
 // Loads the config (built-in defaults without --config), applies --set overrides in order,
-// then the dedicated flags, validates, refuses what this build cannot run (KV quantization
-// other than `none`, device `cuda`), loads the model and its tokenizer, builds the CPU
-// backend, the KV cache and the engine, and serves kvd.v1.Inference, grpc.health.v1.Health
-// and server reflection over gRPC, and Prometheus metrics at /metrics. Once listening it
-// prints one line per listener to `out`:
+// then the dedicated flags, validates, resolves model.device (auto = cuda when this build
+// has CUDA and a GPU is visible), refuses what that device cannot run (KV quantization
+// other than `none` on the CPU; other than `none`/`bf16` on CUDA), loads the model (a
+// synthetic one on CUDA is generated in device memory from model.seed) and its tokenizer
+// (a synthetic model has none: only prompt_token_ids are served), builds the backend (CPU
+// reference with fp32 KV, or GPU 0 with bf16 weights and KV and, unless --cuda-graphs off,
+// decode steps replayed as CUDA graphs), the KV cache and the engine, and serves
+// kvd.v1.Inference, grpc.health.v1.Health and server reflection over gRPC, and Prometheus
+// metrics at /metrics. Once listening it prints one line per listener to `out`:
 //   kvd: serving gRPC on 127.0.0.1:50051
 //   kvd: serving metrics on http://127.0.0.1:9090/metrics
 // (port 0 in an address picks a free port; the line shows the real one).

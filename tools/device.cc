@@ -28,6 +28,34 @@ uint16_t Bf16Bits(float x) {
 
 #if defined(KVD_HAVE_CUDA)
 CudaBackend* AsCuda(Backend* backend) { return dynamic_cast<CudaBackend*>(backend); }
+
+// OpGraphRecorder over CudaBackend's stream capture.
+class CudaGraphRecorder final : public OpGraphRecorder {
+ public:
+  explicit CudaGraphRecorder(CudaBackend* backend) : backend_(backend) {}
+
+  absl::Status BeginCapture() override { return backend_->BeginCapture(); }
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    auto graph = backend_->EndCapture();
+    if (!graph.ok()) return graph.status();
+    return std::unique_ptr<Graph>(new CudaGraph(backend_, *std::move(graph)));
+  }
+  uint64_t epoch() const override { return backend_->scratch_epoch(); }
+
+ private:
+  class CudaGraph final : public Graph {
+   public:
+    CudaGraph(CudaBackend* backend, CudaBackend::Graph graph)
+        : backend_(backend), graph_(std::move(graph)) {}
+    absl::Status Launch() override { return backend_->LaunchGraph(graph_); }
+
+   private:
+    CudaBackend* backend_;
+    CudaBackend::Graph graph_;
+  };
+
+  CudaBackend* backend_;
+};
 #endif
 
 }  // namespace
@@ -75,6 +103,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_thre
 #else
   return absl::FailedPreconditionError("MakeBackend: this kvd was built without CUDA");
 #endif
+}
+
+std::unique_ptr<OpGraphRecorder> MakeOpGraphRecorder([[maybe_unused]] Backend* backend) {
+#if defined(KVD_HAVE_CUDA)
+  if (CudaBackend* cuda = AsCuda(backend)) return std::make_unique<CudaGraphRecorder>(cuda);
+#endif
+  return nullptr;
 }
 
 DType DefaultKvDtype(const Backend& backend) {

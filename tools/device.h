@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/dtype.h"
+#include "model/llama_model.h"
 
 namespace kvd {
 
@@ -39,6 +40,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_thre
 // The KV arena dtype the engine uses on `backend`: bf16 on CUDA (half the bytes a decode
 // step reads), f32 on the CPU reference backend (what it computes in).
 DType DefaultKvDtype(const Backend& backend);
+
+// Records decode steps as CUDA graphs on a CudaBackend (LlamaModel::SetDecodeGraphs); null
+// on any other backend, which cannot record. `backend` must outlive the recorder.
+std::unique_ptr<OpGraphRecorder> MakeOpGraphRecorder(Backend* backend);
 
 // Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) into element i of the backend
 // buffer `data`, i < count: in a kernel on CUDA, through host chunks and CopyToDevice on

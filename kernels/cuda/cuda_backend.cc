@@ -98,6 +98,12 @@ CudaBackend::CudaBackend(int device_index, int num_sms, cudaStream_t stream,
 CudaBackend::~CudaBackend() {
   // Teardown cannot report errors; a fault already surfaced through an earlier call.
   cudaSetDevice(device_index_);
+  if (capturing_) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
   cudaStreamSynchronize(stream_);
   gemm_.reset();
   cudaFree(matmul_input_.data);
@@ -105,16 +111,33 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
+absl::Status CudaBackend::NotCapturing(absl::string_view op) const {
+  if (!capturing_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, " is not allowed while a graph is being captured"));
+}
+
 absl::Status CudaBackend::Activate(absl::string_view op) {
+  // A capture is thread-local and began with this device current; leave it alone.
+  if (capturing_) return absl::OkStatus();
   return CudaStatus(cudaSetDevice(device_index_), op);
 }
 
 absl::Status CudaBackend::Grow(Scratch& scratch, size_t bytes, absl::string_view op) {
   if (scratch.bytes >= bytes) return absl::OkStatus();
+  if (capturing_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": scratch must grow to ", bytes,
+                     " bytes during a graph capture; run the ops once uncaptured first"));
+  }
+  ++scratch_epoch_;
   // cudaFree waits for the device, so kernels still reading the old buffer finish first.
   KVD_RETURN_IF_CUDA_ERROR(cudaFree(scratch.data), op);
   scratch = Scratch{};
-  const size_t grown = std::max(bytes, size_t{1} << 20);
+  // Powers of two: batches of nearby sizes (a decode graph's padded bucket and the same
+  // step uncaptured) then share one buffer instead of moving it, and recorded graphs with it.
+  size_t grown = size_t{1} << 20;
+  while (grown < bytes) grown *= 2;
   KVD_RETURN_IF_CUDA_ERROR(cudaMalloc(&scratch.data, grown), op);
   scratch.bytes = grown;
   return absl::OkStatus();
@@ -136,6 +159,7 @@ void CudaBackend::Free(void* data, size_t /*bytes*/) {
 }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = NotCapturing("CopyToDevice"); !s.ok()) return s;
   if (absl::Status s = Activate("CopyToDevice"); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   KVD_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
@@ -145,6 +169,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes)
 }
 
 absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = NotCapturing("CopyToHost"); !s.ok()) return s;
   if (absl::Status s = Activate("CopyToHost"); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   KVD_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
@@ -154,6 +179,7 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status CudaBackend::Synchronize() {
+  if (absl::Status s = NotCapturing("Synchronize"); !s.ok()) return s;
   if (absl::Status s = Activate("Synchronize"); !s.ok()) return s;
   KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "Synchronize");
   return absl::OkStatus();
@@ -294,11 +320,10 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
                            "PagedAttention: decode kernel");
   // bf16 KV prefill runs the tensor cores with Q and P rounded to bf16 (FlashAttention's
   // numerics); f32 KV keeps the fp32 kernel.
-  KVD_RETURN_IF_CUDA_ERROR(
-      cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
-                                   num_sms_ * kPrefillCtasPerSm, stream_,
-                                   cuda::MmaPrecision::kBf16),
-      "PagedAttention: prefill kernel");
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
+                                                        num_sms_ * kPrefillCtasPerSm, stream_,
+                                                        cuda::MmaPrecision::kBf16),
+                           "PagedAttention: prefill kernel");
   return absl::OkStatus();
 }
 
@@ -334,6 +359,58 @@ absl::Status CudaBackend::ArgmaxRows(const float* logits, int32_t rows, int32_t 
   if (rows == 0) return absl::OkStatus();
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   return CudaStatus(cuda::LaunchArgmaxRows(logits, rows, cols, ids, stream_), kOp);
+}
+
+CudaBackend::Graph& CudaBackend::Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    exec_ = other.exec_;
+    other.exec_ = nullptr;
+  }
+  return *this;
+}
+
+CudaBackend::Graph::~Graph() {
+  // Teardown cannot report errors; a destroyed context already reported through an op.
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+}
+
+absl::Status CudaBackend::BeginCapture() {
+  constexpr absl::string_view kOp = "BeginCapture";
+  if (capturing_) return absl::FailedPreconditionError("BeginCapture: already capturing");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), kOp);
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaBackend::Graph> CudaBackend::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("EndCapture: not capturing");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (end != cudaSuccess || graph == nullptr) {
+    // An op failed or did something capture forbids: the capture is invalidated. The
+    // stream is out of capture mode either way; clear the non-sticky error.
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return CudaStatus(end != cudaSuccess ? end : cudaErrorStreamCaptureInvalidated,
+                      "EndCapture: the capture failed");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  KVD_RETURN_IF_CUDA_ERROR(instantiated, "EndCapture: cudaGraphInstantiate");
+  return Graph(exec);
+}
+
+absl::Status CudaBackend::LaunchGraph(const Graph& graph) {
+  constexpr absl::string_view kOp = "LaunchGraph";
+  if (absl::Status s = NotCapturing(kOp); !s.ok()) return s;
+  if (graph.exec() == nullptr) return Invalid(kOp, "empty graph");
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  KVD_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph.exec(), stream_), kOp);
+  return absl::OkStatus();
 }
 
 }  // namespace kvd

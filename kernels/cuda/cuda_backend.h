@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -36,11 +37,36 @@ int CudaDeviceCount();
 // (KvCacheView::chunks, CopyBlocksParams::chunks), block tables, q_indptr, positions and
 // slot mappings. Chunk bases must be 16-byte aligned (Allocate's are 256-byte aligned).
 //
+// Graphs: BeginCapture/EndCapture record the ops enqueued in between (on this thread) into
+// a CUDA graph instead of running them; LaunchGraph replays it. A graph keeps every
+// address and by-value parameter it was recorded with, including this backend's scratch
+// buffers; scratch_epoch() changes whenever one of them moves, and a graph recorded under
+// another epoch must not be launched. Host-side launch choices depend only on the shapes in
+// the params (the decode split count on num_seqs and head counts; each sequence's actual
+// split is planned on the device from its KV length), so a graph stays exact while the
+// block tables and KV lengths it reads change between replays.
+//
 // Ownership: owns its stream, BLAS handles and scratch buffers; buffers it hands out must
 // be released (DeviceBuffer does it) before the backend is destroyed. Not thread safe: one
 // engine thread drives a backend.
 class CudaBackend final : public Backend {
  public:
+  // An instantiated CUDA graph (cudaGraphExec_t). Move-only; destroys it.
+  class Graph {
+   public:
+    Graph() = default;
+    explicit Graph(cudaGraphExec_t exec) : exec_(exec) {}
+    Graph(Graph&& other) noexcept : exec_(other.exec_) { other.exec_ = nullptr; }
+    Graph& operator=(Graph&& other) noexcept;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    ~Graph();
+    cudaGraphExec_t exec() const { return exec_; }
+
+   private:
+    cudaGraphExec_t exec_ = nullptr;
+  };
+
   // Makes `device_index` current on the calling thread and sets up the stream and handles.
   // Unavailable when there is no such device.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device_index);
@@ -87,6 +113,20 @@ class CudaBackend final : public Backend {
   // ids[r] = argmax over logits[r][0..cols) (lowest index on ties), all device memory.
   absl::Status ArgmaxRows(const float* logits, int32_t rows, int32_t cols, int32_t* ids);
 
+  // --- CUDA graphs ---
+  // Starts recording the ops this thread enqueues (thread-local stream capture). Until
+  // EndCapture, copies and Synchronize fail with FailedPrecondition, and so does an op that
+  // would have to grow a scratch buffer: run the same ops once uncaptured first.
+  // REQUIRES: not capturing.
+  absl::Status BeginCapture();
+  // Ends the capture (call it also after a recorded op failed) and instantiates the graph.
+  absl::StatusOr<Graph> EndCapture();
+  // Enqueues the graph's ops. REQUIRES: not capturing; `graph` recorded on this backend
+  // under the current scratch_epoch().
+  absl::Status LaunchGraph(const Graph& graph);
+  bool capturing() const { return capturing_; }
+  uint64_t scratch_epoch() const { return scratch_epoch_; }
+
  protected:
   void Free(void* data, size_t bytes) override;
 
@@ -100,6 +140,8 @@ class CudaBackend final : public Backend {
   CudaBackend(int device_index, int num_sms, cudaStream_t stream, std::unique_ptr<BlasGemm> gemm);
   // Makes this backend's device current on the calling thread.
   absl::Status Activate(absl::string_view op);
+  // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
+  absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
 
   const int device_index_;
@@ -108,6 +150,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<BlasGemm> gemm_;
   Scratch matmul_input_;  // bf16 copy of Matmul's input
   Scratch attention_;     // decode split partials and the prefill tile plan
+  bool capturing_ = false;
+  uint64_t scratch_epoch_ = 0;  // bumped by every Grow that reallocates
 };
 
 }  // namespace kvd

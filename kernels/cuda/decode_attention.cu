@@ -17,10 +17,6 @@ constexpr int kWarps = kThreads / 32;
 // in waves of those, that the split count aims for: several waves keep the tail short.
 constexpr int kCtasPerSm = 2;
 constexpr int kTargetWaves = 4;
-// Splits start at multiples of kSplitGranule keys, a multiple of every warp iteration's
-// key count, and hold at least kMinKeysPerSplit keys.
-constexpr int kSplitGranule = 128;
-constexpr int kMinKeysPerSplit = 128;
 constexpr int kMaxSplits = 128;
 constexpr int kMaxGroupPerCta = 8;
 constexpr int kStages = 3;  // cp.async stages per warp
@@ -30,13 +26,15 @@ static_assert(kMaxSplits <= kMergeThreads);
 
 struct SplitPlan {
   int num_splits;
-  int split_len;  // keys, a multiple of kSplitGranule
+  int split_len;  // keys, a multiple of the granule
 };
 
-// Shared by the decode and merge kernels so both see the same cut.
-__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits) {
-  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, kMinKeysPerSplit)));
-  const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), kSplitGranule)) * kSplitGranule;
+// Shared by the decode and merge kernels so both see the same cut: splits start at
+// multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
+// CTA) and hold at least `granule` keys.
+__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule) {
+  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, granule)));
+  const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), granule)) * granule;
   return {max(1, CeilDiv(kv_len, len)), len};
 }
 
@@ -73,6 +71,9 @@ struct DecodeShape {
   // About 8 KB of K and V per warp iteration.
   static constexpr int kKeysPerIter = std::max(kKeysPerRound, std::min(32, 8192 / (2 * kRowBytes)));
   static constexpr int kRounds = kKeysPerIter / kKeysPerRound;
+  // Split boundaries: one iteration of each warp (64 keys for bf16, head_dim 128), so a
+  // short context still makes many CTAs.
+  static constexpr int kSplitGranule = kWarps * kKeysPerIter;
   static constexpr int kStageBytes = 2 * kKeysPerIter * kRowBytes;
   static constexpr int kPipelineBytes = kWarps * kStages * kStageBytes;
   // Combine area, reusing the pipeline: [kWarps][kGroup][kHeadDim] outputs, then
@@ -85,7 +86,6 @@ struct DecodeShape {
   static_assert(kRounds * kKeysPerRound == kKeysPerIter);
   static_assert(kRounds * kVecsPerLane * 32 * 16 == kKeysPerIter * kRowBytes);
   static_assert(kKeysPerIter <= 32, "one lane holds one block pointer of an iteration");
-  static_assert(kSplitGranule % (kWarps * kKeysPerIter) == 0);
 };
 
 __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   if (q_next - q_row != 1) return;
   const KvCacheView& c = p.cache;
   const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
-  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits);
+  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule);
   if (split >= plan.num_splits) return;
   const int key_begin = split * plan.split_len;
   const int key_end = min(kv_len, key_begin + plan.split_len);
@@ -412,7 +412,7 @@ __device__ float BlockReduce(float x, Op op, float* scratch) {
 // Launched as a programmatic dependent of the decode kernel: it reads the batch metadata
 // (never written by the decode kernel) before waiting for that grid's results.
 __global__ void __launch_bounds__(kMergeThreads)
-    MergeKernel(PagedAttentionParams p, DecodeWorkspace ws) {
+    MergeKernel(PagedAttentionParams p, DecodeWorkspace ws, int split_granule) {
   __shared__ float s_weight[kMaxSplits];
   __shared__ float s_scratch[kMergeThreads / 32];
   __shared__ float4 s_part[kMergeThreads];
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int q_row = p.q_indptr[s];
   if (p.q_indptr[s + 1] - q_row != 1) return;
   const int kv_len = SeqKvLen(p.blocks, s, p.cache.block_size);
-  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits);
+  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits, split_granule);
   if (plan.num_splits == 1) return;
   const int64_t first = int64_t{s} * ws.max_splits;
   const int t = threadIdx.x;
@@ -498,7 +498,7 @@ cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cud
     config.stream = stream;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, MergeKernel, p, ws);
+    return cudaLaunchKernelEx(&config, MergeKernel, p, ws, int{Shape::kSplitGranule});
   }
   return cudaSuccess;
 }

@@ -17,8 +17,10 @@
 // The merge kernel is a programmatic dependent launch of the decode kernel (it is set up
 // while the decode grid runs and waits for its results on the device).
 //
-// A context is cut into up to `max_splits` ranges of whole 128-key granules, each at least
-// 128 keys; DecodeMaxSplits sizes them so that the grid covers the device several times.
+// A context is cut into up to `max_splits` ranges of whole granules of one iteration of
+// every warp (64 keys for bf16 with head_dim 128; 32 to 128 for other shapes), each at least
+// one granule; DecodeMaxSplits sizes them so that the grid covers the device several times
+// (a 4k context at batch 1 makes 64 splits per KV head).
 // Each split writes its normalized partial output and log-sum-exp to the workspace, and a
 // merge kernel combines them. A sequence with one split writes `out` directly.
 //

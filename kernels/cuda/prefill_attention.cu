@@ -14,18 +14,57 @@ constexpr int kThreads = 128;
 constexpr int kThreadsPerRow = 4;
 constexpr int kTileRows = kThreads / kThreadsPerRow;  // packed query rows per item
 constexpr int kTileKeys = 32;
+constexpr int kPlanThreads = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One thread: tile_indptr[s + 1] - tile_indptr[s] = items of sequence s (0 for decodes),
-// one per KV head and tile of `tile_rows` packed query rows.
-__global__ void PlanTilesKernel(PagedAttentionParams p, int tile_rows, int32_t* tile_indptr) {
+// One CTA of kPlanThreads: tile_indptr[s + 1] - tile_indptr[s] = items of sequence s (0 for
+// decodes), one per KV head and tile of `tile_rows` packed query rows; tile_indptr[0] = 0.
+// The sequences are scanned kPlanThreads at a time (a warp scan, then a scan of the warp
+// totals), so a large decode batch costs a few loads per thread, not one serial round trip to
+// memory per sequence.
+__global__ void __launch_bounds__(kPlanThreads)
+    PlanTilesKernel(PagedAttentionParams p, int tile_rows, int32_t* tile_indptr) {
+  constexpr int kPlanWarps = kPlanThreads / 32;
+  static_assert(kPlanWarps == 32, "warp 0 scans one total per warp");
+  __shared__ int32_t s_warp_total[kPlanWarps];
+  __shared__ int32_t s_carry;  // items of all sequences of earlier rounds
   const int group = p.num_q_heads / p.cache.num_kv_heads;
-  int32_t total = 0;
-  tile_indptr[0] = 0;
-  for (int s = 0; s < p.blocks.num_seqs; ++s) {
-    const int q_len = p.q_indptr[s + 1] - p.q_indptr[s];
-    if (q_len > 1) total += CeilDiv(q_len * group, tile_rows) * p.cache.num_kv_heads;
-    tile_indptr[s + 1] = total;
+  const int num_seqs = p.blocks.num_seqs;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    s_carry = 0;
+    tile_indptr[0] = 0;
+  }
+  for (int round_begin = 0; round_begin < num_seqs; round_begin += kPlanThreads) {
+    const int s = round_begin + static_cast<int>(threadIdx.x);
+    int32_t prefix = 0;  // inclusive, within the warp
+    if (s < num_seqs) {
+      const int q_len = p.q_indptr[s + 1] - p.q_indptr[s];
+      if (q_len > 1) prefix = CeilDiv(q_len * group, tile_rows) * p.cache.num_kv_heads;
+    }
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int32_t below = __shfl_up_sync(0xffffffffu, prefix, offset);
+      if (lane >= offset) prefix += below;
+    }
+    if (lane == 31) s_warp_total[warp] = prefix;
+    __syncthreads();  // the totals, and s_carry of the previous round
+    if (warp == 0) {
+      int32_t total = s_warp_total[lane];
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int32_t below = __shfl_up_sync(0xffffffffu, total, offset);
+        if (lane >= offset) total += below;
+      }
+      s_warp_total[lane] = total;  // inclusive over warps
+    }
+    __syncthreads();
+    prefix += s_carry + (warp > 0 ? s_warp_total[warp - 1] : 0);
+    if (s < num_seqs) tile_indptr[s + 1] = prefix;
+    __syncthreads();  // every thread has read s_carry and s_warp_total
+    // The last thread's prefix covers the whole round (sequences past the end count 0).
+    if (threadIdx.x == kPlanThreads - 1) s_carry = prefix;
   }
 }
 
@@ -58,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     const int q_len = p.q_indptr[s + 1] - q_begin;
     const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
     const int num_tiles = CeilDiv(q_len * group, kTileRows);
-    const int local = item - tile_indptr[s];
+    const int local = item - (s == 0 ? 0 : tile_indptr[s]);  // [0] may be a work counter
     const int kv_head = local / num_tiles;
     const int tile = num_tiles - 1 - local % num_tiles;  // late (longest causal) tiles first
     const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
@@ -195,8 +234,8 @@ cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_
   if (num_ctas < 1) return cudaErrorInvalidValue;
   // bf16 KV: the tensor-core kernel; f32 KV (exact comparisons in tests): the fp32 kernel.
   const bool tensor_cores = p.cache.dtype == DType::kBF16;
-  PlanTilesKernel<<<1, 1, 0, stream>>>(p, tensor_cores ? kMmaPrefillTileRows : kTileRows,
-                                       tile_indptr);
+  PlanTilesKernel<<<1, kPlanThreads, 0, stream>>>(
+      p, tensor_cores ? MmaPrefillTileRows(precision) : kTileRows, tile_indptr);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (tensor_cores) {
     return LaunchPrefillAttentionMma(p, tile_indptr, num_ctas, precision, stream);

@@ -11,11 +11,13 @@
 //   packed row r -> token r / group, query head kv_head * group + r % group
 //
 // A planning kernel counts tiles per sequence into `tile_indptr` (device scratch of
-// num_seqs + 1 ints); a persistent grid then walks the (sequence, KV head, tile) items,
-// longest causal tiles first. No host synchronization, so the launch can be captured in a
-// CUDA graph.
+// num_seqs + 1 ints; [0] doubles as the plain-bf16 kernel's work counter); the attention
+// grid then walks the (sequence, KV head, tile) items, longest causal tiles first (a work
+// counter in plain-bf16 mode, a persistent grid otherwise). No host synchronization, so the
+// launch can be captured in a CUDA graph.
 //
-//   bf16 KV: the tensor-core kernel of prefill_attention_mma.h, 64 packed rows per tile.
+//   bf16 KV: a tensor-core kernel of prefill_attention_mma.h, 128 packed rows per tile in
+//            plain-bf16 mode (64 in split mode).
 //   f32 KV:  an fp32 kernel (32 packed rows per tile, 32-key tiles staged in shared memory,
 //            online softmax in fp32), kept for exact comparisons with the CPU reference.
 //
@@ -31,9 +33,9 @@
 
 namespace kvd::cuda {
 
-// Enqueues the planning and the attention kernels. `num_ctas` caps the persistent grid
-// (e.g. a few per multiprocessor). `precision` picks the bf16 kernel's treatment of Q and P
-// (prefill_attention_mma.h); the f32 kernel ignores it.
+// Enqueues the planning kernel (one CTA scanning the batch) and the attention kernel.
+// `num_ctas` caps the grid (e.g. a few per multiprocessor). `precision` picks the bf16 kernel's
+// treatment of Q and P (prefill_attention_mma.h); the f32 kernel ignores it.
 cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
                                    int num_ctas, cudaStream_t stream,
                                    MmaPrecision precision = MmaPrecision::kSplit);

@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRows = kMmaPrefillTileRows;  // 16 per warp
-constexpr int kKeys = 64;                   // keys per K/V tile
+constexpr int kRows = MmaPrefillTileRows(MmaPrecision::kSplit);  // 16 per warp
+constexpr int kKeys = 64;                                        // keys per K/V tile
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRows == 16 * kWarps);
 
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
     const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
     const int packed_rows = q_len * group;
     const int num_tiles = CeilDiv(packed_rows, kRows);
-    const int local = item - tile_indptr[s];
+    const int local = item - (s == 0 ? 0 : tile_indptr[s]);   // [0] may be a work counter
     const int tile = num_tiles - 1 - local / c.num_kv_heads;  // latest (costliest) first
     const int kv_head = local % c.num_kv_heads;
     const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
@@ -322,14 +322,15 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
 
 }  // namespace
 
-cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, const int32_t* tile_indptr,
+cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* tile_indptr,
                                       int max_ctas, MmaPrecision precision, cudaStream_t stream) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (p.cache.dtype != DType::kBF16 || max_ctas < 1) return cudaErrorInvalidValue;
+  if (precision == MmaPrecision::kBf16) {
+    return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);
+  }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
-                               precision == MmaPrecision::kSplit
-                                   ? Launch<kHeadDim, true>(p, tile_indptr, max_ctas, stream)
-                                   : Launch<kHeadDim, false>(p, tile_indptr, max_ctas, stream));
+                               Launch<kHeadDim, true>(p, tile_indptr, max_ctas, stream));
 }
 
 }  // namespace kvd::cuda

@@ -2,25 +2,27 @@
 #define KVD_KERNELS_CUDA_PREFILL_ATTENTION_MMA_H_
 
 // Tensor-core paged prefill attention for a bf16 KV cache (FlashAttention-2 style), used by
-// LaunchPrefillAttention (prefill_attention.h) for bf16 KV.
+// LaunchPrefillAttention (prefill_attention.h) for bf16 KV. Two kernels, by precision:
 //
-// Work item = (sequence, KV head, tile of kMmaPrefillTileRows packed query rows), packed as
-// in prefill_attention.h (row r -> token r / group, query head kv_head * group + r % group),
-// so every K/V tile loaded serves the whole GQA group. A CTA of four warps, 16 rows per
-// warp, walks the items of a persistent grid, costliest (latest causal) tiles first:
+// kBf16 (what the backend runs; prefill_attention_wide.cu): Q and P rounded to plain bf16,
+// fp32 accumulation, the usual FlashAttention trade (errors ~1e-3). Work item = (sequence, KV
+// head, tile of 128 packed query rows), packed as in prefill_attention.h (row r -> token
+// r / group, query head kv_head * group + r % group), so every K/V tile loaded serves the
+// whole GQA group. A CTA of four warps, 32 rows per warp (two m16 tiles sharing every K and V
+// fragment), takes items from a work counter, costliest (latest causal) tiles first:
 //
+//   Q tile -> bf16 in shared memory (scaled to base-2 logits), read by ldmatrix
 //   for each 64-key tile (double-buffered, gathered from the paged arena by cp.async into
-//   shared memory, 16-byte chunks XOR-swizzled by key so ldmatrix is conflict-free):
-//     S = Q K^T             mma.m16n8k16 bf16 -> fp32, Q fragments held in registers
+//   shared memory, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), skipping
+//   tiles past the last row's causal end (per warp):
+//     S = Q K^T             mma.m16n8k16 bf16 -> fp32, K through ldmatrix
 //     causal / length mask  only on tiles that cross a row's last visible key
-//     online softmax        fp32, per row, in registers (base-2 logits)
-//     O += P V              P from the S registers, V through ldmatrix.trans
+//     online softmax        fp32, per row, in registers (base-2 logits, exp2)
+//     O += P V              P packed from the S registers, V through ldmatrix.trans
 //
-// Precision: the KV values are exact in bf16, but Q (fp32 in the params) and P are not.
-// kSplit rounds each of them to a bf16 high part plus a bf16 residual and issues two MMAs,
-// which keeps ~16 significant bits (results within ~1e-6 of fp32 math, what the tests
-// against the CPU reference require); kBf16 rounds them to plain bf16 (the usual
-// FlashAttention trade: half the tensor-core work, errors ~1e-3).
+// kSplit (this file's .cu): 64-row items, 16 rows per warp with Q in registers; Q and P are
+// each rounded to a bf16 high part plus a bf16 residual and every product is two MMAs,
+// which keeps ~16 significant bits (results within ~1e-6 of fp32 math).
 
 #include <cuda_runtime_api.h>
 
@@ -30,17 +32,28 @@
 
 namespace kvd::cuda {
 
-// Packed query rows per work item of the tensor-core kernel.
-inline constexpr int kMmaPrefillTileRows = 64;
-
 enum class MmaPrecision : int32_t { kSplit = 0, kBf16 = 1 };
 
+// Packed query rows per work item of the kernel for `precision`.
+inline constexpr int MmaPrefillTileRows(MmaPrecision precision) {
+  return precision == MmaPrecision::kSplit ? 64 : 128;
+}
+
 // Enqueues the attention kernel for the items counted in `tile_indptr` (per sequence,
-// CeilDiv(q_len * group, kMmaPrefillTileRows) * num_kv_heads; 0 for decodes).
+// CeilDiv(q_len * group, MmaPrefillTileRows(precision)) * num_kv_heads; 0 for decodes), as
+// prefill_attention.h's planning kernel writes it just before on `stream`. tile_indptr[0]
+// must be 0: the kBf16 kernel uses it as its work counter (the value afterwards is
+// unspecified).
 // REQUIRES: p.cache.dtype bf16; the rest as LaunchPrefillAttention; `max_ctas` >= 1 caps the
-// persistent grid (it is also capped at what fits on the device at once).
-cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, const int32_t* tile_indptr,
+// grid (kSplit: also capped at what fits on the device at once; kBf16: CTAs past the resident
+// ones find the counter exhausted and exit).
+cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* tile_indptr,
                                       int max_ctas, MmaPrecision precision, cudaStream_t stream);
+
+// The kBf16 kernel alone (prefill_attention_wide.cu), launched as a programmatic dependent of
+// the planning kernel. REQUIRES: as LaunchPrefillAttentionMma.
+cudaError_t LaunchPrefillAttentionWide(const PagedAttentionParams& p, int32_t* tile_indptr,
+                                       int max_ctas, cudaStream_t stream);
 
 }  // namespace kvd::cuda
 

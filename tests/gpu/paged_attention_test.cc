@@ -42,6 +42,9 @@ struct AttentionCase {
   // plain bf16, or split into bf16 pairs.
   bool bf16_qp = false;
   bool split_qp = false;
+  // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
+  // take many work items in turn.
+  int direct_ctas = 0;
 };
 
 // Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
@@ -162,8 +165,8 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
       const cudaError_t err = cuda::LaunchPrefillAttention(
-          p, tile_indptr.as<int32_t>(), gpu().num_sms() * 4, gpu().stream(),
-          c.split_qp ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16);
+          p, tile_indptr.as<int32_t>(), c.direct_ctas > 0 ? c.direct_ctas : gpu().num_sms() * 4,
+          gpu().stream(), c.split_qp ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16);
       if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
       return b.Synchronize();  // before tile_indptr is freed
     }
@@ -263,6 +266,15 @@ std::vector<AttentionCase> Cases() {
   add("batch200_bf16_d128_bs16_g8", batch, DType::kBF16, 128, 16, 2, 8);
   batch.resize(40);
   add("batch40_f32_d128_bs16_g4", batch, DType::kF32, 128, 16, 2, 4);
+  // More sequences than the planning kernel scans in one round (1024): prefills in the first
+  // and in the second round, so the second round's offsets must carry the first's items.
+  std::vector<SeqShape> wide_batch;
+  for (int i = 0; i < 1100; ++i) wide_batch.push_back({1, 1 + static_cast<int>(rng() % 60)});
+  wide_batch[500] = {40, 90};
+  wide_batch[1050] = {33, 33};
+  wide_batch[1099] = {3, 20};
+  add("batch1100_mixed_bf16_d128_bs16_g4", wide_batch, DType::kBF16, 128, 16, 2, 4);
+  add("batch1100_mixed_f32_d64_bs16_g4", wide_batch, DType::kF32, 64, 16, 2, 4);
   // Bidirectional attention over the whole sequence.
   add("noncausal_bf16_d128_bs16_g4", {{40, 40}, {10, 300}, {1, 50}}, DType::kBF16, 128, 16, 2, 4,
       /*causal=*/false);
@@ -278,6 +290,14 @@ std::vector<AttentionCase> Cases() {
   }
   add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
   cases.back().bf16_qp = true;
+  // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every
+  // CTA loops over items taken from the work counter, reusing its shared memory.
+  for (const int head_dim : {64, 128}) {
+    add(absl::StrCat("bf16qp_prefill_d", head_dim, "_2ctas"), prefills, DType::kBF16, head_dim, 16,
+        2, 4);
+    cases.back().bf16_qp = true;
+    cases.back().direct_ctas = 2;
+  }
   // The split mode (Q and P as bf16 pairs) stays within fp32 accumulation error.
   for (const int head_dim : {64, 128}) {
     add(absl::StrCat("splitqp_prefill_d", head_dim), prefills, DType::kBF16, head_dim, 16, 2, 4);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU tests (and, when present, gpu_bench, the engine tests gpu_engine_test, the
+# daemon check serve_check.sh (`kvd serve --device cuda` driven by `kvd client`), the
 # end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py) on a GPU
 # machine, writing logs and JSON under $OUT (default: ./gpu-out beside this script).
 #
@@ -7,8 +8,10 @@
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench; RUN_ENGINE=0 skips gpu_engine_test;
-# RUN_PEERS=0 skips torch_peers.py. Exit status: non-zero when gpu_test, gpu_engine_test or
-# kvd_e2e_bench (engine failure or non-finite logits, never a time) failed.
+# RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py. Exit status: non-zero
+# when gpu_test, gpu_engine_test, serve_check.sh or kvd_e2e_bench (engine failure,
+# non-finite logits or graphs never replayed; never a time) failed. The last lines are a
+# PASS/FAIL summary per part.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,6 +20,7 @@ if [[ -f "$here/env.sh" ]]; then
   source "$here/env.sh"
   bin="$here/bin"
   bench_bin="$here/bin"
+  kvd_bin="$here/bin/kvd"
   peers="$here/shared/peers/torch_peers.py"
 else
   root="$(cd "$here/../.." && pwd)"
@@ -24,6 +28,7 @@ else
   [[ "$build" = /* ]] || build="$root/$build"
   bin="$build/tests/gpu"
   bench_bin="$build/bench"
+  kvd_bin="$build/server/kvd"
   peers="$root/../shared/peers/torch_peers.py"
 fi
 export OUT="${OUT:-$here/gpu-out}"
@@ -65,6 +70,7 @@ status=${PIPESTATUS[0]}
 
 summarize gpu_test
 echo "gpu_test exit status $status"
+declare -a parts=("gpu_test $status")
 
 if [[ "${RUN_BENCH:-1}" != 0 && -x "$bin/gpu_bench" ]]; then
   echo "== gpu_bench"
@@ -77,17 +83,34 @@ if [[ "${RUN_ENGINE:-1}" != 0 && -x "$bin/gpu_engine_test" ]]; then
   engine_status=${PIPESTATUS[0]}
   summarize gpu_engine_test
   echo "gpu_engine_test exit status $engine_status"
+  parts+=("gpu_engine_test $engine_status")
   [[ $engine_status != 0 ]] && status=$engine_status
+fi
+if [[ "${RUN_SERVE:-1}" != 0 && -x "$kvd_bin" && -f "$here/serve_check.sh" ]]; then
+  echo "== serve_check"
+  bash "$here/serve_check.sh" "$kvd_bin" "$OUT" 2>&1 | tee "$OUT/serve_check.log"
+  serve_status=${PIPESTATUS[0]}
+  echo "serve_check exit status $serve_status"
+  parts+=("serve_check $serve_status")
+  [[ $serve_status != 0 && $status == 0 ]] && status=$serve_status
 fi
 if [[ "${RUN_BENCH:-1}" != 0 && -x "$bench_bin/kvd_e2e_bench" ]]; then
   echo "== kvd_e2e_bench"
-  timeout 300 "$bench_bin/kvd_e2e_bench" --device cuda 2>&1 | tee "$OUT/kvd_e2e_bench.log"
+  # Every case twice: decode steps uncaptured, then replayed as CUDA graphs.
+  timeout 480 "$bench_bin/kvd_e2e_bench" --device cuda --graphs both 2>&1 |
+    tee "$OUT/kvd_e2e_bench.log"
   e2e_status=${PIPESTATUS[0]}
   echo "kvd_e2e_bench exit status $e2e_status"
+  parts+=("kvd_e2e_bench $e2e_status")
   [[ $e2e_status != 0 && $status == 0 ]] && status=$e2e_status
 fi
 if [[ "${RUN_PEERS:-1}" != 0 && -f "$peers" ]] && python3 -c 'import torch' 2> /dev/null; then
   echo "== torch_peers.py"
   python3 "$peers" 2>&1 | tee "$OUT/torch_peers.log"
 fi
+echo "== summary"
+for part in "${parts[@]}"; do
+  read -r name code <<< "$part"
+  if [[ $code == 0 ]]; then echo "PASS $name"; else echo "FAIL $name (exit status $code)"; fi
+done
 exit "$status"

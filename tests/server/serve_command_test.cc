@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tools/device.h"
 
 namespace kvd {
 namespace {
@@ -39,7 +40,8 @@ std::string WriteConfig(const std::string& name, const std::string& yaml) {
 TEST(ServeCommandTest, HelpListsTheFlags) {
   const Result r = Serve({"--help"});
   EXPECT_EQ(r.code, 0);
-  for (const char* flag : {"--config", "--model", "--grpc-address", "--metrics-address", "--set"}) {
+  for (const char* flag : {"--config", "--model", "--device", "--grpc-address", "--metrics-address",
+                           "--cuda-graphs", "--set"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }
@@ -93,6 +95,43 @@ TEST(ServeCommandTest, MissingModelNamesThePath) {
                           "--metrics-address", ""});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/model.bin"));
+}
+
+TEST(ServeCommandTest, UnknownDeviceNamesTheKeyAndTheValue) {
+  const Result r = Serve({"--model", kModel, "--device", "tpu"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.device"));
+  EXPECT_THAT(r.err, HasSubstr("tpu"));
+  EXPECT_EQ(r.out, "");
+}
+
+TEST(ServeCommandTest, CudaWithoutAGpuIsRefusedNamingTheKey) {
+  if (ResolveDevice("cuda").ok()) GTEST_SKIP() << "a GPU is visible: cuda would start";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--model", kModel, "--device", "cuda"},
+        std::vector<std::string>{"--model", kModel, "--set", "model.device=cuda"}}) {
+    const Result r = Serve(args);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.err, HasSubstr("model.device"));
+    EXPECT_THAT(r.err, HasSubstr("cuda"));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(ServeCommandTest, CpuRunsOnlyItsNativeKvDtype) {
+  // bf16 is a valid name, and what CUDA stores, but the CPU reference stores fp32 only.
+  const Result r =
+      Serve({"--model", kModel, "--device", "cpu", "--set", "kv_cache_config.quantization=bf16"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kv_cache_config.quantization"));
+  EXPECT_THAT(r.err, HasSubstr("bf16"));
+}
+
+TEST(ServeCommandTest, CudaGraphsTakesOnOrOff) {
+  const Result r = Serve({"--model", kModel, "--cuda-graphs", "maybe"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--cuda-graphs"));
+  EXPECT_THAT(r.err, HasSubstr("maybe"));
 }
 
 }  // namespace

@@ -1,0 +1,378 @@
+// The kBf16 tensor-core prefill kernel of prefill_attention_mma.h: 128-row work items, four
+// warps of 32 rows (two m16 tiles), Q in shared memory, a work counter.
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/paged_kv.cuh"
+#include "kernels/cuda/prefill_attention_mma.h"
+#include "kernels/cuda/tensor_core.cuh"
+
+namespace kvd::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kWarpRows = 32;  // two m16 tiles per warp
+constexpr int kRows = kWarps * kWarpRows;
+constexpr int kCtasPerSm = 2;
+constexpr int kStages = 3;  // K/V tiles in shared memory
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
+
+// Shared memory, bf16: K tiles [kStages][kKeys][kHeadDim], V tiles likewise, then the Q tile
+// [kRows][kHeadDim]. A row is kHeadDim / 8 chunks of 16 bytes; chunk c of row r is stored at
+// chunk c ^ (r % 8), so the eight rows an ldmatrix reads at one logical chunk hit eight
+// different bank groups.
+template <int kHeadDim>
+struct WideShape {
+  // Keys per K/V tile: with head_dim 128, O already takes 128 registers a thread and a 64-key
+  // S another 64, which spills; 32 keys fit.
+  static constexpr int kKeys = kHeadDim == 128 ? 32 : 64;
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kTileElems = kKeys * kHeadDim;
+  static constexpr int kQElems = kRows * kHeadDim;
+  static constexpr int kSmemBytes = (2 * kStages * kTileElems + kQElems) * 2;  // 80 KB at d128
+  static constexpr int kLoadRounds = kKeys * kChunks / kThreads;
+  static constexpr int kQRounds = kRows * kChunks / kThreads;
+  static constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, pairs of O n-tiles
+  static constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of O
+  static_assert(kLoadRounds * kThreads == kKeys * kChunks);
+  static_assert(kQRounds * kThreads == kRows * kChunks);
+};
+
+template <int kHeadDim>
+__device__ __forceinline__ int Swizzled(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Grid of any size of kThreads-thread CTAs with WideShape::kSmemBytes of dynamic shared
+// memory; a programmatic dependent of the planning kernel that writes tile_indptr.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    PrefillWideKernel(PagedAttentionParams p, int32_t* tile_indptr, int block_shift) {
+  using Shape = WideShape<kHeadDim>;
+  constexpr int kDimSteps = Shape::kDimSteps;
+  constexpr int kDimTiles = Shape::kDimTiles;
+  constexpr int kChunks = Shape::kChunks;
+  constexpr int kKeys = Shape::kKeys;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_item;
+  __nv_bfloat16* s_k = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* s_v = s_k + kStages * Shape::kTileElems;
+  __nv_bfloat16* s_q = s_v + kStages * Shape::kTileElems;
+
+  const KvCacheView& c = p.cache;
+  const int num_seqs = p.blocks.num_seqs;
+  const int group = p.num_q_heads / c.num_kv_heads;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int g = lane / 4;  // fragment row
+  const int t = lane % 4;  // fragment column pair
+  const float q_scale = p.sm_scale * kLog2e;
+  const int block_mask = c.block_size - 1;
+  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
+  // ldmatrix row/chunk offsets of this lane: A operand (Q, 16x16), K as B (two 8-key
+  // n-tiles x 16 dims), V as B through .trans (16 keys x two 8-dim n-tiles).
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_chunk = lane >> 4;
+  const int k_row = (lane & 7) + ((lane >> 4) & 1) * 8;
+  const int k_chunk = (lane >> 3) & 1;
+  const int v_row = a_row;
+  const int v_chunk = a_chunk;
+
+  cudaGridDependencySynchronize();  // tile_indptr is written by the planning kernel
+  const int total_items = tile_indptr[num_seqs];
+  if (total_items == 0) return;
+  int32_t* work_counter = tile_indptr;  // [0]: offset 0 by definition, never read as one
+
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(work_counter, 1);
+    __syncthreads();  // also: the previous item is done with shared memory
+    const int item = s_item;
+    if (item >= total_items) break;
+    const int s = FindSequence(tile_indptr, num_seqs, item);
+    const int q_begin = p.q_indptr[s];
+    const int q_len = p.q_indptr[s + 1] - q_begin;
+    const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
+    const int packed_rows = q_len * group;
+    const int num_tiles = CeilDiv(packed_rows, kRows);
+    const int local = item - (s == 0 ? 0 : tile_indptr[s]);
+    const int tile = num_tiles - 1 - local / c.num_kv_heads;  // latest (costliest) first
+    const int kv_head = local % c.num_kv_heads;
+    const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
+    const int tile_row0 = tile * kRows;
+    const int warp_row0 = tile_row0 + warp * kWarpRows;
+    const int first_pos = kv_len - q_len;  // position of token 0
+
+    // Keys at or past key_end are visible to no row of the tile (not loaded), at or past
+    // warp_key_end to no row of this warp (not computed); keys below warp_unmasked_end are
+    // visible to every row of the warp. Rows past the end repeat the last row's limits.
+    const int last_row = min(packed_rows - 1, tile_row0 + kRows - 1);
+    const int key_end = p.causal ? first_pos + last_row / group + 1 : kv_len;
+    const int warp_key_end =
+        p.causal ? first_pos + min(packed_rows - 1, warp_row0 + kWarpRows - 1) / group + 1 : kv_len;
+    const int warp_unmasked_end =
+        p.causal ? first_pos + min(packed_rows - 1, warp_row0) / group + 1 : kv_len;
+    int row_key_end[2][2];  // [m tile][half]: rows warp_row0 + 16 m + g + 8 half
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = min(packed_rows - 1, warp_row0 + 16 * m + g + 8 * half);
+        row_key_end[m][half] = p.causal ? first_pos + r / group + 1 : kv_len;
+      }
+    }
+
+    // Q tile -> bf16, scaled to base-2 logits; rows past the end are zeros (never written
+    // out). Ordinary stores, read by ldmatrix after the first tile's barrier.
+#pragma unroll 4
+    for (int round = 0; round < Shape::kQRounds; ++round) {
+      const int index = round * kThreads + threadIdx.x;
+      const int r = index / kChunks;
+      const int chunk = index % kChunks;
+      const int packed = tile_row0 + r;
+      uint4 bits = make_uint4(0, 0, 0, 0);
+      if (packed < packed_rows) {
+        const int token = packed / group;
+        const int head = kv_head * group + packed % group;
+        const float* src =
+            p.q + int64_t{q_begin + token} * p.q_stride + int64_t{head} * kHeadDim + chunk * 8;
+        bits.x = PackBf16x2(src[0] * q_scale, src[1] * q_scale);
+        bits.y = PackBf16x2(src[2] * q_scale, src[3] * q_scale);
+        bits.z = PackBf16x2(src[4] * q_scale, src[5] * q_scale);
+        bits.w = PackBf16x2(src[6] * q_scale, src[7] * q_scale);
+      }
+      *reinterpret_cast<uint4*>(s_q + Swizzled<kHeadDim>(r, chunk)) = bits;
+    }
+
+    const int num_key_tiles = CeilDiv(key_end, kKeys);
+    // K/V tile kt into buffer `buf`; keys at or past key_end become zeros (their V must not
+    // be read: the tail of the last block may hold anything).
+    auto load_tile = [&](int kt, int buf) {
+      if (kt >= num_key_tiles) {
+        CpAsyncCommit();  // an empty group keeps the group count in step
+        return;
+      }
+#pragma unroll
+      for (int round = 0; round < Shape::kLoadRounds; ++round) {
+        const int index = round * kThreads + threadIdx.x;
+        const int key_local = index / kChunks;
+        const int chunk = index % kChunks;
+        const int key = kt * kKeys + key_local;
+        const bool valid = key < key_end;
+        const int safe_key = valid ? key : 0;
+        const char* src = reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
+                              c, seq_blocks[safe_key >> block_shift], c.k_offset_bytes, kv_head)) +
+                          int64_t{(safe_key & block_mask) * kHeadDim + chunk * 8} * 2;
+        const int dst = buf * Shape::kTileElems + Swizzled<kHeadDim>(key_local, chunk);
+        CpAsync16(s_k + dst, src, valid);
+        CpAsync16(s_v + dst, src + v_minus_k, valid);
+      }
+      CpAsyncCommit();
+    };
+
+    // O of the warp's two m16 tiles. Two arrays, not one [2][...]: a 512-byte array is not
+    // promoted to registers (it would live in local memory).
+    float o0[kDimTiles][4];
+    float o1[kDimTiles][4];
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o0[n][e] = o1[n][e] = 0.0f;
+    }
+    float row_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+    float row_sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // this thread's columns only
+
+    const __nv_bfloat16* q_warp = s_q + warp * kWarpRows * kHeadDim;
+    // Pipeline: tiles kt + 1 .. kt + kStages - 1 in flight while tile kt is computed. The
+    // barrier at the top of iteration kt follows every warp's reads of tile kt - 1, so the
+    // copies issued after it may refill that tile's buffer.
+#pragma unroll
+    for (int kt = 0; kt < kStages - 1; ++kt) load_tile(kt, kt);
+    int buf = 0;  // kt % kStages
+    for (int kt = 0; kt < num_key_tiles; ++kt) {
+      CpAsyncWait<kStages - 2>();  // this thread's copies of tile kt have landed
+      __syncthreads();             // everyone's have, the Q tile is stored, tile kt - 1 is consumed
+      load_tile(kt + kStages - 1, buf == 0 ? kStages - 1 : buf - 1);
+      const int key0 = kt * kKeys;
+      if (key0 < warp_key_end) {
+        const __nv_bfloat16* k_tile = s_k + buf * Shape::kTileElems;
+        const __nv_bfloat16* v_tile = s_v + buf * Shape::kTileElems;
+
+        // S = Q K^T: sc[m][n] is the 16x8 block of rows 16 m .. and keys 8n .. 8n+7.
+        float sc[2][kKeys / 8][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int n = 0; n < kKeys / 8; ++n) {
+            sc[m][n][0] = sc[m][n][1] = sc[m][n][2] = sc[m][n][3] = 0.0f;
+          }
+        }
+        // Not unrolled: an unrolled loop lets the compiler hoist every Q fragment, which
+        // does not fit beside O and S in 255 registers.
+#pragma unroll 1
+        for (int kk = 0; kk < kDimSteps; ++kk) {
+          uint32_t qa[2][4];
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            // Rows of a warp's Q are rows of the tile: row & 7 is the swizzle key either way.
+            LdMatrixX4<false>(qa[m], q_warp + Swizzled<kHeadDim>(16 * m + a_row, 2 * kk + a_chunk));
+          }
+#pragma unroll
+          for (int j = 0; j < kKeys / 16; ++j) {
+            uint32_t b[4];
+            LdMatrixX4<false>(b, k_tile + Swizzled<kHeadDim>(16 * j + k_row, 2 * kk + k_chunk));
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              MmaBf16(sc[m][2 * j], qa[m], b[0], b[1]);
+              MmaBf16(sc[m][2 * j + 1], qa[m], b[2], b[3]);
+            }
+          }
+        }
+
+        if (key0 + kKeys > warp_unmasked_end) {
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+#pragma unroll
+            for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = key0 + 8 * n + 2 * t + (e & 1);
+                if (key >= row_key_end[m][e >> 1]) sc[m][n][e] = -INFINITY;
+              }
+            }
+          }
+        }
+
+        // Online softmax per row; a row's four threads (one quad) share its max.
+        float rescale[2][2];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          float base[2];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < kKeys / 8; ++n) {
+              tile_max = fmaxf(tile_max, fmaxf(sc[m][n][2 * half], sc[m][n][2 * half + 1]));
+            }
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float new_max = fmaxf(row_max[m][half], tile_max);
+            // A row that has seen no key yet keeps sum and output at 0.
+            base[half] = new_max == -INFINITY ? 0.0f : new_max;
+            rescale[m][half] = exp2f(row_max[m][half] - base[half]);
+            row_max[m][half] = new_max;
+            row_sum[m][half] *= rescale[m][half];
+          }
+#pragma unroll
+          for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              sc[m][n][e] = exp2f(sc[m][n][e] - base[e >> 1]);
+              row_sum[m][e >> 1] += sc[m][n][e];
+            }
+          }
+        }
+
+#pragma unroll
+        for (int n = 0; n < kDimTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            o0[n][e] *= rescale[0][e >> 1];
+            o1[n][e] *= rescale[1][e >> 1];
+          }
+        }
+
+        // O += P V, 16 keys per k-step; P's A fragments come straight from the S layout.
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t pa[2][4];
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+#pragma unroll
+            for (int reg = 0; reg < 4; ++reg) {
+              const float* pair = &sc[m][2 * kk + (reg >> 1)][2 * (reg & 1)];
+              pa[m][reg] = PackBf16x2(pair[0], pair[1]);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kDimSteps; ++j) {
+            uint32_t b[4];
+            LdMatrixX4<true>(b, v_tile + Swizzled<kHeadDim>(16 * kk + v_row, 2 * j + v_chunk));
+            MmaBf16(o0[2 * j], pa[0], b[0], b[1]);
+            MmaBf16(o0[2 * j + 1], pa[0], b[2], b[3]);
+            MmaBf16(o1[2 * j], pa[1], b[0], b[1]);
+            MmaBf16(o1[2 * j + 1], pa[1], b[2], b[3]);
+          }
+        }
+      }
+      buf = buf == kStages - 1 ? 0 : buf + 1;
+    }
+    CpAsyncWait<0>();  // only empty groups are left; none may outlive the item's buffers
+
+    auto store_rows = [&](const float(&om)[kDimTiles][4], int m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float sum = row_sum[m][half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int packed = warp_row0 + 16 * m + g + 8 * half;
+        if (packed >= packed_rows) continue;
+        const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int token = packed / group;
+        const int head = kv_head * group + packed % group;
+        float* out = p.out + int64_t{q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
+#pragma unroll
+        for (int n = 0; n < kDimTiles; ++n) {
+          out[8 * n + 2 * t] = om[n][2 * half] * inv_sum;
+          out[8 * n + 2 * t + 1] = om[n][2 * half + 1] * inv_sum;
+        }
+      }
+    };
+    store_rows(o0, 0);
+    store_rows(o1, 1);
+  }
+}
+
+template <int kHeadDim>
+cudaError_t Launch(const PagedAttentionParams& p, int32_t* tile_indptr, int max_ctas,
+                   cudaStream_t stream) {
+  constexpr int kSmemBytes = WideShape<kHeadDim>::kSmemBytes;
+  auto* kernel = PrefillWideKernel<kHeadDim>;
+  if (cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      err != cudaSuccess) {
+    return err;
+  }
+  // Programmatic dependent launch: the grid is set up while the planning kernel runs and
+  // waits in cudaGridDependencySynchronize for its tile_indptr.
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(max_ctas);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
+  return cudaLaunchKernelEx(&config, kernel, p, tile_indptr, block_shift);
+}
+
+}  // namespace
+
+cudaError_t LaunchPrefillAttentionWide(const PagedAttentionParams& p, int32_t* tile_indptr,
+                                       int max_ctas, cudaStream_t stream) {
+  if (p.blocks.num_seqs == 0) return cudaSuccess;
+  if (p.cache.dtype != DType::kBF16 || max_ctas < 1) return cudaErrorInvalidValue;
+  return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
+                               Launch<kHeadDim>(p, tile_indptr, max_ctas, stream));
+}
+
+}  // namespace kvd::cuda

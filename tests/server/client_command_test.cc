@@ -1,0 +1,56 @@
+// `kvd client`'s flags: exactly one prompt form, token ids parsed strictly. (Talking to a
+// daemon is covered by serve_synthetic_test.cc and tests/gpu/serve_check.sh.)
+
+#include "server/client_command.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result Client(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = RunClientCommand(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST(ClientCommandTest, HelpListsTokenIdPrompts) {
+  const Result r = Client({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--prompt-token-ids"));
+  EXPECT_THAT(r.out, HasSubstr("--ignore-eos"));
+}
+
+TEST(ClientCommandTest, NeedsExactlyOnePromptForm) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{},
+        std::vector<std::string>{"--prompt", "hi", "--prompt-token-ids", "1,2"}}) {
+    const Result r = Client(args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_THAT(r.err, HasSubstr("exactly one of --prompt and --prompt-token-ids"));
+  }
+}
+
+TEST(ClientCommandTest, MalformedTokenIdIsAUsageErrorNamingIt) {
+  for (const char* ids : {"1,x,3", "1,,3", "-4", ""}) {
+    const Result r = Client({"--prompt-token-ids", ids, "--address", "127.0.0.1:1"});
+    EXPECT_EQ(r.code, 2) << ids;
+    EXPECT_THAT(r.err, HasSubstr("--prompt-token-ids")) << ids;
+  }
+}
+
+}  // namespace
+}  // namespace kvd
