@@ -1,0 +1,65 @@
+#include "model/forward_batch.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvd {
+
+void ForwardBatch::AddSequence(absl::Span<const int32_t> tokens, int32_t start_pos,
+                               absl::Span<const int32_t> blocks, int32_t block_size,
+                               bool want_logits) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t pos = start_pos + i;
+    token_ids.push_back(tokens[i]);
+    positions.push_back(pos);
+    slot_mapping.push_back(int64_t{blocks[pos / block_size]} * block_size + pos % block_size);
+  }
+  q_indptr.push_back(q_indptr.back() + n);
+  const int32_t kv_len = start_pos + n;
+  const int32_t num_blocks = (kv_len + block_size - 1) / block_size;
+  kv_indices.insert(kv_indices.end(), blocks.begin(), blocks.begin() + num_blocks);
+  kv_indptr.push_back(kv_indptr.back() + num_blocks);
+  kv_last_block_len.push_back(kv_len - (num_blocks - 1) * block_size);
+  if (want_logits && n > 0) logit_rows.push_back(q_indptr.back() - 1);
+}
+
+absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) const {
+  const size_t t = token_ids.size();
+  if (positions.size() != t || slot_mapping.size() != t) {
+    return absl::InvalidArgumentError(
+        "forward batch: token_ids, positions and slot_mapping "
+        "must have the same length");
+  }
+  if (q_indptr.empty() || kv_indptr.size() != q_indptr.size() ||
+      kv_last_block_len.size() + 1 != q_indptr.size() || q_indptr.front() != 0 ||
+      kv_indptr.front() != 0 || q_indptr.back() != static_cast<int32_t>(t) ||
+      kv_indptr.back() != static_cast<int32_t>(kv_indices.size())) {
+    return absl::InvalidArgumentError("forward batch: inconsistent CSR block tables");
+  }
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward batch: token id ", id, " outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  for (int32_t s = 0; s < num_seqs(); ++s) {
+    const int32_t q_len = q_indptr[s + 1] - q_indptr[s];
+    const int32_t blocks = kv_indptr[s + 1] - kv_indptr[s];
+    const int32_t last = kv_last_block_len[s];
+    if (q_len < 0 || blocks <= 0 || last < 1 || last > block_size ||
+        (blocks - 1) * block_size + last < q_len) {
+      return absl::InvalidArgumentError(absl::StrCat("forward batch: sequence ", s, " has ", q_len,
+                                                     " new tokens but ", blocks, " blocks with ",
+                                                     last, " tokens in the last"));
+    }
+  }
+  for (int32_t row : logit_rows) {
+    if (row < 0 || row >= static_cast<int32_t>(t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward batch: logit row ", row, " outside [0, ", t, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvd
