@@ -22,7 +22,7 @@ namespace kvd {
 
 enum class AdmissionMode {
   kPredicted,   // uncached prompt + min(max_tokens, predicted output); may preempt
-  kReserveMax,  // uncached prompt + max_tokens; never preempts
+  kReserveMax,  // whole prompt + max_tokens; never preempts
   kOptimistic,  // uncached prompt only
 };
 

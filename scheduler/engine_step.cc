@@ -88,7 +88,15 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
     const int64_t held = static_cast<int64_t>(cache_->BlockIds(s->handle).size());
     committed += std::max<int64_t>(0, TargetBlocks(*s) - held);
   }
-  return committed + TargetBlocks(candidate) <= cache_->NumObtainableBlocks();
+  // The candidate's cached prefix (prefix index or its session) needs no new blocks.
+  // reserve_max counts it anyway: a cached block that is evictable is also counted as
+  // obtainable, and the never-preempt guarantee must not rest on that double count.
+  const int64_t cached_blocks =
+      options_.admission == AdmissionMode::kReserveMax
+          ? 0
+          : cache_->ProbePrefix(candidate.tokens, candidate.request.session_id) /
+                cache_->block_size();
+  return committed + TargetBlocks(candidate) - cached_blocks <= cache_->NumObtainableBlocks();
 }
 
 bool EngineLoop::Impl::Admit(Sequence& s) {
