@@ -3,13 +3,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <queue>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace kvd {
 namespace {
@@ -257,6 +260,23 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> tokens, int32_t prev_tok
     prev_token = token;
   }
   return text;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FindBesideModel(const std::string& model_path,
+                                                                      int32_t vocab_size) {
+  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
+  std::vector<std::string> tried;
+  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
+    const std::string path = (dir / name).string();
+    if (!std::filesystem::exists(path)) continue;
+    auto tokenizer = LoadLlama2c(path, vocab_size);
+    if (tokenizer.ok()) return tokenizer;
+    tried.push_back(absl::StrCat(path, ": ", tokenizer.status().message()));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no tokenizer with ", vocab_size,
+                   " tokens is beside the model (tried tok512.bin and tokenizer.bin in '",
+                   dir.string(), "'", tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), ")"));
 }
 
 }  // namespace kvd

@@ -39,6 +39,12 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2c(const std::string& path,
                                                                 int32_t expected_vocab_size = -1);
 
+  // The llama2.c tokenizer beside a checkpoint: `tok512.bin`, then `tokenizer.bin`, in the
+  // model's folder, the first whose vocabulary has `vocab_size` tokens. NotFound saying
+  // what was tried (and why each candidate failed) when none fits.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FindBesideModel(const std::string& model_path,
+                                                                    int32_t vocab_size);
+
   // llama2.c's encoder. When text is non-empty the piece " " (dummy prefix) comes first;
   // then each UTF-8 code point (a lead byte plus up to 3 continuation bytes) is looked up
   // as a piece, else its bytes become byte tokens; then the adjacent pair whose

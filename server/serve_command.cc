@@ -88,19 +88,10 @@ absl::StatusOr<std::string> DefaultModelPath() {
 // The llama2.c tokenizer beside the model whose vocabulary matches the model's.
 absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& model_path,
                                                            int32_t vocab_size) {
-  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
-  std::vector<std::string> tried;
-  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
-    const std::string path = (dir / name).string();
-    if (!std::filesystem::exists(path)) continue;
-    auto tokenizer = Tokenizer::LoadLlama2c(path, vocab_size);
-    if (tokenizer.ok()) return tokenizer;
-    tried.push_back(absl::StrCat(path, ": ", tokenizer.status().message()));
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "model.tokenizer is empty and no tokenizer with ", vocab_size,
-      " tokens is beside the model (tried tok512.bin and tokenizer.bin in '", dir.string(), "'",
-      tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), "); set model.tokenizer"));
+  auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
+  if (tokenizer.ok()) return tokenizer;
+  return absl::NotFoundError(absl::StrCat("model.tokenizer is empty and ",
+                                          tokenizer.status().message(), "; set model.tokenizer"));
 }
 
 // What BuildConfig decided: the validated config and the device it runs on.

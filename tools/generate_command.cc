@@ -53,19 +53,10 @@ FlagSet MakeFlags() {
 // The tokenizer beside the model whose vocabulary matches it.
 absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& model_path,
                                                          int32_t vocab_size) {
-  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
-  std::vector<std::string> tried;
-  for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
-    const std::string path = (dir / name).string();
-    if (!std::filesystem::exists(path)) continue;
-    auto tok = Tokenizer::LoadLlama2c(path, vocab_size);
-    if (tok.ok()) return tok;
-    tried.push_back(absl::StrCat(path, " (", tok.status().message(), ")"));
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no tokenizer given and none beside the model with ", vocab_size,
-      " tokens; tried tok512.bin and tokenizer.bin in '", dir.string(), "'",
-      tried.empty() ? "" : ": ", absl::StrJoin(tried, "; "), ". Pass --tokenizer PATH"));
+  auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
+  if (tokenizer.ok()) return tokenizer;
+  return absl::NotFoundError(
+      absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
 }
 
 absl::Status Run(const FlagSet& flags, std::ostream& out) {

@@ -490,5 +490,19 @@ TEST(TokenizerLoadTest, ExpectedVocabSizeMustMatch) {
   EXPECT_TRUE(Tokenizer::LoadLlama2c(kTok512Path).ok());
 }
 
+TEST(TokenizerTest, FindsTheTokenizerBesideAModelByVocabulary) {
+  const std::string model = KVD_SHARED_DIR "/models/stories260K.bin";
+  auto found = Tokenizer::FindBesideModel(model, 512);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)->vocab_size(), 512);
+  // tok512.bin is there but has the wrong vocabulary: the error says so.
+  auto wrong = Tokenizer::FindBesideModel(model, 32000);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("tok512.bin: "));
+  auto none = Tokenizer::FindBesideModel(::testing::TempDir() + "/nowhere/model.bin", 512);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()), ::testing::HasSubstr("tried tok512.bin"));
+}
+
 }  // namespace
 }  // namespace kvd
