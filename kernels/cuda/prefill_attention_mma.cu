@@ -42,7 +42,7 @@ __device__ __forceinline__ int Swizzled(int key, int chunk) {
 }
 
 // Persistent grid of kThreads-thread CTAs with MmaShape::kSmemBytes of dynamic shared memory.
-template <int kHeadDim, bool kSplit>
+template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
     PrefillMmaKernel(PagedAttentionParams p, const int32_t* tile_indptr, int block_shift) {
   using Shape = MmaShape<kHeadDim>;
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // Q as A fragments (scaled to base-2 logits): the bf16 high parts in registers, the
-    // residuals (kSplit) in this thread's own shared-memory slots, read back per k-step.
+    // residuals in this thread's own shared-memory slots, read back per k-step.
     uint32_t q_hi[kDimSteps][4];
 #pragma unroll
     for (int kk = 0; kk < kDimSteps; ++kk) {
@@ -113,14 +113,9 @@ __global__ void __launch_bounds__(kThreads)
         const float* src = q_rows[reg & 1] + 16 * kk + 2 * t + 8 * (reg >> 1);
         const float x0 = src[0] * q_scale;
         const float x1 = src[1] * q_scale;
-        if constexpr (kSplit) {
-          SplitBf16x2(x0, x1, q_hi[kk][reg], lo[reg]);
-        } else {
-          q_hi[kk][reg] = PackBf16x2(x0, x1);
-        }
+        SplitBf16x2(x0, x1, q_hi[kk][reg], lo[reg]);
       }
-      if constexpr (kSplit)
-        s_q_lo[kk * kThreads + threadIdx.x] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      s_q_lo[kk * kThreads + threadIdx.x] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
 
     // K/V tile kt into buffer `buf`; keys at or past key_end become zeros (their V must not
@@ -169,14 +164,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kKeys / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kDimSteps; ++kk) {
-        uint32_t q_lo[4];
-        if constexpr (kSplit) {
-          const uint4 lo = s_q_lo[kk * kThreads + threadIdx.x];
-          q_lo[0] = lo.x;
-          q_lo[1] = lo.y;
-          q_lo[2] = lo.z;
-          q_lo[3] = lo.w;
-        }
+        const uint4 lo = s_q_lo[kk * kThreads + threadIdx.x];
+        const uint32_t q_lo[4] = {lo.x, lo.y, lo.z, lo.w};
 #pragma unroll
         for (int j = 0; j < kKeys / 16; ++j) {
           uint32_t b[4];
@@ -185,10 +174,8 @@ __global__ void __launch_bounds__(kThreads)
           LdMatrixX4<false>(b, k_tile + Swizzled<kHeadDim>(key, chunk));
           MmaBf16(sc[2 * j], q_hi[kk], b[0], b[1]);
           MmaBf16(sc[2 * j + 1], q_hi[kk], b[2], b[3]);
-          if constexpr (kSplit) {
-            MmaBf16(sc[2 * j], q_lo, b[0], b[1]);
-            MmaBf16(sc[2 * j + 1], q_lo, b[2], b[3]);
-          }
+          MmaBf16(sc[2 * j], q_lo, b[0], b[1]);
+          MmaBf16(sc[2 * j + 1], q_lo, b[2], b[3]);
         }
       }
 
@@ -247,12 +234,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int reg = 0; reg < 4; ++reg) {
           const float* pair = &sc[2 * kk + (reg >> 1)][2 * (reg & 1)];
-          if constexpr (kSplit) {
-            SplitBf16x2(pair[0], pair[1], p_hi[reg], p_lo[reg]);
-          } else {
-            p_hi[reg] = PackBf16x2(pair[0], pair[1]);
-            p_lo[reg] = 0;
-          }
+          SplitBf16x2(pair[0], pair[1], p_hi[reg], p_lo[reg]);
         }
 #pragma unroll
         for (int j = 0; j < kDimSteps; ++j) {
@@ -262,10 +244,8 @@ __global__ void __launch_bounds__(kThreads)
           LdMatrixX4<true>(b, v_tile + Swizzled<kHeadDim>(key, chunk));
           MmaBf16(o[2 * j], p_hi, b[0], b[1]);
           MmaBf16(o[2 * j + 1], p_hi, b[2], b[3]);
-          if constexpr (kSplit) {
-            MmaBf16(o[2 * j], p_lo, b[0], b[1]);
-            MmaBf16(o[2 * j + 1], p_lo, b[2], b[3]);
-          }
+          MmaBf16(o[2 * j], p_lo, b[0], b[1]);
+          MmaBf16(o[2 * j + 1], p_lo, b[2], b[3]);
         }
       }
       __syncthreads();  // the next iteration's copies overwrite this buffer pair
@@ -291,11 +271,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kHeadDim, bool kSplit>
+template <int kHeadDim>
 cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, int max_ctas,
                    cudaStream_t stream) {
   constexpr int kSmemBytes = MmaShape<kHeadDim>::kSmemBytes;
-  auto* kernel = PrefillMmaKernel<kHeadDim, kSplit>;
+  auto* kernel = PrefillMmaKernel<kHeadDim>;
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       err != cudaSuccess) {
@@ -330,7 +310,7 @@ cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* ti
     return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);
   }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
-                               Launch<kHeadDim, true>(p, tile_indptr, max_ctas, stream));
+                               Launch<kHeadDim>(p, tile_indptr, max_ctas, stream));
 }
 
 }  // namespace kvd::cuda
