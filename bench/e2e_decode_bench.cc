@@ -1,5 +1,5 @@
 // End-to-end decode benchmark: time per decode step of the whole engine path (batch
-// upload, LlamaModel forward through the backend, greedy argmax, KV bookkeeping) on a
+// upload, LlamaModel forward through the backend, greedy Backend::Sample, KV bookkeeping) on a
 // synthetic model, beside the memory roofline of the same run:
 //
 //   roofline step = (weight bytes read + KV bytes read) / measured device copy bandwidth
@@ -14,6 +14,7 @@
 //
 //   kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,1x4096,...]
 //                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--graphs both]
+//                 [--profile]
 //
 // On a CPU-only machine, `--device cpu --model synthetic:tiny --cases 1x64,4x128` runs the
 // same code path in seconds.
@@ -32,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/clock.h"
+#include "kernels/status_macros.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "tools/device.h"
@@ -125,18 +127,23 @@ struct Result {
   double kv_gb = 0;              // KV bytes read per step (mean context), GB
   double roofline_ms = 0;
   bool finite = true;
+  // --profile (CUDA, graphs off): GPU time per op and step over `steps` extra steps, and
+  // the wall time of those steps.
+  std::vector<std::pair<std::string, double>> op_ms;
+  double profiled_step_ms = 0;
 };
 
 // Runs one case: a cache sized for it, KV filled at random to `context` tokens, then
 // warmup + timed greedy decode steps of every sequence together.
 absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Backend* backend,
                                int32_t block_size, int32_t warmup, int32_t steps, uint64_t seed,
-                               double weight_bytes, double copy_gbps) {
+                               double weight_bytes, double copy_gbps, bool profile) {
   const ModelSpec& spec = model->spec();
   // Fresh graphs per case: the cache (and so every KV view) is new.
   model->SetDecodeGraphs(graphs ? MakeOpGraphRecorder(backend) : nullptr, c.batch);
   const DecodeGraphStats stats_before = model->decode_graph_stats();
-  if (int64_t{c.context} + warmup + steps + 1 > spec.max_context_tokens) {
+  const int32_t total_steps = warmup + steps + (profile && !graphs ? steps : 0);
+  if (int64_t{c.context} + total_steps + 1 > spec.max_context_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("context + warm-up + steps exceeds the model's ",
                                                    spec.max_context_tokens, " tokens"));
   }
@@ -144,7 +151,7 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
   auto cache = CreateCache(spec, backend, &clock,
                            {.block_size = block_size,
                             .num_sequences = c.batch,
-                            .tokens_per_sequence = c.context + warmup + steps + 1,
+                            .tokens_per_sequence = c.context + total_steps + 1,
                             .kv_dtype = DefaultKvDtype(*backend),
                             .enable_prefix_caching = false});
   if (!cache.ok()) return cache.status();
@@ -185,11 +192,20 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
 
   std::vector<KvCacheView> views(spec.num_layers);
   for (int32_t l = 0; l < spec.num_layers; ++l) views[l] = kv.LayerView(l);
-  DeviceArgmax argmax(backend);
-  std::vector<double> step_ms;
+  // Greedy rows for Backend::Sample, which runs on the device (only the ids come back), as
+  // the engine samples.
+  const std::vector<SamplingRow> greedy(c.batch, SamplingRow{.temperature = 0.0f});
+  const size_t rows_bytes = greedy.size() * sizeof(SamplingRow);
+  auto sample_io = backend->Allocate(rows_bytes + greedy.size() * sizeof(int32_t));
+  if (!sample_io.ok()) return sample_io.status();
+  if (absl::Status s = backend->CopyToDevice(sample_io->data(), greedy.data(), rows_bytes);
+      !s.ok()) {
+    return s;
+  }
+  int32_t* device_ids = reinterpret_cast<int32_t*>(sample_io->as<char>() + rows_bytes);
   const float* last_logits = nullptr;
-  for (int32_t step = 0; step < warmup + steps; ++step) {
-    const auto start = SteadyClock::now();
+  // One greedy decode step of every sequence.
+  auto step = [&]() -> absl::Status {
     ForwardBatch batch;
     for (int32_t i = 0; i < c.batch; ++i) {
       kv.AppendTokens(i, {next[i]});
@@ -199,13 +215,40 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
     }
     auto logits = model->ForwardToDevice(batch, views);
     if (!logits.ok()) return logits.status();
-    if (absl::Status s = argmax.Run(*logits, c.batch, spec.vocab_size, &next); !s.ok()) return s;
+    KVD_RETURN_IF_ERROR(backend->Sample({.logits = *logits,
+                                         .row_stride = spec.vocab_size,
+                                         .num_rows = c.batch,
+                                         .vocab_size = spec.vocab_size,
+                                         .rows = sample_io->as<const SamplingRow>(),
+                                         .out_tokens = device_ids}));
+    KVD_RETURN_IF_ERROR(
+        backend->CopyToHost(next.data(), device_ids, next.size() * sizeof(int32_t)));
     for (int32_t i = 0; i < c.batch; ++i) kv.MarkComputed(i, 1);
-    if (step >= warmup) step_ms.push_back(Ms(start, SteadyClock::now()));
     last_logits = *logits;
+    return absl::OkStatus();
+  };
+  std::vector<double> step_ms;
+  for (int32_t i = 0; i < warmup + steps; ++i) {
+    const auto start = SteadyClock::now();
+    KVD_RETURN_IF_ERROR(step());
+    if (i >= warmup) step_ms.push_back(Ms(start, SteadyClock::now()));
   }
-
   Result r;
+#if defined(KVD_HAVE_CUDA)
+  if (auto* cuda = dynamic_cast<CudaBackend*>(backend); profile && !graphs && cuda != nullptr) {
+    cuda->SetOpTiming(true);
+    const auto start = SteadyClock::now();
+    for (int32_t i = 0; i < steps; ++i) KVD_RETURN_IF_ERROR(step());
+    r.profiled_step_ms = Ms(start, SteadyClock::now()) / steps;
+    auto times = cuda->TakeOpTimes();
+    cuda->SetOpTiming(false);
+    if (!times.ok()) return times.status();
+    for (const CudaBackend::OpTime& t : *times) {
+      r.op_ms.emplace_back(absl::StrCat(t.op, " x", t.calls / steps), t.ms / steps);
+    }
+  }
+#endif
+
   r.shape = c;
   r.graphs = graphs;
   r.graph_stats.captures = model->decode_graph_stats().captures - stats_before.captures;
@@ -249,6 +292,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("seed", "weights and KV seed", 1);
   flags.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
   flags.AddString("graphs", "both, on or off: decode steps as CUDA graphs (cuda only)", "both");
+  flags.AddBool("profile",
+                "cuda: after each uncaptured case, GPU time per op and step over --steps more "
+                "steps");
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "kvd_e2e_bench: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -318,7 +364,7 @@ int Main(int argc, char** argv) {
       std::string(DTypeName(DefaultKvDtype(**backend))).c_str(), block_size);
   std::printf(
       "measured copy bandwidth (read + write): %.1f GB/s; %d timed steps after %d "
-      "warm-up steps; greedy argmax in backend memory; graphs: %s\n\n",
+      "warm-up steps; greedy Backend::Sample in backend memory; graphs: %s\n\n",
       *copy_gbps, steps, warmup,
       can_record ? "decode steps uncaptured (off) and replayed as CUDA graphs (on)"
                  : "none (this backend cannot record them)");
@@ -333,7 +379,7 @@ int Main(int argc, char** argv) {
   for (const Case& c : *cases) {
     for (const bool graphs : graph_modes) {
       auto r = RunCase(c, graphs, model->get(), backend->get(), block_size, warmup, steps, seed,
-                       weight_bytes, *copy_gbps);
+                       weight_bytes, *copy_gbps, flags.GetBool("profile"));
       const char* mode = graphs ? "on" : "off";
       if (!r.ok()) {
         std::printf("%6d %8d %6s  FAILED: %s\n", c.batch, c.context, mode,
@@ -353,6 +399,16 @@ int Main(int argc, char** argv) {
                              : "GRAPHS NOT REPLAYED");
       std::fflush(stdout);
       if (!r->finite || !replayed) status = 1;
+      if (!r->op_ms.empty()) {
+        double gpu_ms = 0;
+        for (const auto& [op, ms] : r->op_ms) gpu_ms += ms;
+        std::printf("       profile (%.3f ms a step with timing, %.3f ms of it in ops):\n",
+                    r->profiled_step_ms, gpu_ms);
+        for (const auto& [op, ms] : r->op_ms) {
+          std::printf("         %-24s %8.4f ms %5.1f%%\n", op.c_str(), ms,
+                      100.0 * ms / r->profiled_step_ms);
+        }
+      }
       if (r->graph_stats.capture_failures > 0) {
         std::printf("       graph recording failed: %s\n", r->graph_stats.last_failure.c_str());
       }

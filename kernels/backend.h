@@ -70,6 +70,11 @@ class Backend {
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
   virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
   virtual absl::Status CopyBlocks(const CopyBlocksParams& p) = 0;
+  // Samples one token per row (SampleParams). Greedy rows are exact on every backend;
+  // sampled rows follow kernels/cpu_sampling.h, which the CPU backend runs exactly and a
+  // device backend reproduces up to the rounding of its mass sums (it may pick a neighbour
+  // of the reference token only when u * total lies within rounding of their boundary).
+  virtual absl::Status Sample(const SampleParams& p) = 0;
 
  protected:
   friend class DeviceBuffer;

@@ -10,6 +10,7 @@
 #include "kernels/cpu_kv_ops.h"
 #include "kernels/cpu_matmul.h"
 #include "kernels/cpu_paged_attention.h"
+#include "kernels/cpu_sampling.h"
 
 namespace kvd {
 namespace {
@@ -86,5 +87,6 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
   return CpuPagedAttention(p, pool_);
 }
 absl::Status CpuBackend::CopyBlocks(const CopyBlocksParams& p) { return CpuCopyBlocks(p, pool_); }
+absl::Status CpuBackend::Sample(const SampleParams& p) { return CpuSample(p, pool_); }
 
 }  // namespace kvd

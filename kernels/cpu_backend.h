@@ -61,6 +61,8 @@ class CpuBackend final : public Backend {
   absl::Status AppendKv(const AppendKvParams& p) override;
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
   absl::Status CopyBlocks(const CopyBlocksParams& p) override;
+  // The reference procedure of kernels/cpu_sampling.h, rows in parallel.
+  absl::Status Sample(const SampleParams& p) override;
 
  protected:
   void Free(void* data, size_t bytes) override;

@@ -156,6 +156,33 @@ struct CopyBlocksParams {
   int32_t num_pairs = 0;
 };
 
+// One request's sampling options for one step (the host's SamplingParams plus the step's
+// uniform draw). The procedure they drive is documented in kernels/cpu_sampling.h.
+struct SamplingRow {
+  float temperature = 1.0f;  // 0 = greedy (argmax, lowest id on ties); else finite and > 0
+  int32_t top_k = 0;         // 0 = off; else keep the k most probable tokens
+  float top_p = 1.0f;        // in (0, 1]; 1 = off
+  float min_p = 0.0f;        // in [0, 1]; 0 = off
+  // Uniform draw in [0, 1) for this step, drawn on the host from the request's own seeded
+  // Rng on every step (greedy included), so a seed gives the same stream on any backend
+  // and the stream position depends only on the number of steps.
+  float u = 0.0f;
+};
+
+// Picks one token per row: out_tokens[r] = the token row r's options select from
+// logits[r][0 .. vocab_size). Rows are independent (a row's token does not depend on the
+// other rows of the batch). Every pointer is backend memory (device memory on CUDA,
+// SamplingRow array included); a backend that samples on the device copies back only the
+// [num_rows] token ids.
+struct SampleParams {
+  const float* logits = nullptr;      // [num_rows][row_stride], vocab_size used per row
+  int64_t row_stride = 0;             // >= vocab_size
+  int32_t num_rows = 0;               // 0 is a no-op
+  int32_t vocab_size = 0;             // > 0
+  const SamplingRow* rows = nullptr;  // [num_rows]
+  int32_t* out_tokens = nullptr;      // [num_rows], each in [0, vocab_size)
+};
+
 }  // namespace kvd
 
 #endif  // KVD_KERNELS_PARAMS_H_

@@ -206,6 +206,43 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, absl::Span<const KvC
   return backend_->Synchronize();
 }
 
+absl::Status LlamaModel::ForwardAndSample(const ForwardBatch& batch,
+                                          absl::Span<const KvCacheView> layers,
+                                          absl::Span<const SamplingRow> rows,
+                                          std::vector<int32_t>* tokens) {
+  if (rows.size() != batch.logit_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", rows.size(), " sampling rows for ",
+                                                   batch.logit_rows.size(), " logit rows"));
+  }
+  tokens->assign(rows.size(), 0);
+  // One buffer for the options going up and the ids coming back. The options go up first:
+  // a copy to the device waits for the queue, which is idle before the forward pass.
+  const size_t row_bytes = rows.size() * sizeof(SamplingRow);
+  const size_t token_offset = (row_bytes + 15) / 16 * 16;
+  const size_t bytes = token_offset + rows.size() * sizeof(int32_t);
+  if (bytes > sample_io_capacity_) {
+    auto buffer = backend_->Allocate(bytes);
+    if (!buffer.ok()) return buffer.status();
+    sample_io_ = std::move(*buffer);
+    sample_io_capacity_ = bytes;
+  }
+  char* io = sample_io_.as<char>();
+  if (!rows.empty()) KVD_RETURN_IF_ERROR(backend_->CopyToDevice(io, rows.data(), row_bytes));
+  auto device_logits = ForwardToDevice(batch, layers);
+  if (!device_logits.ok()) return device_logits.status();
+  if (rows.empty()) return backend_->Synchronize();
+  int32_t* out_tokens = reinterpret_cast<int32_t*>(io + token_offset);
+  KVD_RETURN_IF_ERROR(backend_->Sample({.logits = *device_logits,
+                                        .row_stride = spec_.vocab_size,
+                                        .num_rows = static_cast<int32_t>(rows.size()),
+                                        .vocab_size = spec_.vocab_size,
+                                        .rows = reinterpret_cast<const SamplingRow*>(io),
+                                        .out_tokens = out_tokens}));
+  KVD_RETURN_IF_ERROR(
+      backend_->CopyToHost(tokens->data(), out_tokens, rows.size() * sizeof(int32_t)));
+  return backend_->Synchronize();
+}
+
 absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& batch,
                                                          absl::Span<const KvCacheView> layers) {
   const ModelSpec& s = spec_;

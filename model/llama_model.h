@@ -94,6 +94,14 @@ class LlamaModel {
   absl::StatusOr<const float*> ForwardToDevice(const ForwardBatch& batch,
                                                absl::Span<const KvCacheView> layers);
 
+  // As Forward, but samples on the backend: row i of the logits (logit_rows[i]) is sampled
+  // with rows[i] (Backend::Sample) and only the token ids come back, into *tokens. On the
+  // CPU backend the tokens equal Sampler::Sample over Forward's logits exactly.
+  // REQUIRES: rows.size() == batch.logit_rows.size(); each row's fields in range
+  // (SamplingParams::Validate, u in [0, 1)).
+  absl::Status ForwardAndSample(const ForwardBatch& batch, absl::Span<const KvCacheView> layers,
+                                absl::Span<const SamplingRow> rows, std::vector<int32_t>* tokens);
+
   // Runs pure-decode batches (one new token per sequence, logits for every row in order)
   // of up to `max_batch_size` sequences as recorded graphs, one per batch-size bucket (1, 2,
   // 4, ... up to max_batch_size rounded up to a power of two). A batch is padded to its
@@ -153,6 +161,8 @@ class LlamaModel {
   int32_t scratch_logit_rows_ = 0;
   DeviceBuffer x_, xb_, qkv_, attn_, h13_, h_, logit_in_, logits_;
   DeviceBuffer batch_ints_;  // token ids, positions, indptrs, indices, ... packed
+  DeviceBuffer sample_io_;   // ForwardAndSample: [rows] SamplingRow, then [rows] token ids
+  size_t sample_io_capacity_ = 0;
   size_t batch_ints_capacity_ = 0;
   uint64_t scratch_epoch_ = 0;  // bumped whenever a scratch activation buffer moves
 

@@ -1,152 +1,15 @@
 #include "model/sampler.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
-
-#include "absl/strings/str_format.h"
 
 namespace kvd {
-namespace {
-
-// Selection sorts only one bucket of candidates; below this size it sorts them all.
-constexpr size_t kSortThreshold = 64;
-// Buckets over the logit range: 0 holds +inf, kNumBuckets - 1 holds -inf.
-constexpr int kNumBuckets = 2048;
-
-template <typename T>
-bool Before(const T& a, const T& b) {
-  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-}
-
-// Maps a logit to a bucket so that Before(a, b) implies bucket(a) <= bucket(b): +inf to 0,
-// finite logits by their distance below the largest finite one into [1, kNumBuckets - 2],
-// -inf to kNumBuckets - 1. Buckets are how selection avoids sorting or partitioning
-// (unpredictable branches) on a whole vocabulary.
-class LogitBuckets {
- public:
-  template <typename T>
-  explicit LogitBuckets(const std::vector<T>& c) {
-    // Locals and ternaries keep the loop in registers (std::max returns a reference).
-    float max_finite = -INFINITY;
-    float min_finite = INFINITY;
-    for (const T& x : c) {
-      const bool finite = std::isfinite(x.logit);
-      max_finite = finite && x.logit > max_finite ? x.logit : max_finite;
-      min_finite = finite && x.logit < min_finite ? x.logit : min_finite;
-    }
-    max_finite_ = max_finite;
-    min_finite_ = min_finite;
-    const float range = max_finite_ - min_finite_;
-    scale_ = range > 0.0f && std::isfinite(range) ? (kNumBuckets - 3) / range : 0.0f;
-  }
-
-  int operator()(float logit) const {
-    if (logit > max_finite_) return 0;
-    if (logit < min_finite_) return kNumBuckets - 1;
-    return 1 + std::min(kNumBuckets - 3, static_cast<int>((max_finite_ - logit) * scale_));
-  }
-
- private:
-  float max_finite_ = -INFINITY;
-  float min_finite_ = INFINITY;
-  float scale_ = 0.0f;
-};
-
-// Rearranges c and returns the index r of the first element, in Before order, whose
-// cumulative weight (itself included) reaches target: >= when inclusive, else >. On return
-// c[0, r) are exactly the elements ordered before c[r]. If rounding means no element
-// reaches target, r is the last element in order. scratch is working memory.
-// Cost: two passes over c plus a sort of one bucket (the whole of c when all logits are
-// equal, which is then already in id order if c was).
-// REQUIRES: !c.empty(); weight(x) > 0; target > 0 when inclusive, target >= 0 otherwise.
-template <typename T, typename WeightFn>
-size_t SelectByMass(std::vector<T>& c, std::vector<T>& scratch, double target, bool inclusive,
-                    WeightFn weight) {
-  auto reached = [&](double mass) { return inclusive ? mass >= target : mass > target; };
-  size_t begin = 0;
-  size_t end = c.size();
-  double mass_before = 0.0;  // weight of c[0, begin), all ordered before c[begin, end)
-  if (c.size() > kSortThreshold) {
-    const LogitBuckets bucket_of(c);
-    std::vector<double> mass(kNumBuckets, 0.0);
-    std::vector<size_t> count(kNumBuckets, 0);
-    for (const T& x : c) {
-      const int b = bucket_of(x.logit);
-      mass[b] += weight(x);
-      ++count[b];
-    }
-    int chosen = -1;
-    int last_nonempty = 0;
-    for (int b = 0; b < kNumBuckets; ++b) {
-      if (count[b] == 0) continue;
-      last_nonempty = b;
-      if (reached(mass_before + mass[b])) {
-        chosen = b;
-        break;
-      }
-      mass_before += mass[b];
-    }
-    if (chosen < 0) {  // rounding: walk the last bucket, which returns its last element
-      chosen = last_nonempty;
-      mass_before -= mass[chosen];
-    }
-    size_t num_before = 0;
-    for (int b = 0; b < chosen; ++b) num_before += count[b];
-    // Stable scatter: buckets before `chosen`, then `chosen`, then the rest.
-    size_t cursor[3] = {0, num_before, num_before + count[chosen]};
-    scratch.resize(c.size());
-    for (const T& x : c) {
-      const int b = bucket_of(x.logit);
-      scratch[cursor[(b >= chosen) + (b > chosen)]++] = x;
-    }
-    c.swap(scratch);
-    begin = num_before;
-    end = num_before + count[chosen];
-  }
-  auto before = [](const T& a, const T& b) { return Before(a, b); };
-  if (!std::is_sorted(c.begin() + begin, c.begin() + end, before)) {
-    std::sort(c.begin() + begin, c.begin() + end, before);
-  }
-  for (size_t i = begin; i < end; ++i) {
-    mass_before += weight(c[i]);
-    if (reached(mass_before)) return i;
-  }
-  return end - 1;
-}
-
-int32_t Argmax(absl::Span<const float> logits) {
-  int32_t best = -1;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isnan(logits[i])) continue;
-    if (best < 0 || logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  }
-  return best < 0 ? 0 : best;
-}
-
-}  // namespace
 
 absl::Status SamplingParams::Validate() const {
-  if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.temperature = %g is out of range; allowed: finite and >= 0 (0 = greedy)",
-        temperature));
-  }
-  if (top_k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("sampling.top_k = %d is out of range; allowed: >= 0 (0 = off)", top_k));
-  }
-  if (!(top_p > 0.0f && top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.top_p = %g is out of range; allowed: 0 < top_p <= 1 (1 = off)", top_p));
-  }
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sampling.min_p = %g is out of range; allowed: 0 <= min_p <= 1 (0 = off)", min_p));
-  }
-  return absl::OkStatus();
+  // The per-step checks are the backend's; u = 0 always passes.
+  return ValidateSamplingRow(
+      SamplingRow{.temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p},
+      "sampling.");
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
@@ -156,63 +19,20 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   }
 }
 
+SamplingRow Sampler::NextRow() {
+  return SamplingRow{.temperature = params_.temperature,
+                     .top_k = params_.top_k,
+                     .top_p = params_.top_p,
+                     .min_p = params_.min_p,
+                     .u = rng_.NextFloat()};
+}
+
 int32_t Sampler::Sample(absl::Span<const float> logits) {
   if (logits.empty()) {
     std::fprintf(stderr, "Sampler::Sample: empty logits\n");
     std::abort();
   }
-  const float u = rng_.NextFloat();
-  if (params_.temperature == 0.0f) return Argmax(logits);
-
-  std::vector<Candidate>& c = candidates_;
-  // Branch-free fill: a NaN is written but not counted, so the next logit overwrites it.
-  c.resize(logits.size());
-  size_t num_candidates = 0;
-  float max_logit = -INFINITY;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float logit = logits[i];
-    c[num_candidates] = {logit, static_cast<int32_t>(i), 0.0f};
-    num_candidates += !std::isnan(logit);
-    max_logit = logit > max_logit ? logit : max_logit;  // NaN compares false: ignored
-  }
-  c.resize(num_candidates);
-  if (c.empty()) return 0;  // all NaN: nothing to prefer
-
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < c.size()) {
-    const size_t last = SelectByMass(c, scratch_, params_.top_k, /*inclusive=*/true,
-                                     [](const Candidate&) { return 1.0; });
-    c.resize(last + 1);  // last == top_k - 1
-  }
-
-  // The maximum gets weight exactly 1 (also when it is infinite); others may underflow.
-  const float inv_temperature = 1.0f / params_.temperature;
-  double total = 0.0;
-  size_t num_kept = 0;
-  for (const Candidate& x : c) {
-    const float w = x.logit == max_logit ? 1.0f : std::exp((x.logit - max_logit) * inv_temperature);
-    if (!(w > 0.0f)) continue;
-    c[num_kept++] = {x.logit, x.id, w};
-    total += w;
-  }
-  c.resize(num_kept);  // never empty: the maximum has weight 1
-  auto weight = [](const Candidate& x) { return static_cast<double>(x.weight); };
-
-  if (params_.top_p < 1.0f) {
-    const size_t last = SelectByMass(c, scratch_, static_cast<double>(params_.top_p) * total,
-                                     /*inclusive=*/true, weight);
-    c.resize(last + 1);
-    total = 0.0;
-    for (const Candidate& x : c) total += x.weight;
-  }
-  if (params_.min_p > 0.0f) {
-    // p < min_p * p_max  <=>  w < min_p, since the kept maximum has w == 1.
-    const double min_weight = params_.min_p;
-    std::erase_if(c, [min_weight](const Candidate& x) { return x.weight < min_weight; });
-    total = 0.0;
-    for (const Candidate& x : c) total += x.weight;
-  }
-  return c[SelectByMass(c, scratch_, static_cast<double>(u) * total, /*inclusive=*/false, weight)]
-      .id;
+  return SampleRow(NextRow(), logits, &scratch_);
 }
 
 }  // namespace kvd

@@ -2,10 +2,11 @@
 #define KVD_MODEL_SAMPLER_H_
 
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/cpu_sampling.h"
+#include "kernels/params.h"
 #include "model/rng.h"
 
 namespace kvd {
@@ -25,23 +26,11 @@ struct SamplingParams {
 
 // Picks one token from a logits row. One per request; owns its Rng; not thread safe.
 //
-// The exact procedure (so another backend can reproduce it):
-//   1. u = Rng::NextFloat(), drawn on every call, greedy included: the stream position
-//      depends only on the number of calls.
-//   2. temperature == 0: the argmax, lowest id on ties.
-//   3. Otherwise the candidates are all tokens in the order "logit descending, then id
-//      ascending" (i.e. descending probability, ties by lower id); NaN logits are never
-//      candidates. Filters apply in this order, each on what the previous one kept:
-//        top_k: keep the first k;
-//        weights w = exp((logit - max_logit) / temperature), so the most probable is 1;
-//        top_p: keep the shortest prefix whose weight sum >= top_p * (sum of weights);
-//        min_p: drop tokens with w < min_p (p < min_p * p_max).
-//      Tokens whose weight underflows to 0 are dropped (they have probability 0).
-//   4. The result is the first kept token in that order whose cumulative weight exceeds
-//      u * (sum of kept weights), i.e. u < cdf(token) of the renormalised distribution
-//      (the last kept token if rounding leaves none). Sums are in double.
-// Cost is a few linear passes per call: bucketing by logit, not sorting, finds the top-k
-// set, the top-p cut and the sampled token (only the one bucket holding the cut is sorted).
+// The exact procedure is kernels/cpu_sampling.h's (SampleRow): each call draws
+// u = Rng::NextFloat() (greedy included: the stream position depends only on the number of
+// calls) and selects with this request's options and that u. NextRow() is the same step
+// without the selection, for an engine that samples on a backend:
+//   Sample(logits) == SampleRow(NextRow(), logits)   for a sampler in the same state.
 class Sampler {
  public:
   // REQUIRES: params.Validate().ok() (aborts otherwise).
@@ -50,19 +39,16 @@ class Sampler {
   // REQUIRES: !logits.empty(). Returns an id in [0, logits.size()).
   int32_t Sample(absl::Span<const float> logits);
 
+  // Draws this step's u and returns the options for Backend::Sample. Advances the stream
+  // exactly as Sample does.
+  SamplingRow NextRow();
+
   const SamplingParams& params() const { return params_; }
 
  private:
-  struct Candidate {
-    float logit;
-    int32_t id;
-    float weight;  // exp((logit - max_logit) / temperature), in (0, 1]
-  };
-
   SamplingParams params_;
   Rng rng_;
-  std::vector<Candidate> candidates_;  // scratch, reused across calls
-  std::vector<Candidate> scratch_;     // selection's working memory
+  SampleScratch scratch_;  // reused across calls
 };
 
 }  // namespace kvd

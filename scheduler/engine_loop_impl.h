@@ -89,7 +89,7 @@ class EngineLoop::Impl {
   OutputLengthPredictor predictor_;
   EngineStats stats_;
   int64_t admit_counter_ = 0;
-  std::vector<float> logits_;
+  std::vector<int32_t> sampled_;  // the step's sampled tokens, in logit-row order
 };
 
 }  // namespace kvd

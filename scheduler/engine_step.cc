@@ -100,8 +100,8 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
 }
 
 bool EngineLoop::Impl::Admit(Sequence& s) {
-  absl::StatusOr<int32_t> cached = cache_->AddSequence(
-      static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
+  absl::StatusOr<int32_t> cached =
+      cache_->AddSequence(static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
   if (!cached.ok()) return false;  // e.g. its session is busy with another turn: wait
   s.in_cache = true;
   s.num_computed = *cached;
@@ -140,8 +140,7 @@ bool EngineLoop::Impl::Step() {
   for (SeqPtr& s : waiting_) {
     if (s->predicted_output == 0) {
       const int32_t hint = s->request.expected_output_tokens;
-      s->predicted_output =
-          std::min(s->request.max_tokens, hint > 0 ? hint : predictor_.Predict());
+      s->predicted_output = std::min(s->request.max_tokens, hint > 0 ? hint : predictor_.Predict());
     }
   }
 
@@ -210,14 +209,19 @@ bool EngineLoop::Impl::Step() {
   }
 
   if (!plan.empty()) {
+    // Sequences whose prompt is complete after this step sample a token, on the backend:
+    // each draws its row (its uniform included) in batch order.
+    std::vector<SamplingRow> rows;
     for (auto& [s, n] : plan) {
       const SeqId id = static_cast<SeqId>(s->handle);
-      batch.AddSequence(absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n),
-                        s->num_computed, cache_->BlockIds(id), block_size, n == s->pending());
+      const bool samples = n == s->pending();
+      batch.AddSequence(absl::MakeConstSpan(s->tokens).subspan(s->num_computed, n), s->num_computed,
+                        cache_->BlockIds(id), block_size, samples);
+      if (samples) rows.push_back(s->sampler->NextRow());
     }
     std::vector<KvCacheView> views(spec.num_layers);
     for (int32_t l = 0; l < spec.num_layers; ++l) views[l] = cache_->LayerView(l);
-    const absl::Status status = model_->Forward(batch, views, &logits_);
+    const absl::Status status = model_->ForwardAndSample(batch, views, rows, &sampled_);
     ++stats_.steps;
     size_t row = 0;
     for (auto& [s, n] : plan) {
@@ -228,8 +232,7 @@ bool EngineLoop::Impl::Step() {
       cache_->MarkComputed(static_cast<SeqId>(s->handle), n);
       s->num_computed += n;
       if (s->pending() > 0) continue;
-      const float* l = logits_.data() + row++ * spec.vocab_size;
-      HandleToken(*s, s->sampler->Sample(absl::MakeConstSpan(l, spec.vocab_size)));
+      HandleToken(*s, sampled_[row++]);
     }
   }
   RemoveFinished();
@@ -313,9 +316,9 @@ void EngineLoop::Impl::Emit(Sequence& s, bool final_event, FinishReason reason,
 
 void EngineLoop::Impl::RemoveFinished() {
   for (auto* list : {&waiting_, &running_}) {
-    list->erase(std::remove_if(list->begin(), list->end(),
-                               [](const SeqPtr& s) { return s->finished(); }),
-                list->end());
+    list->erase(
+        std::remove_if(list->begin(), list->end(), [](const SeqPtr& s) { return s->finished(); }),
+        list->end());
   }
 }
 

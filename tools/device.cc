@@ -147,45 +147,4 @@ absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
   return absl::OkStatus();
 }
 
-absl::Status DeviceArgmax::Run(const float* logits, int32_t rows, int32_t cols,
-                               std::vector<int32_t>* ids) {
-  Backend* backend = backend_;
-  if (rows < 0 || cols <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("ArgmaxRows: bad shape ", rows, "x", cols));
-  }
-  ids->assign(static_cast<size_t>(rows), 0);
-  if (rows == 0) return absl::OkStatus();
-#if defined(KVD_HAVE_CUDA)
-  if (CudaBackend* cuda = AsCuda(backend)) {
-    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-    if (ids_.bytes() < bytes) {
-      auto grown = backend->Allocate(std::max<size_t>(bytes, 1024));
-      if (!grown.ok()) return grown.status();
-      ids_ = std::move(*grown);
-    }
-    if (absl::Status s = cuda->ArgmaxRows(logits, rows, cols, ids_.as<int32_t>()); !s.ok()) {
-      return s;
-    }
-    return backend->CopyToHost(ids->data(), ids_.data(), bytes);
-  }
-#endif
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int32_t r = 0; r < rows; ++r) {
-    if (absl::Status s =
-            backend->CopyToHost(row.data(), logits + int64_t{r} * cols, row.size() * sizeof(float));
-        !s.ok()) {
-      return s;
-    }
-    // Strict > keeps the first of equal maxima and never lets a NaN replace a number;
-    // leading NaNs are skipped so a number can win.
-    size_t best = 0;
-    while (best + 1 < row.size() && std::isnan(row[best])) ++best;
-    for (size_t c = best + 1; c < row.size(); ++c) {
-      if (row[c] > row[best]) best = c;
-    }
-    (*ids)[r] = static_cast<int32_t>(best);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace kvd

@@ -52,23 +52,6 @@ std::unique_ptr<OpGraphRecorder> MakeOpGraphRecorder(Backend* backend);
 absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
                         const RandomFill& fill);
 
-// Greedy token choice over logits in backend memory: ids[r] = the index of the largest
-// logits[r][c], c < cols (lowest index on ties; NaN never wins over a number). On CUDA the
-// argmax runs on the device and only the ids cross to the host, so a batch of 64 rows of
-// 128k logits costs 256 bytes of copy instead of 32 MB. Owns a small id buffer in backend
-// memory, grown on demand. Not thread safe; `backend` must outlive it.
-class DeviceArgmax {
- public:
-  explicit DeviceArgmax(Backend* backend) : backend_(backend) {}
-
-  // Waits for the backend's queued work. InvalidArgument for rows < 0 or cols <= 0.
-  absl::Status Run(const float* logits, int32_t rows, int32_t cols, std::vector<int32_t>* ids);
-
- private:
-  Backend* backend_;
-  DeviceBuffer ids_;  // [capacity] int32, CUDA only
-};
-
 }  // namespace kvd
 
 #endif  // KVD_TOOLS_DEVICE_H_

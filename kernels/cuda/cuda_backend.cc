@@ -10,10 +10,13 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/generic_attention.h"
 #include "kernels/cuda/kv_cache_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/random_fill_kernels.h"
+#include "kernels/cuda/sampling_kernels.h"
+#include "kernels/status_macros.h"
 
 namespace kvd {
 namespace {
@@ -108,6 +111,11 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   cudaFree(matmul_input_.data);
   cudaFree(attention_.data);
+  for (const PendingTiming& t : pending_timings_)
+    spare_events_.insert(spare_events_.end(), {t.start, t.stop});
+  for (cudaEvent_t e : spare_events_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   cudaStreamDestroy(stream_);
 }
 
@@ -205,11 +213,68 @@ absl::StatusOr<DeviceBuffer> CudaBackend::UploadWeights(const float* host, size_
   return weights;
 }
 
+class CudaBackend::OpTimer {
+ public:
+  OpTimer(CudaBackend* backend, absl::string_view op)
+      : backend_(backend->op_timing_ && !backend->capturing_ ? backend : nullptr) {
+    if (backend_ == nullptr) return;
+    timing_.op = op;
+    timing_.start = backend_->TakeEvent();
+    timing_.stop = backend_->TakeEvent();
+    if (timing_.start != nullptr) cudaEventRecord(timing_.start, backend_->stream_);
+  }
+  ~OpTimer() {
+    if (backend_ == nullptr) return;
+    if (timing_.stop != nullptr) cudaEventRecord(timing_.stop, backend_->stream_);
+    backend_->pending_timings_.push_back(timing_);
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  CudaBackend* backend_;
+  PendingTiming timing_;
+};
+
+cudaEvent_t CudaBackend::TakeEvent() {
+  if (!spare_events_.empty()) {
+    cudaEvent_t event = spare_events_.back();
+    spare_events_.pop_back();
+    return event;
+  }
+  cudaEvent_t event = nullptr;
+  if (cudaEventCreate(&event) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return event;
+}
+
+absl::StatusOr<std::vector<CudaBackend::OpTime>> CudaBackend::TakeOpTimes() {
+  KVD_RETURN_IF_ERROR(Synchronize());
+  std::vector<OpTime> times;
+  for (const PendingTiming& t : pending_timings_) {
+    float ms = 0;
+    if (t.start != nullptr && t.stop != nullptr) cudaEventElapsedTime(&ms, t.start, t.stop);
+    auto it =
+        std::find_if(times.begin(), times.end(), [&](const OpTime& x) { return x.op == t.op; });
+    if (it == times.end()) it = times.insert(times.end(), OpTime{std::string(t.op)});
+    it->ms += ms;
+    ++it->calls;
+    for (cudaEvent_t e : {t.start, t.stop}) {
+      if (e != nullptr) spare_events_.push_back(e);
+    }
+  }
+  pending_timings_.clear();
+  return times;
+}
+
 absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
   constexpr absl::string_view kOp = "Embedding";
   if (!IsStorageDtype(p.table_dtype)) return Unsupported(kOp, "table dtype", p.table_dtype);
   if (p.num_tokens < 0 || p.dim <= 0 || p.vocab_size <= 0) return Invalid(kOp, "bad shape");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchEmbedding(p, stream_), kOp);
 }
 
@@ -218,6 +283,7 @@ absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
   if (!IsStorageDtype(p.weight_dtype)) return Unsupported(kOp, "weight dtype", p.weight_dtype);
   if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRmsNorm(p, stream_), kOp);
 }
 
@@ -231,6 +297,15 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   if (p.m < 0 || p.n <= 0 || p.k <= 0) return Invalid(kOp, "bad shape");
   if (p.m == 0) return absl::OkStatus();
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  // Decode batches: one memory-bound kernel that also rounds the input to bf16.
+  if (p.m <= cuda::kMaxSkinnyRows &&
+      cuda::SkinnyGemmSupports(p.out, p.in, p.weight, p.m, p.n, p.k)) {
+    OpTimer timer(this, "Matmul skinny");
+    return CudaStatus(
+        cuda::LaunchSkinnyGemm(p.out, p.in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
+        "Matmul: skinny gemm");
+  }
+  OpTimer timer(this, "Matmul cublas");
   const int64_t input_count = int64_t{p.m} * p.k;
   if (absl::Status s = Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp); !s.ok()) {
     return s;
@@ -247,6 +322,7 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
     return Invalid(kOp, "bad shape (head_dim must be even)");
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
 }
 
@@ -254,6 +330,7 @@ absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
   constexpr absl::string_view kOp = "SiluMul";
   if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchSiluMul(p, stream_), kOp);
 }
 
@@ -262,6 +339,7 @@ absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
   if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
   if (p.num_tokens < 0) return Invalid(kOp, "negative num_tokens");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchAppendKv(p, stream_), kOp);
 }
 
@@ -294,6 +372,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   if (!fast_head_dim) {
     return CudaStatus(cuda::LaunchGenericAttention(p, stream_), "PagedAttention: generic kernel");
   }
@@ -338,7 +417,22 @@ absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
   }
   if (p.num_regions > 65535) return Invalid(kOp, "more than 65535 regions");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchCopyBlocks(p, stream_), kOp);
+}
+
+absl::Status CudaBackend::Sample(const SampleParams& p) {
+  constexpr absl::string_view kOp = "Sample";
+  if (p.num_rows < 0) return Invalid(kOp, "negative num_rows");
+  if (p.num_rows == 0) return absl::OkStatus();
+  if (p.vocab_size <= 0) return Invalid(kOp, "vocab_size must be positive");
+  if (p.row_stride < p.vocab_size) return Invalid(kOp, "row_stride < vocab_size");
+  if (p.logits == nullptr || p.rows == nullptr || p.out_tokens == nullptr) {
+    return Invalid(kOp, "null logits, rows or out_tokens");
+  }
+  if (absl::Status s = Activate(kOp); !s.ok()) return s;
+  OpTimer timer(this, kOp);
+  return CudaStatus(cuda::LaunchSample(p, stream_), kOp);
 }
 
 absl::Status CudaBackend::FillRandom(void* data, DType dtype, size_t count,
@@ -350,15 +444,6 @@ absl::Status CudaBackend::FillRandom(void* data, DType dtype, size_t count,
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   return CudaStatus(cuda::LaunchRandomFill(data, dtype, static_cast<int64_t>(count), fill, stream_),
                     kOp);
-}
-
-absl::Status CudaBackend::ArgmaxRows(const float* logits, int32_t rows, int32_t cols,
-                                     int32_t* ids) {
-  constexpr absl::string_view kOp = "ArgmaxRows";
-  if (rows < 0 || cols <= 0) return Invalid(kOp, "bad shape");
-  if (rows == 0) return absl::OkStatus();
-  if (absl::Status s = Activate(kOp); !s.ok()) return s;
-  return CudaStatus(cuda::LaunchArgmaxRows(logits, rows, cols, ids, stream_), kOp);
 }
 
 CudaBackend::Graph& CudaBackend::Graph::operator=(Graph&& other) noexcept {

@@ -6,10 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/random_fill.h"
 
@@ -30,8 +33,10 @@ int CudaDeviceCount();
 //
 // Dtypes: weights are stored as bf16 (UploadWeights converts fp32 on the device);
 // activations are fp32; the KV cache is bf16 or f32 (f32 lets tests compare tightly with
-// the CPU reference). Matmul converts its fp32 input to a bf16 scratch buffer owned by the
-// backend and multiplies bf16 x bf16 with fp32 accumulation in cuBLASLt.
+// the CPU reference). Matmul rounds its fp32 input to bf16 and multiplies bf16 x bf16 with
+// fp32 accumulation: up to kMaxSkinnyRows rows (decode) in one memory-bound kernel
+// (gemv_kernels.h) that rounds as it loads, larger inputs through a bf16 scratch buffer
+// owned by the backend and cuBLASLt.
 //
 // Every pointer in the params is device memory, including the KV chunk table
 // (KvCacheView::chunks, CopyBlocksParams::chunks), block tables, q_indptr, positions and
@@ -104,14 +109,15 @@ class CudaBackend final : public Backend {
   // num_kv_heads.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
   absl::Status CopyBlocks(const CopyBlocksParams& p) override;
+  // One kernel launch, one CTA per row (sampling_kernels.h); no scratch, no host round
+  // trip, capturable. Rows are device memory and are not validated on the host.
+  absl::Status Sample(const SampleParams& p) override;
 
   // --- CUDA-only helpers for the engine tools (synthetic models and benchmarks), which
-  // would otherwise move gigabytes through the host. Both are only enqueued. ---
+  // would otherwise move gigabytes through the host. Only enqueued. ---
   // Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) to element i of `data` for
   // i < count. REQUIRES: data holds count elements of dtype on this device.
   absl::Status FillRandom(void* data, DType dtype, size_t count, const RandomFill& fill);
-  // ids[r] = argmax over logits[r][0..cols) (lowest index on ties), all device memory.
-  absl::Status ArgmaxRows(const float* logits, int32_t rows, int32_t cols, int32_t* ids);
 
   // --- CUDA graphs ---
   // Starts recording the ops this thread enqueues (thread-local stream capture). Until
@@ -126,6 +132,19 @@ class CudaBackend final : public Backend {
   absl::Status LaunchGraph(const Graph& graph);
   bool capturing() const { return capturing_; }
   uint64_t scratch_epoch() const { return scratch_epoch_; }
+
+  // Per-op GPU time, for profiling (kvd_e2e_bench --profile). While on, every op enqueued
+  // outside a capture is bracketed by two CUDA events on the stream; TakeOpTimes() waits
+  // for the device and returns, per op (Matmul by path: "Matmul skinny" / "Matmul cublas"),
+  // the summed time between the events and the number of calls since the last take, in
+  // first-seen order. Off by default. Inside a replayed graph nothing is timed.
+  struct OpTime {
+    std::string op;
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  void SetOpTiming(bool on) { op_timing_ = on; }
+  absl::StatusOr<std::vector<OpTime>> TakeOpTimes();
 
  protected:
   void Free(void* data, size_t bytes) override;
@@ -143,14 +162,27 @@ class CudaBackend final : public Backend {
   // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
   absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
+  // An event for OpTimer (reused from spare_events_), or null if none can be made.
+  cudaEvent_t TakeEvent();
+
+  // Brackets one op with events when op timing is on (see SetOpTiming).
+  class OpTimer;
+  struct PendingTiming {
+    absl::string_view op;  // a string literal
+    cudaEvent_t start;
+    cudaEvent_t stop;
+  };
 
   const int device_index_;
   const int num_sms_;
   cudaStream_t stream_;
   std::unique_ptr<BlasGemm> gemm_;
-  Scratch matmul_input_;  // bf16 copy of Matmul's input
-  Scratch attention_;     // decode split partials and the prefill tile plan
+  Scratch matmul_input_;     // bf16 copy of Matmul's input
+  Scratch attention_;        // decode split partials and the prefill tile plan
   bool capturing_ = false;
+  bool op_timing_ = false;
+  std::vector<PendingTiming> pending_timings_;
+  std::vector<cudaEvent_t> spare_events_;
   uint64_t scratch_epoch_ = 0;  // bumped by every Grow that reallocates
 };
 

@@ -8,7 +8,6 @@ namespace kvd::cuda {
 namespace {
 
 constexpr int kFillThreads = 256;
-constexpr int kArgmaxThreads = 512;
 
 template <typename T>
 __device__ T FromFloat(float x);
@@ -30,52 +29,6 @@ __global__ void RandomFillKernel(T* __restrict__ out, int64_t count, RandomFill 
   }
 }
 
-// (value, index) that wins: larger value, then lower index; NaN loses to any number.
-__device__ bool Better(float v, int32_t i, float best, int32_t best_i) {
-  if (isnan(v)) return false;
-  if (isnan(best)) return true;
-  return v > best || (v == best && i < best_i);
-}
-
-__global__ void ArgmaxRowsKernel(const float* __restrict__ in, int32_t cols,
-                                 int32_t* __restrict__ ids) {
-  const float* row = in + int64_t{blockIdx.x} * cols;
-  float best = NAN;
-  int32_t best_i = 0;
-  for (int32_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    if (Better(row[i], i, best, best_i)) {
-      best = row[i];
-      best_i = i;
-    }
-  }
-  // Warp reduction, then across warps through shared memory.
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float v = __shfl_down_sync(0xFFFFFFFFu, best, offset);
-    const int32_t i = __shfl_down_sync(0xFFFFFFFFu, best_i, offset);
-    if (Better(v, i, best, best_i)) {
-      best = v;
-      best_i = i;
-    }
-  }
-  __shared__ float warp_best[kArgmaxThreads / 32];
-  __shared__ int32_t warp_index[kArgmaxThreads / 32];
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    warp_best[warp] = best;
-    warp_index[warp] = best_i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
-      if (Better(warp_best[w], warp_index[w], best, best_i)) {
-        best = warp_best[w];
-        best_i = warp_index[w];
-      }
-    }
-    ids[blockIdx.x] = best_i;
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchRandomFill(void* out, DType dtype, int64_t count, const RandomFill& fill,
@@ -94,14 +47,6 @@ cudaError_t LaunchRandomFill(void* out, DType dtype, int64_t count, const Random
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchArgmaxRows(const float* in, int32_t rows, int32_t cols, int32_t* ids,
-                             cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  if (cols <= 0) return cudaErrorInvalidValue;
-  ArgmaxRowsKernel<<<rows, kArgmaxThreads, 0, stream>>>(in, cols, ids);
   return cudaGetLastError();
 }
 

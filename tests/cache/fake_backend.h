@@ -49,6 +49,7 @@ class FakeBackend final : public Backend {
   absl::Status SiluMul(const SiluMulParams&) override { return Unimplemented(); }
   absl::Status AppendKv(const AppendKvParams&) override { return Unimplemented(); }
   absl::Status PagedAttention(const PagedAttentionParams&) override { return Unimplemented(); }
+  absl::Status Sample(const SampleParams&) override { return Unimplemented(); }
 
   absl::Status CopyBlocks(const CopyBlocksParams& p) override {
     ++num_copy_calls_;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,7 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/blas_gemm.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
 
 namespace kvd {
@@ -167,6 +171,133 @@ double GraphTimeMs(Bench& bench, Fn&& fn) {
   return ms;
 }
 
+// Milliseconds per call of `fn(rep)`, timed over `reps` back-to-back calls between two events
+// (median of 5 such batches, after one warm-up batch): launch gaps count, as they do between
+// the matmuls of a decode step.
+template <typename Fn>
+double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
+  cudaStream_t stream = bench.gpu().stream();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> times;
+  for (int batch = 0; batch < 6; ++batch) {
+    cudaEventRecord(start, stream);
+    for (int rep = 0; rep < reps; ++rep) fn(rep);
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (batch > 0) times.push_back(ms / reps);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  BENCH_CHECK(bench.gpu().Synchronize());
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void CudaCheck(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
+// Decode matmuls (m <= 8 rows) of Llama-3-8B: the skinny GEMM kernel against the current
+// Matmul path (input to bf16, then cuBLASLt), both as GB/s of weight read and its ratio to
+// the copy ceiling. Consecutive calls cycle through enough weight copies (>= 256 MiB in
+// all, >= 2) that L2 (50 MB) never holds the next call's weight.
+void SkinnyGemmRates(Bench& bench, double copy_gbps) {
+  struct Shape {
+    const char* name;
+    int n;
+    int k;
+  };
+  constexpr int kMaxK = 14336;
+  constexpr int kMaxN = 128256;
+  cudaStream_t stream = bench.gpu().stream();
+  std::unique_ptr<BlasGemm> blas = Must(BlasGemm::Create(stream));
+  DeviceBuffer in = Must(bench.gpu().Allocate(size_t{8} * kMaxK * 4));
+  DeviceBuffer in_bf16 = Must(bench.gpu().Allocate(size_t{8} * kMaxK * 2));
+  DeviceBuffer out = Must(bench.gpu().Allocate(size_t{8} * kMaxN * 4));
+  BENCH_CHECK(
+      bench.gpu().FillRandom(in.data(), DType::kF32, size_t{8} * kMaxK, RandomFill{7, 1, 0}));
+  for (const Shape& shape :
+       {Shape{"qkv", 6144, 4096}, Shape{"o", 4096, 4096}, Shape{"gate_up", 28672, 4096},
+        Shape{"down", 4096, 14336}, Shape{"lm_head", 128256, 4096}}) {
+    const size_t weight_bytes = size_t(shape.n) * shape.k * 2;
+    const int copies = std::max<int>(2, ((size_t{256} << 20) + weight_bytes - 1) / weight_bytes);
+    DeviceBuffer weights = Must(bench.gpu().Allocate(weight_bytes * copies));
+    BENCH_CHECK(bench.gpu().FillRandom(weights.data(), DType::kBF16, weight_bytes / 2 * copies,
+                                       RandomFill{11, 1, 0}));
+    auto weight = [&](int rep) {
+      return static_cast<const char*>(weights.data()) + (rep % copies) * weight_bytes;
+    };
+    // About 5 ms of weight traffic per timed batch, a whole number of rounds of the copies.
+    const double call_ms_at_copy = weight_bytes / (copy_gbps * 1e6);
+    const int rounds = std::max(1, static_cast<int>(5.0 / (call_ms_at_copy * copies)));
+    const int reps = rounds * copies;
+    for (const int m : {1, 2, 4, 8}) {
+      const double skinny_ms = TimePerCallMs(bench, reps, [&](int rep) {
+        CudaCheck(cuda::LaunchSkinnyGemm(out.as<float>(), in.as<float>(), weight(rep), m, shape.n,
+                                         shape.k, false, stream),
+                  "LaunchSkinnyGemm");
+      });
+      const double blas_ms = TimePerCallMs(bench, reps, [&](int rep) {
+        CudaCheck(
+            cuda::LaunchF32ToBf16(in_bf16.data(), in.as<float>(), int64_t{m} * shape.k, stream),
+            "LaunchF32ToBf16");
+        BENCH_CHECK(
+            blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m, shape.n, shape.k, false));
+      });
+      // The same calls replayed from one CUDA graph, as the engine runs decode steps.
+      double skinny_graph_ms = -1;
+      double blas_graph_ms = -1;
+      if (m == 1 || m == 8) {
+        skinny_graph_ms = GraphTimeMs(bench, [&] {
+          for (int rep = 0; rep < reps; ++rep) {
+            if (cudaError_t err =
+                    cuda::LaunchSkinnyGemm(out.as<float>(), in.as<float>(), weight(rep), m, shape.n,
+                                           shape.k, false, stream);
+                err != cudaSuccess) {
+              return absl::InternalError(cudaGetErrorString(err));
+            }
+          }
+          return absl::OkStatus();
+        });
+        blas_graph_ms = GraphTimeMs(bench, [&] {
+          for (int rep = 0; rep < reps; ++rep) {
+            if (cudaError_t err = cuda::LaunchF32ToBf16(in_bf16.data(), in.as<float>(),
+                                                        int64_t{m} * shape.k, stream);
+                err != cudaSuccess) {
+              return absl::InternalError(cudaGetErrorString(err));
+            }
+            if (absl::Status status = blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m,
+                                                shape.n, shape.k, false);
+                !status.ok()) {
+              return status;
+            }
+          }
+          return absl::OkStatus();
+        });
+      }
+      const double tflop = 2.0 * m * shape.n * shape.k / 1e12;
+      const std::string name = absl::StrCat(shape.name, " m", m, " n", shape.n, " k", shape.k);
+      for (const auto& [path, ms] :
+           std::vector<std::pair<std::string, double>>{{"skinny", skinny_ms},
+                                                       {"cublas", blas_ms},
+                                                       {"skinny graph", skinny_graph_ms / reps},
+                                                       {"cublas graph", blas_graph_ms / reps}}) {
+        if (ms <= 0) continue;
+        const double gbps = weight_bytes / (ms * 1e6);
+        bench.Row(absl::StrCat("gemv ", path, " ", name), ms, gbps, tflop / (ms * 1e-3),
+                  gbps / copy_gbps, "copy");
+      }
+    }
+  }
+}
+
 // One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
 void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
                double gemm_tflops) {
@@ -263,7 +394,41 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
   }
 }
 
-int Main() {
+// `gpu_bench gemv` runs only the copy ceiling and the decode matmuls.
+// Sample over rows x 128256 (Llama 3's vocabulary): microseconds per call, and the one
+// pass of logits it must read as GB/s against the copy ceiling (it makes several passes,
+// mostly from L2).
+void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* label,
+              double copy_gbps) {
+  constexpr int kVocab = 128256;
+  std::vector<float> host(size_t(rows) * kVocab);
+  std::mt19937 rng(rows);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (float& x : host) x = normal(rng);
+  std::vector<SamplingRow> row_options(rows, options);
+  for (int r = 0; r < rows; ++r) row_options[r].u = float(r) / rows;
+  DeviceBuffer logits = Must(bench.gpu().Allocate(host.size() * 4));
+  DeviceBuffer options_buffer = Must(bench.gpu().Allocate(rows * sizeof(SamplingRow)));
+  DeviceBuffer tokens = Must(bench.gpu().Allocate(rows * sizeof(int32_t)));
+  BENCH_CHECK(bench.gpu().CopyToDevice(logits.data(), host.data(), host.size() * 4));
+  BENCH_CHECK(bench.gpu().CopyToDevice(options_buffer.data(), row_options.data(),
+                                       rows * sizeof(SamplingRow)));
+  SampleParams p;
+  p.logits = logits.as<float>();
+  p.row_stride = kVocab;
+  p.num_rows = rows;
+  p.vocab_size = kVocab;
+  p.rows = options_buffer.as<SamplingRow>();
+  p.out_tokens = tokens.as<int32_t>();
+  const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().Sample(p)); });
+  const double gbps = double(rows) * kVocab * 4 / (ms * 1e6);
+  bench.Row(absl::StrCat("sample ", rows, " x ", kVocab, " ", label, ": ",
+                         static_cast<int>(std::lround(ms * 1e3)), " us"),
+            ms, gbps, 0, gbps / copy_gbps, "copy");
+}
+
+int Main(int argc, char** argv) {
+  const bool only_gemv = argc > 1 && std::string(argv[1]) == "gemv";
   if (CudaDeviceCount() == 0) {
     std::printf("gpu_bench: no CUDA device\n");
     return 0;
@@ -275,6 +440,8 @@ int Main() {
               prop.totalGlobalMem / double(1 << 30));
   Bench bench(*gpu);
   const double copy = CopyBandwidth(bench);
+  SkinnyGemmRates(bench, copy);
+  if (only_gemv) return 0;
   const double gemm = GemmRate(bench, 8192, 8192, 8192, copy, 0);
   GemmRate(bench, 1, 14336, 4096, copy, 0);
   GemmRate(bench, 16, 14336, 4096, copy, 0);
@@ -293,10 +460,14 @@ int Main() {
            {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}}) {
     Attention(bench, batch, context, q_len, copy, gemm);
   }
+  const SamplingRow typical{.temperature = 0.7f, .top_k = 50, .top_p = 0.9f};
+  for (int rows : {1, 8, 64}) Sampling(bench, rows, typical, "k50 p0.9 T0.7", copy);
+  Sampling(bench, 64, SamplingRow{.temperature = 1.0f}, "T1 no filters", copy);
+  Sampling(bench, 64, SamplingRow{.temperature = 0.0f}, "greedy", copy);
   return 0;
 }
 
 }  // namespace
 }  // namespace kvd
 
-int main() { return kvd::Main(); }
+int main(int argc, char** argv) { return kvd::Main(argc, argv); }

@@ -3,19 +3,20 @@
 
 #include "model/llama_model.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "kernels/cpu_backend.h"
 #include "model/llama2c_loader.h"
+#include "model/sampler.h"
 
 namespace kvd {
 namespace {
@@ -177,6 +178,58 @@ TEST(LlamaModelTest, RejectsBadBatches) {
   EXPECT_FALSE(model->get()->Forward(ok, arena.views().subspan(1), &logits).ok());
   EXPECT_TRUE(model->get()->Forward(ok, arena.views(), &logits).ok());
   EXPECT_EQ(logits.size(), 512u);
+}
+
+// ForwardAndSample samples each logit row on the backend with its own options: the tokens
+// are what Sampler::Sample picks from Forward's logits (same sampler state), for greedy and
+// for filtered, seeded sampling rows in one batch. A row count that does not match the
+// batch's logit rows is refused.
+TEST(LlamaModelTest, ForwardAndSampleEqualsHostSampling) {
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  CpuBackend backend(1);
+  auto model = LlamaModel::Create(*weights, &backend);
+  ASSERT_TRUE(model.ok());
+  const std::vector<SamplingParams> options = {
+      {.temperature = 0.0f},
+      {.temperature = 1.0f, .seed = 7},
+      {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 11},
+      {.temperature = 1.3f, .top_p = 0.5f, .min_p = 0.05f, .seed = 12}};
+  for (int trial = 0; trial < 8; ++trial) {
+    TestArena arena(&backend, weights->spec, 16, 64, 3 + trial);
+    ForwardBatch batch;
+    std::mt19937 rng(trial);
+    for (size_t i = 0; i < options.size(); ++i) {
+      std::vector<int32_t> prompt(1 + rng() % 20);
+      for (int32_t& t : prompt) t = 1 + static_cast<int32_t>(rng() % 511);
+      std::vector<int32_t> blocks;
+      arena.Cover(&blocks, static_cast<int32_t>(prompt.size()));
+      batch.AddSequence(prompt, 0, blocks, 16, /*want_logits=*/true);
+    }
+    std::vector<Sampler> host, device;
+    std::vector<SamplingRow> rows;
+    for (const SamplingParams& o : options) {
+      SamplingParams seeded = o;
+      seeded.seed += trial;
+      host.emplace_back(seeded);
+      device.emplace_back(seeded);
+      rows.push_back(device.back().NextRow());
+    }
+    std::vector<int32_t> tokens;
+    ASSERT_TRUE(model->get()->ForwardAndSample(batch, arena.views(), rows, &tokens).ok());
+    // The same batch again through Forward (K/V rewritten with the same values).
+    std::vector<float> logits;
+    ASSERT_TRUE(model->get()->Forward(batch, arena.views(), &logits).ok());
+    const int32_t vocab = weights->spec.vocab_size;
+    ASSERT_EQ(tokens.size(), options.size());
+    for (size_t i = 0; i < options.size(); ++i) {
+      EXPECT_EQ(tokens[i], host[i].Sample(absl::MakeConstSpan(logits).subspan(i * vocab, vocab)))
+          << "trial " << trial << " row " << i;
+    }
+    rows.pop_back();
+    EXPECT_THAT(model->get()->ForwardAndSample(batch, arena.views(), rows, &tokens).message(),
+                ::testing::HasSubstr("3 sampling rows for 4 logit rows"));
+  }
 }
 
 TEST(LlamaModelTest, RejectsWeightsThatDoNotMatchTheSpec) {
