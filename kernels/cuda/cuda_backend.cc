@@ -111,6 +111,7 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   cudaFree(matmul_input_.data);
   cudaFree(attention_.data);
+  cudaFree(decode_arrivals_.data);
   for (const PendingTiming& t : pending_timings_)
     spare_events_.insert(spare_events_.end(), {t.start, t.stop});
   for (cudaEvent_t e : spare_events_) {
@@ -394,6 +395,16 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (max_splits > 1) {
     ws.partial_lse = reinterpret_cast<float*>(base + indptr_bytes);
     ws.partial_out = reinterpret_cast<float*>(base + indptr_bytes + lse_bytes);
+    // Merge counters: zero when (re)allocated, and every launch leaves them zero.
+    const size_t counter_bytes =
+        sizeof(int32_t) * cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
+    if (decode_arrivals_.bytes < counter_bytes) {
+      KVD_RETURN_IF_ERROR(Grow(decode_arrivals_, counter_bytes, kOp));
+      KVD_RETURN_IF_CUDA_ERROR(
+          cudaMemsetAsync(decode_arrivals_.data, 0, decode_arrivals_.bytes, stream_),
+          "PagedAttention: zero merge counters");
+    }
+    ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
                            "PagedAttention: decode kernel");

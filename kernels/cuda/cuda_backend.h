@@ -179,6 +179,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<BlasGemm> gemm_;
   Scratch matmul_input_;     // bf16 copy of Matmul's input
   Scratch attention_;        // decode split partials and the prefill tile plan
+  Scratch decode_arrivals_;  // decode merge counters, kept zero between launches
   bool capturing_ = false;
   bool op_timing_ = false;
   std::vector<PendingTiming> pending_timings_;

@@ -13,23 +13,20 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-// Resident decode CTAs per multiprocessor (shared memory allows two) and the grid size,
-// in waves of those, that the split count aims for: several waves keep the tail short.
+// Resident decode CTAs per multiprocessor (shared memory allows two); the split count aims
+// for one wave of them.
 constexpr int kCtasPerSm = 2;
-constexpr int kTargetWaves = 4;
 constexpr int kMaxSplits = 128;
 constexpr int kMaxGroupPerCta = 8;
 constexpr int kStages = 3;  // cp.async stages per warp
-constexpr int kMergeThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kMaxSplits <= kMergeThreads);
 
 struct SplitPlan {
   int num_splits;
   int split_len;  // keys, a multiple of the granule
 };
 
-// Shared by the decode and merge kernels so both see the same cut: splits start at
+// Shared by every CTA of a sequence so all see the same cut: splits start at
 // multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
 // CTA) and hold at least `granule` keys.
 __device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule) {
@@ -116,6 +113,73 @@ __device__ __forceinline__ float ReduceScatter(const float (&v)[kN], int lane) {
       kept[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
     }
     return ReduceScatter<kN / 2, kOffset / 2>(kept, lane);
+  }
+}
+
+// Combines the split partials of heads [head_base, head_base + heads) of sequence s into
+// `out`, with the kThreads threads of one CTA: out = sum_i w_i partial_i / sum_i w_i with
+// w_i = exp2(lse_i - max lse). `scratch` holds kGroup * (kMaxSplits + 1) floats. Partials
+// written by other CTAs are read through L2 (__ldcg): L1 is not coherent across CTAs.
+template <int kHeadDim, int kGroup>
+__device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace& ws, int s,
+                           int q_row, int head_base, int heads, int num_splits, float* scratch) {
+  float* s_weight = scratch;                         // [kGroup][kMaxSplits]
+  float* s_inv_sum = scratch + kGroup * kMaxSplits;  // [kGroup]
+  const int64_t first = int64_t{s} * ws.max_splits;
+  // Weights: one warp per head.
+  const int lane = threadIdx.x % 32;
+  for (int h = threadIdx.x / 32; h < heads; h += kWarps) {
+    float lse[kMaxSplits / 32];
+    float max_lse = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int i = lane + 32 * j;
+      lse[j] = i < num_splits ? __ldcg(ws.partial_lse + (first + i) * p.num_q_heads + head_base + h)
+                              : -INFINITY;
+      max_lse = fmaxf(max_lse, lse[j]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int i = lane + 32 * j;
+      const float w = max_lse == -INFINITY ? 0.0f : exp2f(lse[j] - max_lse);
+      sum += w;
+      if (i < num_splits) s_weight[h * kMaxSplits + i] = w;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) s_inv_sum[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  constexpr int kColumns = kHeadDim / 4;
+  for (int item = threadIdx.x; item < heads * kColumns; item += kThreads) {
+    const int h = item / kColumns;
+    const int column = item % kColumns;
+    const float* w = s_weight + h * kMaxSplits;
+    const float4* part = reinterpret_cast<const float4*>(
+                             ws.partial_out + (first * p.num_q_heads + head_base + h) * kHeadDim) +
+                         column;
+    const int64_t split_stride = int64_t{p.num_q_heads} * kColumns;  // float4s per split
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int i = 0; i < num_splits; ++i) {
+      const float4 x = __ldcg(part + i * split_stride);
+      o.x = fmaf(w[i], x.x, o.x);
+      o.y = fmaf(w[i], x.y, o.y);
+      o.z = fmaf(w[i], x.z, o.z);
+      o.w = fmaf(w[i], x.w, o.w);
+    }
+    const float inv = s_inv_sum[h];
+    float* out = p.out + int64_t{q_row} * p.out_stride + int64_t{head_base + h} * kHeadDim +
+                 4 * column;  // out_stride need not keep float4 alignment
+    out[0] = o.x * inv;
+    out[1] = o.y * inv;
+    out[2] = o.z * inv;
+    out[3] = o.w * inv;
   }
 }
 
@@ -363,6 +427,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   __syncthreads();
 
   const int64_t seq_split = int64_t{s} * ws.max_splits + split;
+#pragma unroll 2
   for (int index = threadIdx.x; index < heads * kHeadDim; index += kThreads) {
     const int h = index / kHeadDim;
     const int d = index % kHeadDim;
@@ -391,83 +456,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       }
     }
   }
-}
-
-// Block-wide reduction of kMergeThreads values; every thread gets the result.
-template <typename Op>
-__device__ float BlockReduce(float x, Op op, float* scratch) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  __syncthreads();  // scratch may still be read by a previous reduction
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < kMergeThreads / 32; ++w) x = op(x, scratch[w]);
-  return x;
-}
-
-// grid (num_q_heads, num_seqs), kMergeThreads threads: out = sum_i w_i * partial_i / sum_i w_i
-// with w_i = exp2(lse_i - max lse) over a split sequence's partial outputs. Thread t sums
-// float4 column t % columns over splits t / columns, t / columns + groups, ...
-// Launched as a programmatic dependent of the decode kernel: it reads the batch metadata
-// (never written by the decode kernel) before waiting for that grid's results.
-__global__ void __launch_bounds__(kMergeThreads)
-    MergeKernel(PagedAttentionParams p, DecodeWorkspace ws, int split_granule) {
-  __shared__ float s_weight[kMaxSplits];
-  __shared__ float s_scratch[kMergeThreads / 32];
-  __shared__ float4 s_part[kMergeThreads];
-  const int head = blockIdx.x;
-  const int s = blockIdx.y;
-  const int q_row = p.q_indptr[s];
-  if (p.q_indptr[s + 1] - q_row != 1) return;
-  const int kv_len = SeqKvLen(p.blocks, s, p.cache.block_size);
-  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits, split_granule);
   if (plan.num_splits == 1) return;
-  const int64_t first = int64_t{s} * ws.max_splits;
-  const int t = threadIdx.x;
-  cudaGridDependencySynchronize();  // the decode grid's partials are complete and visible
 
-  const float lse =
-      t < plan.num_splits ? ws.partial_lse[(first + t) * p.num_q_heads + head] : -INFINITY;
-  const float max_lse = BlockReduce(
-      lse, [](float a, float b) { return fmaxf(a, b); }, s_scratch);
-  const float weight = max_lse == -INFINITY ? 0.0f : exp2f(lse - max_lse);
-  if (t < plan.num_splits) s_weight[t] = weight;
-  const float weight_sum = BlockReduce(
-      weight, [](float a, float b) { return a + b; }, s_scratch);
-
-  const int columns = p.cache.head_dim / 4;
-  const int groups = kMergeThreads / columns;
-  const int column = t % columns;
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-  for (int i = t / columns; i < plan.num_splits; i += groups) {
-    const float w = s_weight[i];
-    const float4 part = reinterpret_cast<const float4*>(
-        ws.partial_out + ((first + i) * p.num_q_heads + head) * p.cache.head_dim)[column];
-    o.x = fmaf(w, part.x, o.x);
-    o.y = fmaf(w, part.y, o.y);
-    o.z = fmaf(w, part.z, o.z);
-    o.w = fmaf(w, part.w, o.w);
-  }
-  s_part[t] = o;
+  // In-kernel merge: the last CTA of this (sequence, head group) to finish combines every
+  // split's partials (threadFenceReduction: each CTA publishes its partials, then counts
+  // itself in; the counter goes back to 0 for the next launch).
+  __shared__ int s_last;
+  __threadfence();
   __syncthreads();
-  if (t < columns) {
-    float4 total = s_part[t];
-    for (int g = 1; g < groups; ++g) {
-      const float4 x = s_part[g * columns + t];
-      total.x += x.x;
-      total.y += x.y;
-      total.z += x.z;
-      total.w += x.w;
-    }
-    const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-    float* out = p.out + int64_t{q_row} * p.out_stride + int64_t{head} * p.cache.head_dim + 4 * t;
-    out[0] = total.x * inv;
-    out[1] = total.y * inv;
-    out[2] = total.z * inv;
-    out[3] = total.w * inv;
+  if (threadIdx.x == 0) {
+    int* arrivals = ws.arrivals + int64_t{s} * gridDim.x + blockIdx.x;
+    const int done = atomicAdd(arrivals, 1) + 1;
+    s_last = done == plan.num_splits;
+    if (s_last) *arrivals = 0;
   }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  MergeGroup<kHeadDim, kGroup>(p, ws, s, q_row, head_base, heads, plan.num_splits,
+                               reinterpret_cast<float*>(smem));
 }
 
 template <typename T, int kHeadDim, int kGroup>
@@ -485,21 +492,6 @@ cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cud
   }
   kernel<<<grid, kThreads, Shape::kSmemBytes, stream>>>(p, ws, group, subgroups, block_shift);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  if (ws.max_splits > 1) {
-    // Programmatic dependent launch: the merge grid is set up while the decode grid runs and
-    // waits in cudaGridDependencySynchronize for its completion (saves a launch gap).
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(p.num_q_heads, p.blocks.num_seqs);
-    config.blockDim = dim3(kMergeThreads);
-    config.dynamicSmemBytes = 0;
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, MergeKernel, p, ws, int{Shape::kSplitGranule});
-  }
   return cudaSuccess;
 }
 
@@ -509,9 +501,16 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
   const int subgroups = (group_size + kMaxGroupPerCta - 1) / kMaxGroupPerCta;
   const int64_t ctas = int64_t{num_seqs} * num_kv_heads * subgroups;
   if (ctas <= 0) return 1;
-  const int64_t target = int64_t{kTargetWaves} * kCtasPerSm * num_sms;
-  const int64_t wanted = (target + ctas - 1) / ctas;
+  // Rounded down: a second, partial wave costs more than the splits gain (measured by
+  // tests/gpu/decode_sweep.cu on an H200: 32 x 4k reads 0.83 of copy bandwidth unsplit and
+  // 0.79 in two splits).
+  const int64_t wanted = int64_t{kCtasPerSm} * num_sms / ctas;
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, kMaxSplits));
+}
+
+int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
+  const int subgroups = (group_size + kMaxGroupPerCta - 1) / kMaxGroupPerCta;
+  return int64_t{num_seqs} * num_kv_heads * subgroups;
 }
 
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim) {
@@ -526,6 +525,9 @@ cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWor
                                   cudaStream_t stream) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (ws.max_splits < 1 || ws.max_splits > kMaxSplits) return cudaErrorInvalidValue;
+  if (ws.max_splits > 1 && (ws.partial_out == nullptr || ws.arrivals == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   return KVD_DISPATCH_STORAGE_DTYPE(
       p.cache.dtype, T,

@@ -14,15 +14,14 @@
 // dot products of all group heads at once, leaving each lane one head's score: few shuffles
 // and one exp2 per key and head, so the loop stays memory-bound at large batch.
 //
-// The merge kernel is a programmatic dependent launch of the decode kernel (it is set up
-// while the decode grid runs and waits for its results on the device).
-//
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for bf16 with head_dim 128; 32 to 128 for other shapes), each at least
-// one granule; DecodeMaxSplits sizes them so that the grid covers the device several times
-// (a 4k context at batch 1 makes 64 splits per KV head).
-// Each split writes its normalized partial output and log-sum-exp to the workspace, and a
-// merge kernel combines them. A sequence with one split writes `out` directly.
+// one granule; DecodeMaxSplits sizes them so that the grid fills one wave of resident CTAs
+// (a 4k context at batch 1 makes 32 splits per KV head; 32 sequences x 8 KV heads, none).
+// Each split writes its normalized partial output and log-sum-exp to the workspace and
+// counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
+// them all into `out` in the same kernel (no second launch). A sequence with one split
+// writes `out` directly.
 //
 // Workspace layout (only touched when max_splits > 1):
 //   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)
@@ -44,19 +43,26 @@ struct DecodeWorkspace {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int32_t max_splits = 1;
+  // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
+  // before a launch and left zero by it.
+  int32_t* arrivals = nullptr;
 };
 
-// Splits per sequence worth launching so that the decode grid covers about four waves of
-// resident CTAs on `num_sms` multiprocessors; 1 when the batch alone fills the device. In
-// [1, 128].
+// Splits per sequence worth launching so that the decode grid fills about one wave of
+// resident CTAs on `num_sms` multiprocessors (rounded down); 1 when the batch alone fills
+// the device. In [1, 128].
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms);
+
+// Elements of DecodeWorkspace::arrivals a call with these sizes needs.
+int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
 
 // Elements of partial_out and partial_lse a call with these sizes needs.
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim);
 int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);
 
-// Enqueues the decode kernel and, when max_splits > 1, the merge kernel.
-// REQUIRES: 1 <= ws.max_splits <= 128; ws.partial_out 16-byte aligned when max_splits > 1.
+// Enqueues the decode kernel (one launch, merge included).
+// REQUIRES: 1 <= ws.max_splits <= 128; when max_splits > 1, every workspace pointer set,
+// partial_out 16-byte aligned and arrivals zero (as every launch leaves them).
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                   cudaStream_t stream);
 
