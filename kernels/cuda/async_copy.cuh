@@ -26,6 +26,25 @@ __device__ __forceinline__ void CpAsync16(void* shared_dst, const void* global_s
                : "memory");
 }
 
+// As CpAsync16, with a hint that L2 fetch the whole aligned kPrefetchBytes (128 or 256)
+// around the source from memory: for streams read front to back by many requests.
+template <int kPrefetchBytes>
+__device__ __forceinline__ void CpAsync16Prefetch(void* shared_dst, const void* global_src,
+                                                  bool valid) {
+  static_assert(kPrefetchBytes == 128 || kPrefetchBytes == 256);
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  const int src_bytes = valid ? 16 : 0;
+  if constexpr (kPrefetchBytes == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(global_src), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(global_src), "r"(src_bytes)
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

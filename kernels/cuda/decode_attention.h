@@ -6,13 +6,20 @@
 //
 // One CTA of four warps serves one (KV head, sequence, split) and every query head of its
 // GQA group (up to 8; larger groups take several CTAs), so each K/V byte is read once per
-// group. The warps stream different runs of keys through a three-stage cp.async pipeline of
-// 16-byte copies (two runs in flight per warp while a third is scored), each keeping an
+// group. The warps stream different runs of 16 keys through a three-stage cp.async pipeline
+// of 16-byte copies (two runs in flight per warp while a third is scored), each keeping an
 // online softmax for the whole group in registers; the warps are combined through shared
-// memory at the end. The block table is read once per block, an iteration ahead. A key's
-// dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly reduces the
-// dot products of all group heads at once, leaving each lane one head's score: few shuffles
-// and one exp2 per key and head, so the loop stays memory-bound at large batch.
+// memory at the end. The block table is read once per block, an iteration ahead.
+//
+// bf16 KV runs on tensor cores: the group's query heads are the rows of an m16n8k16 tile,
+// S = Q K^T and O += P V are MMAs over the staged K/V tiles (ldmatrix from a swizzled
+// layout), with Q and P each split into a bf16 high part and a bf16 residual so the result
+// keeps ~16 significant bits (fp32-close, like the f32 path). f32 KV runs on CUDA cores: a
+// key's dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly
+// reduces the dot products of all group heads at once.
+// On an H200 (tests/gpu/decode_sweep.cu) both reach ~0.85 of copy bandwidth at large
+// batch, the tensor-core path 1-2% ahead; deeper pipelines (more stages, one CTA per SM)
+// and larger L2 prefetches measured slower; ncu shows L2 at ~89% of its throughput there.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for bf16 with head_dim 128; 32 to 128 for other shapes), each at least
@@ -65,6 +72,14 @@ int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);
 // partial_out 16-byte aligned and arrivals zero (as every launch leaves them).
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                   cudaStream_t stream);
+
+// Benchmark only (tests/gpu/decode_sweep.cu): the bf16, head_dim 128, GQA-group-4 kernel
+// under alternative launch shapes (warps per CTA, pipeline stages, resident CTAs), variant
+// in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs. Sets *name.
+// cudaErrorInvalidValue for other shapes or variants.
+inline constexpr int kDecodeVariants = 4;
+cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                                         int variant, cudaStream_t stream, const char** name);
 
 }  // namespace kvd::cuda
 

@@ -7,10 +7,12 @@
 //           the host's launch latency, which dominates short contexts);
 //   graph - a CUDA graph of kCalls launches, per launch: the kernel's own cost as the
 //           engine's decode graphs see it, with back-to-back launches.
-// Each shape runs over one copy of the KV cache (as gpu_bench and SDPA read it: a small
-// cache stays in L2 between calls) and, when one copy is smaller than 256 MB, again over
-// enough copies in turn that L2 cannot serve them ("cold"). "old" is the split count of the
-// previous policy (four waves, rounded up) for comparison.
+// Each shape runs over one copy of the KV cache, as gpu_bench and SDPA read it, for every
+// launch-shape variant of the kernel (LaunchDecodeAttentionVariant) and split count;
+// "auto" marks DecodeMaxSplits' choice for the default variant. Block tables are shuffled
+// with block_size 16 as in gpu_bench ("shuf"); batches of 8 or more also run with the
+// blocks in order ("seq") and with block_size 64, to separate paging costs from the
+// kernel's.
 
 #include <cuda_runtime_api.h>
 
@@ -30,7 +32,7 @@
 namespace kvd {
 namespace {
 
-constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr int kCalls = 16;
 
 #define SWEEP_CUDA(expr)                                                                    \
@@ -94,7 +96,8 @@ T* Upload(const std::vector<T>& v) {
   return p;
 }
 
-void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies, double copy_gbps) {
+void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies, int kBlock,
+           bool shuffled, double copy_gbps) {
   const int blocks_per_seq = (context + kBlock - 1) / kBlock;
   const int num_blocks = batch * blocks_per_seq * copies;
   int chunk_shift = 0;
@@ -106,7 +109,7 @@ void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies,
 
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
+  if (shuffled) std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
   std::vector<int32_t> indptr(batch + 1), last(batch, context - (blocks_per_seq - 1) * kBlock),
       q_indptr(batch + 1);
   for (int s = 0; s <= batch; ++s) {
@@ -155,27 +158,40 @@ void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies,
   const double bytes =
       double(batch) * context * kKvHeads * kHeadDim * 2 * 2 + 2.0 * batch * kQHeads * kHeadDim * 4;
   const int auto_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, num_sms);
-  const int old_splits =
-      std::clamp((4 * 2 * num_sms + batch * kKvHeads - 1) / (batch * kKvHeads), 1, 128);
-  std::vector<int> splits = {auto_splits, old_splits, 1, 2, 4, 8, 16, 32, 64, 128};
-  for (size_t k = 0; k < splits.size(); ++k) {
-    ws.max_splits = splits[k];
-    auto launch = [&](int copy) {
-      PagedAttentionParams c = p;
-      c.blocks.indices = d_ids[copy];
-      SWEEP_CUDA(cuda::LaunchDecodeAttention(c, ws, stream));
-    };
-    const double call_ms = MedianMs(stream, [&] { launch(0); });
-    const double graph_ms = GraphMs(stream,
-                                    [&] {
-                                      for (int i = 0; i < kCalls; ++i) launch(i % copies);
-                                    }) /
-                            kCalls;
-    std::printf("decode %3d x %6d splits %3d%s  call %8.4f ms %5.3f  graph %8.4f ms %5.3f\n", batch,
-                context, splits[k], k == 0 ? "*" : " ", call_ms,
-                bytes / (call_ms * 1e6) / copy_gbps, graph_ms,
-                bytes / (graph_ms * 1e6) / copy_gbps);
-    std::fflush(stdout);
+  const std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
+                                  : batch >= 8 ? std::vector<int>{1, 2, 4, 8}
+                                               : std::vector<int>{4, 8, 16, 32, 64};
+  // KVD_SWEEP_ONLY=VARIANT,SPLITS runs just that pair (for a profiler).
+  int only_variant = -1, only_splits = -1;
+  if (const char* only = std::getenv("KVD_SWEEP_ONLY"); only != nullptr) {
+    std::sscanf(only, "%d,%d", &only_variant, &only_splits);
+  }
+  for (int variant = 0; variant < cuda::kDecodeVariants; ++variant) {
+    if (only_variant >= 0 && variant != only_variant) continue;
+    const char* name = "";
+    for (const int n : splits) {
+      if (only_splits >= 0 && n != only_splits) continue;
+      ws.max_splits = n;
+      auto launch = [&](int copy) {
+        PagedAttentionParams c = p;
+        c.blocks.indices = d_ids[copy];
+        SWEEP_CUDA(cuda::LaunchDecodeAttentionVariant(c, ws, variant, stream, &name));
+      };
+      const double call_ms = MedianMs(stream, [&] { launch(0); });
+      const double graph_ms = GraphMs(stream,
+                                      [&] {
+                                        for (int i = 0; i < kCalls; ++i) launch(i % copies);
+                                      }) /
+                              kCalls;
+      std::printf(
+          "decode %3d x %6d bs%-2d %-4s v%d splits %3d%-5s call %8.4f ms %5.3f  graph %8.4f ms "
+          "%5.3f  [%s]\n",
+          batch, context, kBlock, shuffled ? "shuf" : "seq", variant, n,
+          variant == 0 && n == auto_splits ? " auto" : "", call_ms,
+          bytes / (call_ms * 1e6) / copy_gbps, graph_ms, bytes / (graph_ms * 1e6) / copy_gbps,
+          name);
+      std::fflush(stdout);
+    }
   }
   SWEEP_CUDA(cudaStreamSynchronize(stream));
   for (void* ptr :
@@ -211,6 +227,11 @@ int Main() {
               GraphMs(stream, [&] {
                 for (int i = 0; i < kCalls; ++i) EmptyKernel<<<1, 32, 0, stream>>>();
               }) / kCalls);
+  // KVD_SWEEP_SHAPE=BATCHxCONTEXT runs one shape.
+  int only_batch = -1, only_context = -1;
+  if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
+    std::sscanf(shape, "%dx%d", &only_batch, &only_context);
+  }
   for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
                                                                        {1, 32768},
                                                                        {8, 4096},
@@ -219,10 +240,12 @@ int Main() {
                                                                        {128, 2048},
                                                                        {16, 16384},
                                                                        {4, 131072}}) {
-    Shape(stream, num_sms, batch, context, 1, copy_gbps);
-    const double bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
-    if (bytes < 256e6)
-      Shape(stream, num_sms, batch, context, int(std::ceil(256e6 / bytes)), copy_gbps);
+    if (only_batch >= 0 && (batch != only_batch || context != only_context)) continue;
+    Shape(stream, num_sms, batch, context, 1, 16, true, copy_gbps);
+    if (batch >= 8 && only_batch < 0) {
+      Shape(stream, num_sms, batch, context, 1, 16, false, copy_gbps);
+      Shape(stream, num_sms, batch, context, 1, 64, true, copy_gbps);
+    }
   }
   return 0;
 }
