@@ -109,8 +109,8 @@ class CudaBackend final : public Backend {
   // num_kv_heads.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
   absl::Status CopyBlocks(const CopyBlocksParams& p) override;
-  // One kernel launch, one CTA per row (sampling_kernels.h); no scratch, no host round
-  // trip, capturable. Rows are device memory and are not validated on the host.
+  // One kernel launch, a cluster of CTAs per row (sampling_kernels.h); no scratch, no host
+  // round trip, capturable. Rows are device memory and are not validated on the host.
   absl::Status Sample(const SampleParams& p) override;
 
   // --- CUDA-only helpers for the engine tools (synthetic models and benchmarks), which

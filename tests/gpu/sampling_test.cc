@@ -333,6 +333,43 @@ TEST_F(SamplingTest, VocabularyOfOneAndZeroRows) {
   EXPECT_EQ(gpu().Sample(empty).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(SamplingTest, CutsInsideTiedBucketsTooLargeToGatherMatchTheCpu) {
+  // The device resolves a cut by gathering the one value bucket that holds it into shared
+  // memory (at most 2048 candidates); thousands of equal logits make that bucket too large
+  // and send the selection down the radix fallback, for every filter and for the draw, also
+  // when a small top_k's candidates do not fit.
+  const int32_t vocab = 128256;
+  std::mt19937 rng(31);
+  Batch b;
+  b.vocab_size = vocab;
+  b.row_stride = vocab + 1;
+  auto add = [&](int32_t num_tied, float tied_logit, SamplingRow row) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> logits(b.row_stride, 1e38f);
+    for (int32_t i = 0; i < vocab; ++i) logits[i] = normal(rng);
+    for (int32_t t = 0; t < num_tied; ++t) logits[rng() % vocab] = tied_logit;
+    b.logits.insert(b.logits.end(), logits.begin(), logits.end());
+    row.u = std::uniform_real_distribution<float>(0.0f, 0.99f)(rng);
+    b.rows.push_back(row);
+  };
+  add(6000, 4.5f, {.temperature = 1.0f});                              // the draw
+  add(6000, 4.5f, {.temperature = 1.0f, .top_k = 3000});               // large top_k
+  add(6000, 4.5f, {.temperature = 0.7f, .top_k = 50, .top_p = 0.9f});  // small top_k
+  add(6000, 4.5f, {.temperature = 1.0f, .top_p = 0.3f});               // top_p
+  add(6000, 4.5f, {.temperature = 1.0f, .min_p = 0.5f});               // min_p
+  add(20000, 0.0f, {.temperature = 1.0f, .top_p = 0.95f});             // tie mid-row
+  add(20000, 0.0f, {.temperature = 1.0f, .top_k = 40000, .top_p = 0.5f});
+  add(vocab * 4, 1.25f, {.temperature = 0.5f});  // (nearly) all equal
+  const int32_t num_rows = static_cast<int32_t>(b.rows.size());
+  const std::vector<int32_t> expected = RunSample(cpu(), b);
+  const std::vector<int32_t> actual = RunSample(gpu(), b);
+  for (int32_t r = 0; r < num_rows; ++r) {
+    bool rounding = false;
+    EXPECT_TRUE(AcceptableToken(b.Row(r), b.rows[r], actual[r], expected[r], &rounding))
+        << "row " << r << ": device " << actual[r] << " cpu " << expected[r];
+  }
+}
+
 TEST_F(SamplingTest, CapturedInAGraphItReadsTheRowsOfEachReplay) {
   std::mt19937 rng(5);
   const Batch b = RandomBatch(32000, 8, rng, /*allow_greedy=*/false);
