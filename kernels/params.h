@@ -26,10 +26,10 @@ namespace kvd {
 struct KvCacheView {
   void* const* chunks = nullptr;  // [num_chunks] chunk base addresses
   int32_t num_chunks = 0;
-  int32_t chunk_shift = 0;      // log2(blocks per chunk)
-  int64_t k_offset_bytes = 0;   // this layer's K region inside a chunk
-  int64_t v_offset_bytes = 0;   // this layer's V region inside a chunk
-  int64_t block_bytes = 0;      // one block of one region: num_kv_heads*block_size*head_dim*elem
+  int32_t chunk_shift = 0;     // log2(blocks per chunk)
+  int64_t k_offset_bytes = 0;  // this layer's K region inside a chunk
+  int64_t v_offset_bytes = 0;  // this layer's V region inside a chunk
+  int64_t block_bytes = 0;     // one block of one region: num_kv_heads*block_size*head_dim*elem
   DType dtype = DType::kF32;
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;
@@ -94,7 +94,7 @@ struct RopeParams {
 
 // out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)).
 struct SiluMulParams {
-  float* out = nullptr;       // [num_rows][dim]
+  float* out = nullptr;         // [num_rows][dim]
   const float* gate = nullptr;  // [num_rows][gate_stride]
   const float* up = nullptr;    // [num_rows][up_stride]
   int32_t num_rows = 0;
@@ -105,8 +105,8 @@ struct SiluMulParams {
 
 // out[t][:] = table[token_ids[t]][:]
 struct EmbeddingParams {
-  float* out = nullptr;                // [num_tokens][dim]
-  const void* table = nullptr;         // [vocab_size][dim] of table_dtype
+  float* out = nullptr;         // [num_tokens][dim]
+  const void* table = nullptr;  // [vocab_size][dim] of table_dtype
   DType table_dtype = DType::kF32;
   const int32_t* token_ids = nullptr;  // [num_tokens], each in [0, vocab_size)
   int32_t num_tokens = 0;
@@ -117,8 +117,8 @@ struct EmbeddingParams {
 // Writes new tokens' K and V into the arena. Slot = block_id * block_size + offset.
 struct AppendKvParams {
   KvCacheView cache;
-  const float* k = nullptr;             // [num_tokens][k_stride], num_kv_heads*head_dim used
-  const float* v = nullptr;             // [num_tokens][v_stride]
+  const float* k = nullptr;               // [num_tokens][k_stride], num_kv_heads*head_dim used
+  const float* v = nullptr;               // [num_tokens][v_stride]
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
   int32_t num_tokens = 0;
   int32_t k_stride = 0;
@@ -141,12 +141,16 @@ struct PagedAttentionParams {
   int32_t out_stride = 0;
   float sm_scale = 1.0f;  // usually 1/sqrt(head_dim)
   bool causal = true;
+  // A promise about the batch, known on the host: no sequence has more than max_q_len
+  // query rows (0 = no promise). max_q_len == 1 (pure decode) lets a backend skip its
+  // prefill work; results are the same either way.
+  int32_t max_q_len = 0;
 };
 
 // Copies whole blocks (every layer, K and V) src[i] -> dst[i], for defragmentation and
 // copy-on-write. REQUIRES: no block appears both as a source and a destination.
 struct CopyBlocksParams {
-  void* const* chunks = nullptr;   // arena chunk table, as in KvCacheView
+  void* const* chunks = nullptr;  // arena chunk table, as in KvCacheView
   int32_t chunk_shift = 0;
   int64_t chunk_region_bytes = 0;  // bytes of one region (one layer's K or V) in a chunk
   int32_t num_regions = 0;         // 2 * num_layers

@@ -282,6 +282,9 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
   d.logit_rows = d.kv_last + batch.kv_last_block_len.size();
   d.num_tokens = t;
   d.num_seqs = batch.num_seqs();
+  for (int32_t i = 0; i < batch.num_seqs(); ++i) {
+    d.max_q_len = std::max(d.max_q_len, batch.q_indptr[i + 1] - batch.q_indptr[i]);
+  }
   d.num_logit_rows = rows;
   KVD_RETURN_IF_ERROR(Enqueue(d, layers));
   return logits_.as<const float>();
@@ -367,7 +370,8 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                   .q_stride = qkv_dim,
                                   .out_stride = q_dim,
                                   .sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
-                                  .causal = true}));
+                                  .causal = true,
+                                  .max_q_len = b.max_q_len}));
     // Residual adds ride on the output projections (accumulate into x).
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
                                           .in = attn,

@@ -132,6 +132,7 @@ class LlamaModel {
     const int32_t *kv_indptr = nullptr, *kv_indices = nullptr, *kv_last = nullptr;
     const int32_t* logit_rows = nullptr;
     int32_t num_tokens = 0, num_seqs = 0, num_logit_rows = 0;
+    int32_t max_q_len = 0;  // most new tokens of one sequence (0 = unknown)
   };
   // A recorded decode step for one bucket and what it was recorded against.
   struct BucketGraph {

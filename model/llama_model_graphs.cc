@@ -129,6 +129,7 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
   d.kv_last = base + at.kv_last;
   d.logit_rows = base + at.logit_rows;
   d.num_tokens = d.num_seqs = d.num_logit_rows = bucket;
+  d.max_q_len = 1;  // pure decode
 
   int32_t index = 0;
   while ((int32_t{1} << index) < bucket) ++index;

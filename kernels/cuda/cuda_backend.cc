@@ -408,6 +408,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
                            "PagedAttention: decode kernel");
+  if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
   // bf16 KV prefill runs the tensor cores with Q and P rounded to bf16 (FlashAttention's
   // numerics); f32 KV keeps the fp32 kernel.
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/elementwise_kernels.h"
@@ -54,31 +55,77 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
   }
 }
 
-// Rotates pair i of every q and k head of one token (one CTA per token).
-__global__ void RopeKernel(RopeParams p) {
-  const int t = blockIdx.x;
+// Four consecutive weights widened to fp32. REQUIRES: w 4-element aligned.
+__device__ __forceinline__ float4 LoadWeight4(const float* w) {
+  return *reinterpret_cast<const float4*>(w);
+}
+__device__ __forceinline__ float4 LoadWeight4(const __nv_bfloat16* w) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(w);
+  return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                     __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+}
+
+// RmsNormKernel for rows of up to kRowThreads * 4 * kVecs floats held in registers: every
+// load of the row is issued before any is used (a decode step's single row is otherwise a
+// chain of dependent round trips), and the row is read once.
+// REQUIRES: dim % 4 == 0; in, out 16-byte and weight 4-element aligned rows.
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p) {
+  __shared__ float scratch[kRowThreads / 32];
+  const int n4 = p.dim / 4;
+  const float4* in = reinterpret_cast<const float4*>(p.in + int64_t{blockIdx.x} * p.dim);
+  float4* out = reinterpret_cast<float4*>(p.out + int64_t{blockIdx.x} * p.dim);
+  float4 x[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = threadIdx.x + j * kRowThreads;
+    x[j] = i < n4 ? in[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    sum_sq += x[j].x * x[j].x + x[j].y * x[j].y + x[j].z * x[j].z + x[j].w * x[j].w;
+  }
+  sum_sq = BlockSum(sum_sq, scratch);
+  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
+  const T* weight = static_cast<const T*>(p.weight);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = threadIdx.x + j * kRowThreads;
+    if (i < n4) {
+      const float4 w = LoadWeight4(weight + 4 * i);
+      out[i] = make_float4(x[j].x * inv_rms * w.x, x[j].y * inv_rms * w.y, x[j].z * inv_rms * w.z,
+                           x[j].w * inv_rms * w.w);
+    }
+  }
+}
+
+// One thread per (head, rotated pair) and token: grid (CeilDiv(heads * head_dim / 2,
+// kRowThreads), min(num_tokens, 65535)), tokens strided over grid rows. A decode step's token
+// spreads over many CTAs instead of one thread walking every head in turn.
+__global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
   const int half = p.head_dim / 2;
-  const int num_heads = p.num_q_heads + p.num_kv_heads;
-  const float pos = static_cast<float>(p.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
-    const float power =
-        static_cast<float>(pow(static_cast<double>(p.theta), static_cast<double>(exponent)));
-    const float angle = pos * (1.0f / power);
+  const int index = blockIdx.x * kRowThreads + threadIdx.x;
+  if (index >= (p.num_q_heads + p.num_kv_heads) * half) return;
+  const int h = index / half;
+  const int i = index % half;
+  const float exponent = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
+  const float power =
+      static_cast<float>(pow(static_cast<double>(p.theta), static_cast<double>(exponent)));
+  const int i0 = p.style == RopeStyle::kInterleaved ? 2 * i : i;
+  const int i1 = p.style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
+  for (int t = blockIdx.y; t < p.num_tokens; t += gridDim.y) {
+    const float angle = static_cast<float>(p.positions[t]) * (1.0f / power);
     float sin_a;
     float cos_a;
     sincosf(angle, &sin_a, &cos_a);
-    for (int h = 0; h < num_heads; ++h) {
-      float* head = h < p.num_q_heads
-                        ? p.q + int64_t{t} * p.q_stride + int64_t{h} * p.head_dim
-                        : p.k + int64_t{t} * p.k_stride + int64_t{h - p.num_q_heads} * p.head_dim;
-      const int i0 = p.style == RopeStyle::kInterleaved ? 2 * i : i;
-      const int i1 = p.style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
-      const float x0 = head[i0];
-      const float x1 = head[i1];
-      head[i0] = x0 * cos_a - x1 * sin_a;
-      head[i1] = x0 * sin_a + x1 * cos_a;
-    }
+    float* head = h < p.num_q_heads
+                      ? p.q + int64_t{t} * p.q_stride + int64_t{h} * p.head_dim
+                      : p.k + int64_t{t} * p.k_stride + int64_t{h - p.num_q_heads} * p.head_dim;
+    const float x0 = head[i0];
+    const float x1 = head[i1];
+    head[i0] = x0 * cos_a - x1 * sin_a;
+    head[i1] = x0 * sin_a + x1 * cos_a;
   }
 }
 
@@ -113,16 +160,30 @@ cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
+  constexpr int kMaxVecs = 4;  // rows up to 4096 floats in registers
+  auto aligned = [](const void* ptr, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
   return KVD_DISPATCH_STORAGE_DTYPE(p.weight_dtype, T, [&] {
-    RmsNormKernel<T><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+    const bool vec = p.dim % 4 == 0 && p.dim <= kRowThreads * 4 * kMaxVecs && aligned(p.in, 16) &&
+                     aligned(p.out, 16) && aligned(p.weight, 4 * sizeof(T));
+    if (vec && p.dim <= kRowThreads * 4) {
+      RmsNormVecKernel<T, 1><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+    } else if (vec) {
+      RmsNormVecKernel<T, kMaxVecs><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+    } else {
+      RmsNormKernel<T><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   }());
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  const int threads = std::min(128, std::max(32, p.head_dim / 2));
-  RopeKernel<<<p.num_tokens, threads, 0, stream>>>(p);
+  const int pairs = (p.num_q_heads + p.num_kv_heads) * (p.head_dim / 2);
+  if (pairs == 0) return cudaSuccess;
+  const dim3 grid((pairs + kRowThreads - 1) / kRowThreads, std::min(p.num_tokens, 65535));
+  RopeKernel<<<grid, kRowThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
