@@ -22,9 +22,10 @@
 // and larger L2 prefetches measured slower; ncu shows L2 at ~89% of its throughput there.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
-// every warp (64 keys for bf16 with head_dim 128; 32 to 128 for other shapes), each at least
-// one granule; DecodeMaxSplits sizes them so that the grid fills one wave of resident CTAs
-// (a 4k context at batch 1 makes 32 splits per KV head; 32 sequences x 8 KV heads, none).
+// every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least four
+// granules unless the context is shorter; DecodeMaxSplits sizes them so that the grid fills
+// one wave of resident CTAs (a 4k context at batch 1 makes 16 splits per KV head of 256
+// keys; 32 sequences x 8 KV heads, none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split

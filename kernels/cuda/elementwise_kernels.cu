@@ -23,7 +23,22 @@ __global__ void EmbeddingKernel(EmbeddingParams p) {
     return;
   }
   const T* row = static_cast<const T*>(p.table) + int64_t{id} * p.dim;
-  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) out[i] = ToFloat(row[i]);
+  // Four loads in flight before their stores (out may alias nothing, but the compiler
+  // cannot know).
+  constexpr int kUnroll = 4;
+  for (int base = 0; base < p.dim; base += kUnroll * kRowThreads) {
+    float x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kRowThreads + threadIdx.x;
+      x[u] = i < p.dim ? ToFloat(row[i]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kRowThreads + threadIdx.x;
+      if (i < p.dim) out[i] = x[u];
+    }
+  }
 }
 
 // Sum of `v` over the CTA; every thread gets the result. `scratch` holds one float per warp.

@@ -18,6 +18,11 @@ constexpr int kLoadsPerLane = 16;
 // weight byte (m / 32 instead of m / 16 of the weight traffic at fp32) once there are
 // enough columns (>= 256 CTAs) to keep every SM busy anyway.
 constexpr int kWideTileMinN = 16384;
+// n up to which a CTA takes a single 16-row tile: 2 x 132 CTAs of 16 rows cover n = 4224,
+// so the 4096-row projections (attention output, FFN down) fill both CTA slots of every
+// SM of an H100/H200 instead of one (with two tiles, 128 CTAs, the attention output
+// projection at m = 1 read 0.66 of copy bandwidth on an H200).
+constexpr int kNarrowTileMaxN = 4224;
 constexpr int kChunkElems = 8;  // bf16 per 16-byte load
 constexpr int kStepChunks = 4;  // lanes t = 0..3 cover one 32-element step
 
@@ -164,6 +169,7 @@ cudaError_t LaunchSkinnyGemm(float* out, const float* in, const void* weight, in
                              bool accumulate, cudaStream_t stream) {
   if (!SkinnyGemmSupports(out, in, weight, m, n, k)) return cudaErrorInvalidValue;
   if (n >= kWideTileMinN) return Launch<4>(out, in, weight, m, n, k, accumulate, stream);
+  if (n <= kNarrowTileMaxN) return Launch<1>(out, in, weight, m, n, k, accumulate, stream);
   return Launch<2>(out, in, weight, m, n, k, accumulate, stream);
 }
 

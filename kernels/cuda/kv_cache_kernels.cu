@@ -24,12 +24,17 @@ __global__ void __launch_bounds__(kThreads) AppendKvKernel(AppendKvParams p) {
   const int row_len = c.num_kv_heads * c.head_dim;
   const float* k = p.k + int64_t{t} * p.k_stride;
   const float* v = p.v + int64_t{t} * p.v_stride;
+  // The block's address once (a chunk-table read), then the row's loads all in flight.
+  T* k_block = BlockHead<T>(c, block, c.k_offset_bytes, 0);
+  T* v_block = BlockHead<T>(c, block, c.v_offset_bytes, 0);
+  const int64_t head_elems = int64_t{c.block_size} * c.head_dim;
+#pragma unroll 4
   for (int i = threadIdx.x; i < row_len; i += blockDim.x) {
     const int head = i / c.head_dim;
     const int d = i % c.head_dim;
-    const int64_t at = int64_t{offset} * c.head_dim + d;
-    BlockHead<T>(c, block, c.k_offset_bytes, head)[at] = FromFloat<T>(k[i]);
-    BlockHead<T>(c, block, c.v_offset_bytes, head)[at] = FromFloat<T>(v[i]);
+    const int64_t at = head * head_elems + int64_t{offset} * c.head_dim + d;
+    k_block[at] = FromFloat<T>(k[i]);
+    v_block[at] = FromFloat<T>(v[i]);
   }
 }
 
