@@ -6,6 +6,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
@@ -33,16 +34,12 @@ struct SplitPlan {
   int split_len;  // keys, a multiple of the granule
 };
 
-// Granules a split holds at least: shorter splits finish too early to pay for their
-// partials and merge (tests/gpu/decode_sweep.cu, H200, 1 x 4k: 0.31 of copy bandwidth with
-// 16 splits of 4 granules, 0.29 with 32 of 2, 0.20 with 64 of 1).
-constexpr int kMinSplitGranules = 4;
-
 // Shared by every CTA of a sequence so all see the same cut: splits start at
 // multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
-// CTA) and hold at least kMinSplitGranules granules unless the context is shorter.
-__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule) {
-  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, kMinSplitGranules * granule)));
+// CTA) and hold at least `min_granules` granules unless the context is shorter.
+__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule,
+                                                int min_granules) {
+  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, max(1, min_granules) * granule)));
   const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), granule)) * granule;
   return {max(1, CeilDiv(kv_len, len)), len};
 }
@@ -266,6 +263,7 @@ template <typename T, int kHeadDim, int kGroup, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
                  int block_shift) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   using Shape = DecodeShape<T, kHeadDim, kGroup, Cfg>;
   constexpr int kWarps = Cfg::kWarps;
   constexpr int kStages = Cfg::kStages;
@@ -294,7 +292,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (q_next - q_row != 1) return;
   const KvCacheView& c = p.cache;
   const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
-  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule);
+  const SplitPlan plan =
+      PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule, ws.min_split_granules);
   if (split >= plan.num_splits) return;
   const int key_begin = split * plan.split_len;
   const int key_end = min(kv_len, key_begin + plan.split_len);
@@ -481,6 +480,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   // Combine the warps through shared memory (the pipeline buffers are free once every
   // copy, including the empty tail groups, has landed).
+  AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
   __syncthreads();
   float* s_acc = reinterpret_cast<float*>(smem);      // [kWarps][kGroup][kHeadDim]
@@ -543,6 +543,7 @@ template <int kHeadDim, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
                     int block_shift) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;
   constexpr int kGroup = kMaxGroupPerCta;
   constexpr int kWarps = Cfg::kWarps;
@@ -566,7 +567,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (q_next - q_row != 1) return;
   const KvCacheView& c = p.cache;
   const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
-  const SplitPlan plan = PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule);
+  const SplitPlan plan =
+      PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule, ws.min_split_granules);
   if (split >= plan.num_splits) return;
   const int key_begin = split * plan.split_len;
   const int key_end = min(kv_len, key_begin + plan.split_len);
@@ -721,6 +723,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
 
+  AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
   __syncthreads();
   float* s_acc = reinterpret_cast<float*>(smem);      // [kWarps][kGroup][kHeadDim]
@@ -754,8 +757,8 @@ cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
       err != cudaSuccess) {
     return err;
   }
-  kernel<<<grid, Cfg::kThreads, Shape::kSmemBytes, stream>>>(p, ws, group, subgroups, block_shift);
-  return cudaGetLastError();
+  return LaunchDependent(kernel, grid, Cfg::kThreads, Shape::kSmemBytes, stream, p, ws, group,
+                         subgroups, block_shift);
 }
 
 template <typename T, int kHeadDim, int kGroup, typename Cfg = DefaultConfig>
@@ -771,9 +774,8 @@ cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cud
       err != cudaSuccess) {
     return err;
   }
-  kernel<<<grid, Cfg::kThreads, Shape::kSmemBytes, stream>>>(p, ws, group, subgroups, block_shift);
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-  return cudaSuccess;
+  return LaunchDependent(kernel, grid, Cfg::kThreads, Shape::kSmemBytes, stream, p, ws, group,
+                         subgroups, block_shift);
 }
 
 }  // namespace

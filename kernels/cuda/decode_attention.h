@@ -22,10 +22,10 @@
 // and larger L2 prefetches measured slower; ncu shows L2 at ~89% of its throughput there.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
-// every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least four
-// granules unless the context is shorter; DecodeMaxSplits sizes them so that the grid fills
-// one wave of resident CTAs (a 4k context at batch 1 makes 16 splits per KV head of 256
-// keys; 32 sequences x 8 KV heads, none).
+// every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
+// `min_split_granules` granules; DecodeMaxSplits sizes them so that the grid fills one wave
+// of resident CTAs (a 4k context at batch 1 makes 32 splits per KV head of 128 keys; 32
+// sequences x 8 KV heads, none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
@@ -51,6 +51,11 @@ struct DecodeWorkspace {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int32_t max_splits = 1;
+  // Granules a split holds at least (unless the context is shorter). One: with the split
+  // count at one wave (DecodeMaxSplits) longer minimums only cost short contexts
+  // (tests/gpu/decode_sweep.cu, H200, back to back in a graph: 1 x 512 7.6 us with 8 splits
+  // of one granule, 11.0 us with 2 of four; 1 x 4k 0.305 vs 0.313 of copy bandwidth).
+  int32_t min_split_granules = 1;
   // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
   // before a launch and left zero by it.
   int32_t* arrivals = nullptr;

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 
 namespace kvd::cuda {
@@ -15,6 +16,7 @@ constexpr int kRowThreads = 256;
 
 template <typename T>
 __global__ void EmbeddingKernel(EmbeddingParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   const int t = blockIdx.x;
   const int32_t id = p.token_ids[t];
   float* out = p.out + int64_t{t} * p.dim;
@@ -57,6 +59,7 @@ __device__ float BlockSum(float v, float* scratch) {
 
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   __shared__ float scratch[kRowThreads / 32];
   const float* in = p.in + int64_t{blockIdx.x} * p.dim;
   float* out = p.out + int64_t{blockIdx.x} * p.dim;
@@ -86,6 +89,7 @@ __device__ __forceinline__ float4 LoadWeight4(const __nv_bfloat16* w) {
 // REQUIRES: dim % 4 == 0; in, out 16-byte and weight 4-element aligned rows.
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   __shared__ float scratch[kRowThreads / 32];
   const int n4 = p.dim / 4;
   const float4* in = reinterpret_cast<const float4*>(p.in + int64_t{blockIdx.x} * p.dim);
@@ -119,6 +123,7 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
 // kRowThreads), min(num_tokens, 65535)), tokens strided over grid rows. A decode step's token
 // spreads over many CTAs instead of one thread walking every head in turn.
 __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   const int half = p.head_dim / 2;
   const int index = blockIdx.x * kRowThreads + threadIdx.x;
   if (index >= (p.num_q_heads + p.num_kv_heads) * half) return;
@@ -145,6 +150,7 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
 }
 
 __global__ void SiluMulKernel(SiluMulParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
     const float* gate = p.gate + int64_t{r} * p.gate_stride;
     const float* up = p.up + int64_t{r} * p.up_stride;
@@ -168,8 +174,7 @@ __global__ void F32ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t cou
 cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   return KVD_DISPATCH_STORAGE_DTYPE(p.table_dtype, T, [&] {
-    EmbeddingKernel<T><<<p.num_tokens, kRowThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return LaunchDependent(EmbeddingKernel<T>, p.num_tokens, kRowThreads, 0, stream, p);
   }());
 }
 
@@ -183,13 +188,12 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
     const bool vec = p.dim % 4 == 0 && p.dim <= kRowThreads * 4 * kMaxVecs && aligned(p.in, 16) &&
                      aligned(p.out, 16) && aligned(p.weight, 4 * sizeof(T));
     if (vec && p.dim <= kRowThreads * 4) {
-      RmsNormVecKernel<T, 1><<<p.num_rows, kRowThreads, 0, stream>>>(p);
-    } else if (vec) {
-      RmsNormVecKernel<T, kMaxVecs><<<p.num_rows, kRowThreads, 0, stream>>>(p);
-    } else {
-      RmsNormKernel<T><<<p.num_rows, kRowThreads, 0, stream>>>(p);
+      return LaunchDependent(RmsNormVecKernel<T, 1>, p.num_rows, kRowThreads, 0, stream, p);
     }
-    return cudaGetLastError();
+    if (vec) {
+      return LaunchDependent(RmsNormVecKernel<T, kMaxVecs>, p.num_rows, kRowThreads, 0, stream, p);
+    }
+    return LaunchDependent(RmsNormKernel<T>, p.num_rows, kRowThreads, 0, stream, p);
   }());
 }
 
@@ -198,15 +202,13 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   const int pairs = (p.num_q_heads + p.num_kv_heads) * (p.head_dim / 2);
   if (pairs == 0) return cudaSuccess;
   const dim3 grid((pairs + kRowThreads - 1) / kRowThreads, std::min(p.num_tokens, 65535));
-  RopeKernel<<<grid, kRowThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(RopeKernel, grid, kRowThreads, 0, stream, p);
 }
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   const dim3 grid((p.dim + kRowThreads - 1) / kRowThreads, std::min(p.num_rows, 65535));
-  SiluMulKernel<<<grid, kRowThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(SiluMulKernel, grid, kRowThreads, 0, stream, p);
 }
 
 cudaError_t LaunchF32ToBf16(void* out, const float* in, int64_t count, cudaStream_t stream) {

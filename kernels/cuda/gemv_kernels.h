@@ -7,8 +7,8 @@
 // nearest even; bf16 x bf16 products accumulated in fp32) in one kernel, so only the order
 // of the fp32 summation differs, and it fuses the input conversion into the same launch.
 //
-// Work split: each CTA owns 32 output columns (64 when n is large), i.e. that many weight
-// rows, for every row of `in`. Its eight warps share k: k is cut into 32-element steps and
+// Work split: each CTA owns 16, 32 or 64 output columns (16 for a single input row or
+// n <= 4224, 64 for n >= 16384), i.e. that many weight rows, for every row of `in`. Its eight warps share k: k is cut into 32-element steps and
 // each round of the CTA hands every warp a run of consecutive steps. In a step, a lane streams
 // 16-byte pieces of two weight rows (g and g + 8 of a 16-row tile) into an m16n8k16 tensor-core
 // product whose eight "n" columns are the (zero-padded) input rows:
@@ -44,6 +44,11 @@ bool SkinnyGemmSupports(const float* out, const float* in, const void* weight, i
 // SkinnyGemmSupports is false, else the launch's error.
 cudaError_t LaunchSkinnyGemm(float* out, const float* in, const void* weight, int m, int n, int k,
                              bool accumulate, cudaStream_t stream);
+
+// Benchmark only (gpu_bench): LaunchSkinnyGemm with `tiles` (1, 2 or 4) 16-row tiles per
+// CTA instead of the choice by n. cudaErrorInvalidValue for another count.
+cudaError_t LaunchSkinnyGemmTiles(int tiles, float* out, const float* in, const void* weight, int m,
+                                  int n, int k, bool accumulate, cudaStream_t stream);
 
 }  // namespace kvd::cuda
 

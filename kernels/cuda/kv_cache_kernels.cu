@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/kv_cache_kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 
 namespace kvd::cuda {
@@ -15,6 +16,7 @@ constexpr int kThreads = 256;
 // One CTA per token; threads stride over its num_kv_heads * head_dim values of K and V.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) AppendKvKernel(AppendKvParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   const int t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0) return;
@@ -62,8 +64,7 @@ __global__ void __launch_bounds__(kThreads) CopyBlocksKernel(CopyBlocksParams p)
 cudaError_t LaunchAppendKv(const AppendKvParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   return KVD_DISPATCH_STORAGE_DTYPE(p.cache.dtype, T, [&] {
-    AppendKvKernel<T><<<p.num_tokens, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return LaunchDependent(AppendKvKernel<T>, p.num_tokens, kThreads, 0, stream, p);
   }());
 }
 

@@ -160,7 +160,7 @@ void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies,
   const int auto_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, num_sms);
   const std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
                                   : batch >= 8 ? std::vector<int>{1, 2, 4, 8}
-                                               : std::vector<int>{4, 8, 16, 32, 64};
+                                               : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   // KVD_SWEEP_ONLY=VARIANT,SPLITS runs just that pair (for a profiler).
   int only_variant = -1, only_splits = -1;
   if (const char* only = std::getenv("KVD_SWEEP_ONLY"); only != nullptr) {
@@ -168,29 +168,34 @@ void Shape(cudaStream_t stream, int num_sms, int batch, int context, int copies,
   }
   for (int variant = 0; variant < cuda::kDecodeVariants; ++variant) {
     if (only_variant >= 0 && variant != only_variant) continue;
-    const char* name = "";
-    for (const int n : splits) {
-      if (only_splits >= 0 && n != only_splits) continue;
-      ws.max_splits = n;
-      auto launch = [&](int copy) {
-        PagedAttentionParams c = p;
-        c.blocks.indices = d_ids[copy];
-        SWEEP_CUDA(cuda::LaunchDecodeAttentionVariant(c, ws, variant, stream, &name));
-      };
-      const double call_ms = MedianMs(stream, [&] { launch(0); });
-      const double graph_ms = GraphMs(stream,
-                                      [&] {
-                                        for (int i = 0; i < kCalls; ++i) launch(i % copies);
-                                      }) /
-                              kCalls;
-      std::printf(
-          "decode %3d x %6d bs%-2d %-4s v%d splits %3d%-5s call %8.4f ms %5.3f  graph %8.4f ms "
-          "%5.3f  [%s]\n",
-          batch, context, kBlock, shuffled ? "shuf" : "seq", variant, n,
-          variant == 0 && n == auto_splits ? " auto" : "", call_ms,
-          bytes / (call_ms * 1e6) / copy_gbps, graph_ms, bytes / (graph_ms * 1e6) / copy_gbps,
-          name);
-      std::fflush(stdout);
+    // Short contexts: also the smallest split length in granules (DecodeWorkspace).
+    for (const int min_granules : batch == 1 ? std::vector<int>{1, 2, 4} : std::vector<int>{4}) {
+      ws.min_split_granules = min_granules;
+      const char* name = "";
+      for (const int n : splits) {
+        if (only_splits >= 0 && n != only_splits) continue;
+        ws.max_splits = n;
+        auto launch = [&](int copy) {
+          PagedAttentionParams c = p;
+          c.blocks.indices = d_ids[copy];
+          SWEEP_CUDA(cuda::LaunchDecodeAttentionVariant(c, ws, variant, stream, &name));
+        };
+        const double call_ms = MedianMs(stream, [&] { launch(0); });
+        const double graph_ms = GraphMs(stream,
+                                        [&] {
+                                          for (int i = 0; i < kCalls; ++i) launch(i % copies);
+                                        }) /
+                                kCalls;
+        std::printf(
+            "decode %3d x %6d bs%-2d %-4s v%d g%d splits %3d%-5s call %8.4f ms %5.3f  graph %8.4f "
+            "ms "
+            "%5.3f  [%s]\n",
+            batch, context, kBlock, shuffled ? "shuf" : "seq", variant, min_granules, n,
+            variant == 0 && n == auto_splits ? " auto" : "", call_ms,
+            bytes / (call_ms * 1e6) / copy_gbps, graph_ms, bytes / (graph_ms * 1e6) / copy_gbps,
+            name);
+        std::fflush(stdout);
+      }
     }
   }
   SWEEP_CUDA(cudaStreamSynchronize(stream));
@@ -232,7 +237,8 @@ int Main() {
   if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
     std::sscanf(shape, "%dx%d", &only_batch, &only_context);
   }
-  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
+  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 512},
+                                                                       {1, 4096},
                                                                        {1, 32768},
                                                                        {8, 4096},
                                                                        {32, 4096},

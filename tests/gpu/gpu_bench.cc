@@ -282,6 +282,28 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
           return absl::OkStatus();
         });
       }
+      // m = 1 under each tile count per CTA (the launcher picks one by n).
+      if (m == 1) {
+        for (const int tiles : {1, 2, 4}) {
+          const double ms =
+              GraphTimeMs(bench,
+                          [&] {
+                            for (int rep = 0; rep < reps; ++rep) {
+                              if (cudaError_t err = cuda::LaunchSkinnyGemmTiles(
+                                      tiles, out.as<float>(), in.as<float>(), weight(rep), m,
+                                      shape.n, shape.k, false, stream);
+                                  err != cudaSuccess) {
+                                return absl::InternalError(cudaGetErrorString(err));
+                              }
+                            }
+                            return absl::OkStatus();
+                          }) /
+              reps;
+          const double gbps = weight_bytes / (ms * 1e6);
+          bench.Row(absl::StrCat("gemv tiles", tiles, " graph ", shape.name, " m1"), ms, gbps, 0,
+                    gbps / copy_gbps, "copy");
+        }
+      }
       const double tflop = 2.0 * m * shape.n * shape.k / 1e12;
       const std::string name = absl::StrCat(shape.name, " m", m, " n", shape.n, " k", shape.k);
       for (const auto& [path, ms] :

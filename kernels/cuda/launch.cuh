@@ -1,0 +1,52 @@
+#ifndef KVD_KERNELS_CUDA_LAUNCH_CUH_
+#define KVD_KERNELS_CUDA_LAUNCH_CUH_
+
+// Programmatic dependent launch (sm_90) for the kernels of a decode step, which are short
+// and back to back: a kernel launched with LaunchDependent may be set up, and its CTAs made
+// resident, while the kernel before it on the stream finishes, instead of after.
+//
+// Contract for every kernel launched this way:
+//   - it calls WaitForPrecedingGrid() before its first access to global memory; that
+//     returns once the preceding kernel has completed and its writes are visible (at once
+//     when the kernel was launched without the attribute, or after a non-kernel operation);
+//   - it calls AllowDependentLaunch() only once it no longer needs to keep the SM slots it
+//     holds from the next kernel (at the end of its main work), so a kernel with more CTAs
+//     than fit at once is never starved of slots by waiting dependents.
+// Both are no-ops for kernels launched normally, so tests may launch them directly. Only for
+// .cu files.
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace kvd::cuda {
+
+__device__ __forceinline__ void WaitForPrecedingGrid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void AllowDependentLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the work
+// before it on `stream`. Returns the launch result.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_LAUNCH_CUH_
