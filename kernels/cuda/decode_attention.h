@@ -11,6 +11,10 @@
 // online softmax for the whole group in registers; the warps are combined through shared
 // memory at the end. The block table is read once per block, an iteration ahead.
 //
+// Files: the split policy and the dispatch here (decode_attention.cu); the kernels in
+// decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
+// their shared device code (split plan, warp combine, merge) in decode_common.cuh.
+//
 // bf16 KV runs on tensor cores: the group's query heads are the rows of an m16n8k16 tile,
 // S = Q K^T and O += P V are MMAs over the staged K/V tiles (ldmatrix from a swizzled
 // layout), with Q and P each split into a bf16 high part and a bf16 residual so the result

@@ -1,0 +1,189 @@
+#ifndef KVD_KERNELS_CUDA_DECODE_COMMON_CUH_
+#define KVD_KERNELS_CUDA_DECODE_COMMON_CUH_
+
+// Device code shared by the decode attention kernels (decode_attention_mma.cu for bf16 KV on
+// tensor cores, decode_attention_simt.cu on CUDA cores): launch shapes, the split plan, and
+// the end of a CTA (the warps' combine, the split partials and their in-kernel merge). See
+// decode_attention.h for the algorithm and the workspace. Only for .cu files.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/paged_kv.cuh"
+#include "kernels/params.h"
+
+namespace kvd::cuda::decode {
+
+inline constexpr int kMaxSplits = 128;
+inline constexpr int kMaxGroupPerCta = 8;
+// Launch shape: warps per CTA, cp.async stages per warp (kStages - 1 iterations in flight
+// while one is scored) and the resident CTAs per multiprocessor the shared memory allows,
+// which the split count aims to fill once.
+template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0>
+struct DecodeConfig {
+  static constexpr int kL2Prefetch = kL2PrefetchT;  // 0, or the cp.async L2 prefetch size
+  static constexpr int kWarps = kWarpsT;
+  static constexpr int kThreads = 32 * kWarpsT;
+  static constexpr int kStages = kStagesT;
+  static constexpr int kCtasPerSm = kCtasPerSmT;
+};
+using DefaultConfig = DecodeConfig<4, 3, 2>;
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+struct SplitPlan {
+  int num_splits;
+  int split_len;  // keys, a multiple of the granule
+};
+
+// Shared by every CTA of a sequence so all see the same cut: splits start at
+// multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
+// CTA) and hold at least `min_granules` granules unless the context is shorter.
+__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule,
+                                                int min_granules) {
+  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, max(1, min_granules) * granule)));
+  const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), granule)) * granule;
+  return {max(1, CeilDiv(kv_len, len)), len};
+}
+
+__device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
+  const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
+  return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
+}
+
+// Combines the split partials of heads [head_base, head_base + heads) of sequence s into
+// `out`, with the kThreads threads of one CTA: out = sum_i w_i partial_i / sum_i w_i with
+// w_i = exp2(lse_i - max lse). `scratch` holds kGroup * (kMaxSplits + 1) floats. Partials
+// written by other CTAs are read through L2 (__ldcg): L1 is not coherent across CTAs.
+template <int kHeadDim, int kGroup, typename Cfg>
+__device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace& ws, int s,
+                           int q_row, int head_base, int heads, int num_splits, float* scratch) {
+  float* s_weight = scratch;                         // [kGroup][kMaxSplits]
+  float* s_inv_sum = scratch + kGroup * kMaxSplits;  // [kGroup]
+  const int64_t first = int64_t{s} * ws.max_splits;
+  // Weights: one warp per head.
+  const int lane = threadIdx.x % 32;
+  for (int h = threadIdx.x / 32; h < heads; h += Cfg::kWarps) {
+    float lse[kMaxSplits / 32];
+    float max_lse = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int i = lane + 32 * j;
+      lse[j] = i < num_splits ? __ldcg(ws.partial_lse + (first + i) * p.num_q_heads + head_base + h)
+                              : -INFINITY;
+      max_lse = fmaxf(max_lse, lse[j]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const int i = lane + 32 * j;
+      const float w = max_lse == -INFINITY ? 0.0f : exp2f(lse[j] - max_lse);
+      sum += w;
+      if (i < num_splits) s_weight[h * kMaxSplits + i] = w;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) s_inv_sum[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  constexpr int kColumns = kHeadDim / 4;
+  for (int item = threadIdx.x; item < heads * kColumns; item += Cfg::kThreads) {
+    const int h = item / kColumns;
+    const int column = item % kColumns;
+    const float* w = s_weight + h * kMaxSplits;
+    const float4* part = reinterpret_cast<const float4*>(
+                             ws.partial_out + (first * p.num_q_heads + head_base + h) * kHeadDim) +
+                         column;
+    const int64_t split_stride = int64_t{p.num_q_heads} * kColumns;  // float4s per split
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int i = 0; i < num_splits; ++i) {
+      const float4 x = __ldcg(part + i * split_stride);
+      o.x = fmaf(w[i], x.x, o.x);
+      o.y = fmaf(w[i], x.y, o.y);
+      o.z = fmaf(w[i], x.z, o.z);
+      o.w = fmaf(w[i], x.w, o.w);
+    }
+    const float inv = s_inv_sum[h];
+    float* out = p.out + int64_t{q_row} * p.out_stride + int64_t{head_base + h} * kHeadDim +
+                 4 * column;  // out_stride need not keep float4 alignment
+    out[0] = o.x * inv;
+    out[1] = o.y * inv;
+    out[2] = o.z * inv;
+    out[3] = o.w * inv;
+  }
+}
+
+// The end of a decode CTA once every warp's results are in shared memory: s_acc
+// [kWarps][kGroup][kHeadDim] outputs normalized by nothing yet, then s_max and s_sum
+// [kWarps][kGroup] (base-2 running maxima and sums; -inf and 0 for a warp that saw no key).
+// Combines the warps and writes `out` (one split) or this split's partials; the last split
+// of the (sequence, head group) to finish then merges them all into `out`.
+// REQUIRES: called by every thread of the CTA after a __syncthreads() that follows the
+// writes to s_acc.
+template <int kHeadDim, int kGroup, typename Cfg>
+__device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& ws, int s,
+                          int split, int q_row, int head_base, int heads, const SplitPlan& plan,
+                          float* s_acc) {
+  const float* s_max = s_acc + Cfg::kWarps * kGroup * kHeadDim;
+  const float* s_sum = s_max + Cfg::kWarps * kGroup;
+  const int64_t seq_split = int64_t{s} * ws.max_splits + split;
+#pragma unroll 2
+  for (int index = threadIdx.x; index < heads * kHeadDim; index += Cfg::kThreads) {
+    const int h = index / kHeadDim;
+    const int d = index % kHeadDim;
+    float max_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) max_all = fmaxf(max_all, s_max[w * kGroup + h]);
+    float sum = 0.0f;
+    float o = 0.0f;
+    if (max_all != -INFINITY) {  // else no key at all (an empty sequence): output 0
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float weight = exp2f(s_max[w * kGroup + h] - max_all);  // 0 for idle warps
+        sum = fmaf(weight, s_sum[w * kGroup + h], sum);
+        o = fmaf(weight, s_acc[(w * kGroup + h) * kHeadDim + d], o);
+      }
+    }
+    o = sum > 0.0f ? o / sum : 0.0f;
+    const int head = head_base + h;
+    if (plan.num_splits == 1) {
+      p.out[int64_t{q_row} * p.out_stride + int64_t{head} * kHeadDim + d] = o;
+    } else {
+      ws.partial_out[(seq_split * p.num_q_heads + head) * kHeadDim + d] = o;
+      if (d == 0) {
+        ws.partial_lse[seq_split * p.num_q_heads + head] =
+            sum > 0.0f ? max_all + log2f(sum) : -INFINITY;
+      }
+    }
+  }
+  if (plan.num_splits == 1) return;
+
+  // In-kernel merge: the last CTA of this (sequence, head group) to finish combines every
+  // split's partials (threadFenceReduction: each CTA publishes its partials, then counts
+  // itself in; the counter goes back to 0 for the next launch).
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* arrivals = ws.arrivals + int64_t{s} * gridDim.x + blockIdx.x;
+    const int done = atomicAdd(arrivals, 1) + 1;
+    s_last = done == plan.num_splits;
+    if (s_last) *arrivals = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  MergeGroup<kHeadDim, kGroup, Cfg>(p, ws, s, q_row, head_base, heads, plan.num_splits, s_acc);
+}
+
+}  // namespace kvd::cuda::decode
+
+#endif  // KVD_KERNELS_CUDA_DECODE_COMMON_CUH_

@@ -1,0 +1,31 @@
+#ifndef KVD_KERNELS_CUDA_DECODE_KERNELS_H_
+#define KVD_KERNELS_CUDA_DECODE_KERNELS_H_
+
+// The two decode attention kernels behind LaunchDecodeAttention (decode_attention.h), for
+// decode_attention.cu: the same contract, workspace and split plan; each enqueues one
+// kernel launch and returns its error.
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/params.h"
+
+namespace kvd::cuda {
+
+// CUDA cores, any supported KV dtype (f32 or bf16), head_dim 64 or 128, any GQA group.
+cudaError_t LaunchDecodeSimt(const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                             cudaStream_t stream);
+
+// Tensor cores, bf16 KV, head_dim 64 or 128, any GQA group (subgroups of 8 heads).
+cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                            cudaStream_t stream);
+
+// Benchmark only: the tensor-core kernel at head_dim 128 under launch shape `shape`:
+// 0 the default (4 warps, 3 stages, 2 CTAs per SM), 1 8 warps and 1 CTA per SM, 2 the
+// default with an L2::128B prefetch hint. Sets *name; cudaErrorInvalidValue otherwise.
+cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                                 int shape, cudaStream_t stream, const char** name);
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_DECODE_KERNELS_H_
