@@ -393,12 +393,13 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   const int signal = signals.Wait();
   const absl::Duration drain = config->server.drain_timeout;
-  out << "kvd: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (up to "
-      << absl::FormatDuration(drain) << ")\n"
-      << std::flush;
+  // Refuse new work before saying so: once the line is out, every new call is refused.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
   d.service->BeginDrain();
   d.engine->BeginDrain();
+  out << "kvd: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (up to "
+      << absl::FormatDuration(drain) << ")\n"
+      << std::flush;
   const bool idle = d.engine->WaitIdle(drain);
   if (!idle) {
     const EngineStats stats = d.engine->Stats();
