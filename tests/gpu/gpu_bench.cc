@@ -376,6 +376,7 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
   p.q_stride = p.out_stride = kQHeads * kHeadDim;
   p.sm_scale = 1.0f / std::sqrt(float(kHeadDim));
   p.causal = true;
+  p.max_q_len = q_len;  // the hint the model gives (it picks the prefill kernel)
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
   const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
   const double q_out_bytes = 2.0 * rows * kQHeads * kHeadDim * 4;

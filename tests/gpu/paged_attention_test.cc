@@ -45,6 +45,10 @@ struct AttentionCase {
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
+  // Give the backend the batch's largest q_len (PagedAttentionParams::max_q_len), as the
+  // model does: pure decodes skip the prefill launch, and few prefill rows run the 64-row
+  // split-precision kernel.
+  bool hint_max_q_len = false;
 };
 
 // Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
@@ -162,6 +166,9 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.out_stride = out_stride;
     p.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.causal = c.causal;
+    if (c.hint_max_q_len) {
+      for (const SeqShape& seq : c.seqs) p.max_q_len = std::max(p.max_q_len, seq.q_len);
+    }
     if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
       const cudaError_t err = cuda::LaunchPrefillAttention(
@@ -288,6 +295,14 @@ std::vector<AttentionCase> Cases() {
       cases.back().bf16_qp = true;
     }
   }
+  // The model's hint: mixed batches with few prefill rows, and pure decodes.
+  add("hinted_mixed_bf16_d128_bs16_g4", mixed, DType::kBF16, 128, 16, 2, 4);
+  cases.back().hint_max_q_len = true;
+  add("hinted_prefill_bf16_d64_bs64_g8", prefills, DType::kBF16, 64, 64, 2, 8);
+  cases.back().hint_max_q_len = true;
+  add("hinted_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}}, DType::kBF16, 128, 16, 2,
+      4);
+  cases.back().hint_max_q_len = true;
   add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
   cases.back().bf16_qp = true;
   // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every
