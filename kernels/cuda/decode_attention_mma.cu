@@ -18,13 +18,14 @@ namespace kvd::cuda {
 namespace {
 
 using decode::DecodeConfig;
+using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
 using decode::kMaxGroupPerCta;
-using decode::PlanSplits;
+using decode::PlanDecodeCta;
 using decode::ShflPtr;
-using decode::SplitPlan;
+using decode::WarpKeys;
 
 // Tensor-core decode for bf16 KV (DecodeMmaKernel). The GQA group's query heads are the
 // rows of an m16n8k16 tile (up to 8 live; rows 8-15 stay zero), so every warp iteration of
@@ -72,25 +73,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   constexpr int kRowBytes = Shape::kRowBytes;
   extern __shared__ __align__(16) unsigned char smem[];
 
-  const int kv_head = blockIdx.x / subgroups;
-  const int head_base = kv_head * group + (blockIdx.x % subgroups) * kGroup;
-  const int heads = min(kGroup, (kv_head + 1) * group - head_base);  // live heads, >= 1
-  const int s = blockIdx.y;
-  const int split = blockIdx.z;
-  const int q_row = p.q_indptr[s];
-  const int q_next = p.q_indptr[s + 1];
-  const int block_begin = p.blocks.indptr[s];
-  const int num_seq_blocks = p.blocks.indptr[s + 1] - block_begin;
-  const int last_len = p.blocks.last_block_len[s];
-  if (q_next - q_row != 1) return;
+  DecodeCta cta;
+  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
   const KvCacheView& c = p.cache;
-  const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
-  const SplitPlan plan =
-      PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule, ws.min_split_granules);
-  if (split >= plan.num_splits) return;
-  const int key_begin = split * plan.split_len;
-  const int key_end = min(kv_len, key_begin + plan.split_len);
-  const int32_t* seq_blocks = p.blocks.indices + block_begin;
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -102,10 +87,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   uint32_t q_hi[Shape::kDimSteps][2];
   uint32_t q_lo[Shape::kDimSteps][2];
   {
-    const bool live = g < heads;
+    const bool live = g < cta.heads;
     const float scale = live ? p.sm_scale * kLog2e : 0.0f;
     const float* q_head =
-        p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + (live ? g : 0)} * kHeadDim;
+        p.q + int64_t{cta.q_row} * p.q_stride + int64_t{cta.head_base + (live ? g : 0)} * kHeadDim;
 #pragma unroll
     for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
       const float* x = q_head + 16 * ks + 2 * t;  // q_stride may be odd: scalar loads
@@ -114,23 +99,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     }
   }
 
-  const int cta_iters = CeilDiv(key_end - key_begin, kKeysPerIter);
-  const int num_iters = cta_iters > warp ? CeilDiv(cta_iters - warp, kWarps) : 0;
-  auto iter_start = [&](int it) { return key_begin + (warp + kWarps * it) * kKeysPerIter; };
+  const WarpKeys<__nv_bfloat16, kKeysPerIter, kWarps> keys(cta, c, block_shift, warp, lane);
   const int block_mask = c.block_size - 1;
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
-  const int blocks_per_iter = max(1, kKeysPerIter >> block_shift);
-  auto block_ptrs = [&](int it) -> const char* {
-    if (it >= num_iters) return nullptr;
-    const int b =
-        min((iter_start(it) >> block_shift) + min(lane, blocks_per_iter - 1), num_seq_blocks - 1);
-    return reinterpret_cast<const char*>(
-        BlockHead<__nv_bfloat16>(c, seq_blocks[b], c.k_offset_bytes, kv_head));
-  };
   unsigned char* warp_smem = smem + warp * kStages * kStageBytes;
   auto issue = [&](int it, const char* ptrs, int stage) {
-    if (it < num_iters) {
-      const int start = iter_start(it);
+    if (it < keys.num_iters()) {
+      const int start = keys.start(it);
       unsigned char* k_dst = warp_smem + stage * kStageBytes;
 #pragma unroll
       for (int i = 0; i < Shape::kCopiesPerLane; ++i) {
@@ -142,11 +117,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
                           int64_t{key & block_mask} * kRowBytes + chunk * 16;
         unsigned char* dst = k_dst + key_in_iter * kRowBytes + ((chunk ^ (key_in_iter & 7)) * 16);
         if constexpr (Cfg::kL2Prefetch > 0) {
-          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < key_end);
-          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + kTileBytes, src + v_minus_k, key < key_end);
+          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < cta.key_end);
+          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
         } else {
-          CpAsync16(dst, src, key < key_end);
-          CpAsync16(dst + kTileBytes, src + v_minus_k, key < key_end);
+          CpAsync16(dst, src, key < cta.key_end);
+          CpAsync16(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
         }
       }
     }
@@ -168,16 +143,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   const char* ptrs[kStages - 1];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = block_ptrs(i);
+  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
-  const char* pending = block_ptrs(kStages - 1);
+  const char* pending = keys.BlockPtrs(kStages - 1);
   int read_stage = 0;
-  for (int it = 0; it < num_iters; ++it) {
+  for (int it = 0; it < keys.num_iters(); ++it) {
     const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
     __syncwarp();
     issue(it + kStages - 1, pending, write_stage);
-    pending = block_ptrs(it + kStages);
+    pending = keys.BlockPtrs(it + kStages);
     CpAsyncWait<kStages - 1>();
     __syncwarp();  // other lanes' copies of this stage have landed too
 
@@ -198,12 +173,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       MmaBf16(sc[1], a_lo, b[2], b[3]);
     }
     // This lane's scores: head g, keys 2t, 2t+1, 8+2t, 9+2t of the iteration.
-    const int start = iter_start(it);
+    const int start = keys.start(it);
     float score[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = start + (i >= 2 ? 8 : 0) + 2 * t + (i & 1);
-      if (key >= key_end) score[i] = -INFINITY;
+      if (key >= cta.key_end) score[i] = -INFINITY;
     }
     float iter_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
     iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 1));
@@ -258,7 +233,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     s_sum[warp * kGroup + g] = row_sum;
   }
   __syncthreads();
-  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, s, split, q_row, head_base, heads, plan, s_acc);
+  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, s_acc);
 }
 
 template <int kHeadDim, typename Cfg = DefaultConfig>

@@ -16,12 +16,13 @@
 namespace kvd::cuda {
 namespace {
 
+using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
-using decode::PlanSplits;
+using decode::PlanDecodeCta;
 using decode::ShflPtr;
-using decode::SplitPlan;
+using decode::WarpKeys;
 
 // Work layout of one warp, for 16-byte vectors of kVec elements of T:
 //
@@ -122,26 +123,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   constexpr int kStageBytes = Shape::kStageBytes;
   extern __shared__ __align__(16) unsigned char smem[];
 
-  const int kv_head = blockIdx.x / subgroups;
-  const int head_base = kv_head * group + (blockIdx.x % subgroups) * kGroup;
-  const int heads = min(kGroup, (kv_head + 1) * group - head_base);  // live heads, >= 1
-  const int s = blockIdx.y;
-  const int split = blockIdx.z;
-  // All sequence metadata in one round trip.
-  const int q_row = p.q_indptr[s];
-  const int q_next = p.q_indptr[s + 1];
-  const int block_begin = p.blocks.indptr[s];
-  const int num_seq_blocks = p.blocks.indptr[s + 1] - block_begin;
-  const int last_len = p.blocks.last_block_len[s];
-  if (q_next - q_row != 1) return;
+  DecodeCta cta;
+  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
   const KvCacheView& c = p.cache;
-  const int kv_len = num_seq_blocks == 0 ? 0 : (num_seq_blocks - 1) * c.block_size + last_len;
-  const SplitPlan plan =
-      PlanSplits(kv_len, ws.max_splits, Shape::kSplitGranule, ws.min_split_granules);
-  if (split >= plan.num_splits) return;
-  const int key_begin = split * plan.split_len;
-  const int key_end = min(kv_len, key_begin + plan.split_len);
-  const int32_t* seq_blocks = p.blocks.indices + block_begin;
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -156,38 +140,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const float q_scale = p.sm_scale * kLog2e;
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    const float* q_head = p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + h} * kHeadDim;
+    const float* q_head =
+        p.q + int64_t{cta.q_row} * p.q_stride + int64_t{cta.head_base + h} * kHeadDim;
 #pragma unroll
     for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        q[h][j * kVec + i] = h < heads ? q_head[dim_of(j, i)] * q_scale : 0.0f;
+        q[h][j * kVec + i] = h < cta.heads ? q_head[dim_of(j, i)] * q_scale : 0.0f;
       }
     }
   }
 
-  // This warp's iterations start at key_begin + (warp + kWarps * i) * kKeysPerIter.
-  const int cta_iters = CeilDiv(key_end - key_begin, kKeysPerIter);
-  const int num_iters = cta_iters > warp ? CeilDiv(cta_iters - warp, kWarps) : 0;
-  auto iter_start = [&](int it) { return key_begin + (warp + kWarps * it) * kKeysPerIter; };
+  const WarpKeys<T, kKeysPerIter, kWarps> keys(cta, c, block_shift, warp, lane);
   const int block_mask = c.block_size - 1;
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
-
-  // Lane j's K head pointer of block j of iteration `it` (the block table is read once per
-  // block, an iteration ahead of its copies). Lanes past the iteration's blocks, and
-  // blocks past the sequence's, repeat a real block so every address stays valid.
-  const int blocks_per_iter = max(1, kKeysPerIter >> block_shift);
-  auto block_ptrs = [&](int it) -> const char* {
-    if (it >= num_iters) return nullptr;
-    const int b =
-        min((iter_start(it) >> block_shift) + min(lane, blocks_per_iter - 1), num_seq_blocks - 1);
-    return reinterpret_cast<const char*>(BlockHead<T>(c, seq_blocks[b], c.k_offset_bytes, kv_head));
-  };
   unsigned char* warp_smem = smem + warp * kStages * kStageBytes;
   auto slot = [&](int r, int j) { return ((r * kVecsPerLane + j) * 32 + lane) * 16; };
   auto issue = [&](int it, const char* ptrs, int stage) {
-    if (it < num_iters) {
-      const int start = iter_start(it);
+    if (it < keys.num_iters()) {
+      const int start = keys.start(it);
       unsigned char* k_dst = warp_smem + stage * kStageBytes;
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
@@ -201,8 +172,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         for (int j = 0; j < kVecsPerLane; ++j) {
           unsigned char* dst = k_dst + slot(r, j);
           const char* vec_src = src + j * kLanesPerKey * 16;
-          CpAsync16(dst, vec_src, key < key_end);
-          CpAsync16(dst + kStageBytes / 2, vec_src + v_minus_k, key < key_end);
+          CpAsync16(dst, vec_src, key < cta.key_end);
+          CpAsync16(dst + kStageBytes / 2, vec_src + v_minus_k, key < cta.key_end);
         }
       }
     }
@@ -223,21 +194,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // Pipeline: kStages - 1 iterations in flight while one is computed.
   const char* ptrs[kStages - 1];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = block_ptrs(i);
+  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
-  const char* pending = block_ptrs(kStages - 1);
+  const char* pending = keys.BlockPtrs(kStages - 1);
   int read_stage = 0;
-  for (int it = 0; it < num_iters; ++it) {
+  for (int it = 0; it < keys.num_iters(); ++it) {
     const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
     __syncwarp();
     issue(it + kStages - 1, pending, write_stage);
-    pending = block_ptrs(it + kStages);
+    pending = keys.BlockPtrs(it + kStages);
     CpAsyncWait<kStages - 1>();
 
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_src = k_src + kStageBytes / 2;
-    const int start = iter_start(it);
+    const int start = keys.start(it);
     float score[kRounds];  // of my_head, for key r * kKeysPerRound + row
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
@@ -255,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         }
       }
       const float dot = ReduceScatter<kGroup, kLanesPerKey / 2>(part, lane);
-      score[r] = start + r * kKeysPerRound + row < key_end ? dot : -INFINITY;
+      score[r] = start + r * kKeysPerRound + row < cta.key_end ? dot : -INFINITY;
     }
 
     // Online softmax of my_head: the iteration holds at least one live key, so the new max
@@ -349,7 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   }
   __syncthreads();
 
-  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, s, split, q_row, head_base, heads, plan, s_acc);
+  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, s_acc);
 }
 
 template <typename T, int kHeadDim, int kGroup, typename Cfg = DefaultConfig>

@@ -49,6 +49,92 @@ __device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int 
   return {max(1, CeilDiv(kv_len, len)), len};
 }
 
+// What one decode CTA serves, from blockIdx = (KV head * subgroups + subgroup, sequence,
+// split): a subgroup of up to group_per_cta query heads of one KV head's GQA group, and the
+// keys [key_begin, key_end) of one split of the sequence's context.
+struct DecodeCta {
+  int kv_head;
+  int head_base;  // first query head served
+  int heads;      // query heads served, >= 1
+  int seq;
+  int split;
+  int q_row;  // the sequence's (single) query row
+  int key_begin;
+  int key_end;
+  int num_seq_blocks;
+  const int32_t* seq_blocks;  // the sequence's block ids
+  SplitPlan plan;
+};
+
+// Fills `cta` for this CTA, reading all sequence metadata in one round trip. False when the
+// CTA has nothing to do: the sequence is not a decode (q_len != 1), or the split is past
+// the sequence's last.
+__device__ __forceinline__ bool PlanDecodeCta(const PagedAttentionParams& p,
+                                              const DecodeWorkspace& ws, int group, int subgroups,
+                                              int group_per_cta, int granule, DecodeCta& cta) {
+  cta.kv_head = blockIdx.x / subgroups;
+  cta.head_base = cta.kv_head * group + (blockIdx.x % subgroups) * group_per_cta;
+  cta.heads = min(group_per_cta, (cta.kv_head + 1) * group - cta.head_base);
+  cta.seq = blockIdx.y;
+  cta.split = blockIdx.z;
+  cta.q_row = p.q_indptr[cta.seq];
+  const int q_next = p.q_indptr[cta.seq + 1];
+  const int block_begin = p.blocks.indptr[cta.seq];
+  cta.num_seq_blocks = p.blocks.indptr[cta.seq + 1] - block_begin;
+  const int last_len = p.blocks.last_block_len[cta.seq];
+  if (q_next - cta.q_row != 1) return false;
+  const int kv_len =
+      cta.num_seq_blocks == 0 ? 0 : (cta.num_seq_blocks - 1) * p.cache.block_size + last_len;
+  cta.plan = PlanSplits(kv_len, ws.max_splits, granule, ws.min_split_granules);
+  if (cta.split >= cta.plan.num_splits) return false;
+  cta.key_begin = cta.split * cta.plan.split_len;
+  cta.key_end = min(kv_len, cta.key_begin + cta.plan.split_len);
+  cta.seq_blocks = p.blocks.indices + block_begin;
+  return true;
+}
+
+// One warp's share of a CTA's keys: iterations of kKeysPerIter consecutive keys, warp w
+// taking iterations w, w + kWarps, w + 2 kWarps, ... of the CTA's range. T is the KV
+// storage type.
+template <typename T, int kKeysPerIter, int kWarps>
+class WarpKeys {
+ public:
+  __device__ __forceinline__ WarpKeys(const DecodeCta& cta, const KvCacheView& c, int block_shift,
+                                      int warp, int lane)
+      : cta_(cta), c_(c), block_shift_(block_shift), warp_(warp), lane_(lane) {
+    const int cta_iters = CeilDiv(cta.key_end - cta.key_begin, kKeysPerIter);
+    num_iters_ = cta_iters > warp ? CeilDiv(cta_iters - warp, kWarps) : 0;
+  }
+
+  __device__ __forceinline__ int num_iters() const { return num_iters_; }
+
+  // First key of iteration `it`.
+  __device__ __forceinline__ int start(int it) const {
+    return cta_.key_begin + (warp_ + kWarps * it) * kKeysPerIter;
+  }
+
+  // Lane j's K head pointer of block j of iteration `it` (the block table is read once per
+  // block, an iteration ahead of its copies); null past the warp's iterations. Lanes past
+  // the iteration's blocks, and blocks past the sequence's, repeat a real block so every
+  // address stays valid.
+  __device__ __forceinline__ const char* BlockPtrs(int it) const {
+    if (it >= num_iters_) return nullptr;
+    const int blocks_per_iter = max(1, kKeysPerIter >> block_shift_);
+    const int b =
+        min((start(it) >> block_shift_) + min(lane_, blocks_per_iter - 1), cta_.num_seq_blocks - 1);
+    return reinterpret_cast<const char*>(
+        BlockHead<T>(c_, cta_.seq_blocks[b], c_.k_offset_bytes, cta_.kv_head));
+  }
+
+ private:
+  const DecodeCta& cta_;
+  const KvCacheView& c_;
+  int block_shift_;
+  int warp_;
+  int lane_;
+  int num_iters_;
+};
+
 __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
   const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
   return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
@@ -129,12 +215,16 @@ __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace&
 // REQUIRES: called by every thread of the CTA after a __syncthreads() that follows the
 // writes to s_acc.
 template <int kHeadDim, int kGroup, typename Cfg>
-__device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& ws, int s,
-                          int split, int q_row, int head_base, int heads, const SplitPlan& plan,
-                          float* s_acc) {
+__device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                          const DecodeCta& cta, float* s_acc) {
+  const int s = cta.seq;
+  const int q_row = cta.q_row;
+  const int head_base = cta.head_base;
+  const int heads = cta.heads;
+  const SplitPlan& plan = cta.plan;
   const float* s_max = s_acc + Cfg::kWarps * kGroup * kHeadDim;
   const float* s_sum = s_max + Cfg::kWarps * kGroup;
-  const int64_t seq_split = int64_t{s} * ws.max_splits + split;
+  const int64_t seq_split = int64_t{s} * ws.max_splits + cta.split;
 #pragma unroll 2
   for (int index = threadIdx.x; index < heads * kHeadDim; index += Cfg::kThreads) {
     const int h = index / kHeadDim;
