@@ -15,7 +15,7 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
   const int64_t ctas = int64_t{num_seqs} * num_kv_heads * subgroups;
   if (ctas <= 0) return 1;
   // Rounded down: a second, partial wave costs more than the splits gain (measured by
-  // tests/gpu/decode_sweep.cu on an H200: 32 x 4k reads 0.83 of copy bandwidth unsplit and
+  // gpu_bench sweep on an H200: 32 x 4k reads 0.83 of copy bandwidth unsplit and
   // 0.79 in two splits).
   const int64_t wanted = int64_t{decode::DefaultConfig::kCtasPerSm} * num_sms / ctas;
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, decode::kMaxSplits));

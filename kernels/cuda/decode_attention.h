@@ -21,7 +21,7 @@
 // keeps ~16 significant bits (fp32-close, like the f32 path). f32 KV runs on CUDA cores: a
 // key's dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly
 // reduces the dot products of all group heads at once.
-// On an H200 (tests/gpu/decode_sweep.cu) both reach ~0.85 of copy bandwidth at large
+// On an H200 (gpu_bench sweep) both reach ~0.85 of copy bandwidth at large
 // batch, the tensor-core path 1-2% ahead; deeper pipelines (more stages, one CTA per SM)
 // and larger L2 prefetches measured slower; ncu shows L2 at ~89% of its throughput there.
 //
@@ -57,7 +57,7 @@ struct DecodeWorkspace {
   int32_t max_splits = 1;
   // Granules a split holds at least (unless the context is shorter). One: with the split
   // count at one wave (DecodeMaxSplits) longer minimums only cost short contexts
-  // (tests/gpu/decode_sweep.cu, H200, back to back in a graph: 1 x 512 7.6 us with 8 splits
+  // (gpu_bench sweep, H200, back to back in a graph: 1 x 512 7.6 us with 8 splits
   // of one granule, 11.0 us with 2 of four; 1 x 4k 0.305 vs 0.313 of copy bandwidth).
   int32_t min_split_granules = 1;
   // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
@@ -83,7 +83,7 @@ int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                   cudaStream_t stream);
 
-// Benchmark only (tests/gpu/decode_sweep.cu): the bf16, head_dim 128, GQA-group-4 kernel
+// Benchmark only (gpu_bench sweep): the bf16, head_dim 128, GQA-group-4 kernel
 // under alternative launch shapes (warps per CTA, pipeline stages, resident CTAs), variant
 // in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs. Sets *name.
 // cudaErrorInvalidValue for other shapes or variants.

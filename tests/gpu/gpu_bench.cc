@@ -4,6 +4,9 @@
 //
 // Shapes follow ../shared/peers/torch_peers.py (Llama-3-8B heads: 32 query heads, 8 KV
 // heads, head_dim 128, bf16 KV, block_size 16) so rows can be set beside its figures.
+//
+// Modes: `gpu_bench` runs everything below; `gpu_bench gemv` only the copy ceiling and the
+// decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep.
 
 #include <cuda_runtime_api.h>
 
@@ -23,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/blas_gemm.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -320,48 +324,61 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
   }
 }
 
-// One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
-void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
-               double gemm_tflops) {
-  constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
-  const int blocks_per_seq = (context + kBlock - 1) / kBlock;
+constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+
+// One layer's paged bf16 KV cache (zeros) for `batch` sequences of `context` keys with
+// q_len new query rows each, and the PagedAttentionParams over it, with the max_q_len hint
+// the model gives. Blocks are handed out shuffled (a fragmented pool) unless `shuffled` is
+// false. The params point into the buffers held here.
+struct AttentionSetup {
+  DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, out;
+  PagedAttentionParams p;
+  double bytes = 0;  // KV read plus q and out, per call
+};
+
+AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, int block_size,
+                             bool shuffled) {
+  AttentionSetup a;
+  const int blocks_per_seq = (context + block_size - 1) / block_size;
   const int num_blocks = batch * blocks_per_seq;
   int chunk_shift = 0;
   while ((1 << chunk_shift) < num_blocks) ++chunk_shift;
-  const int64_t block_bytes = int64_t{kKvHeads} * kBlock * kHeadDim * 2;
+  const int64_t block_bytes = int64_t{kKvHeads} * block_size * kHeadDim * 2;
   const int64_t region = block_bytes << chunk_shift;
-  DeviceBuffer chunk = Must(bench.gpu().Allocate(size_t(region) * 2));
-  cudaMemsetAsync(chunk.data(), 0, chunk.bytes(), bench.gpu().stream());
-  void* table_host[1] = {chunk.data()};
-  DeviceBuffer table = Must(bench.gpu().Allocate(sizeof(table_host)));
-  BENCH_CHECK(bench.gpu().CopyToDevice(table.data(), table_host, sizeof(table_host)));
+  a.chunk = Must(bench.gpu().Allocate(size_t(region) * 2));
+  cudaMemsetAsync(a.chunk.data(), 0, a.chunk.bytes(), bench.gpu().stream());
+  void* table_host[1] = {a.chunk.data()};
+  a.table = Must(bench.gpu().Allocate(sizeof(table_host)));
+  BENCH_CHECK(bench.gpu().CopyToDevice(a.table.data(), table_host, sizeof(table_host)));
 
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));  // a fragmented pool
+  if (shuffled) std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
   std::vector<int32_t> indptr(batch + 1), last(batch), q_indptr(batch + 1);
   for (int s = 0; s <= batch; ++s) {
     indptr[s] = s * blocks_per_seq;
     q_indptr[s] = s * q_len;
   }
-  for (int s = 0; s < batch; ++s) last[s] = context - (blocks_per_seq - 1) * kBlock;
+  for (int s = 0; s < batch; ++s) last[s] = context - (blocks_per_seq - 1) * block_size;
   auto upload = [&](const std::vector<int32_t>& v) {
     DeviceBuffer b = Must(bench.gpu().Allocate(v.size() * 4));
     BENCH_CHECK(bench.gpu().CopyToDevice(b.data(), v.data(), v.size() * 4));
     return b;
   };
-  DeviceBuffer d_ids = upload(ids), d_indptr = upload(indptr), d_last = upload(last),
-               d_q_indptr = upload(q_indptr);
+  a.ids = upload(ids);
+  a.indptr = upload(indptr);
+  a.last = upload(last);
+  a.q_indptr = upload(q_indptr);
   const size_t rows = size_t(batch) * q_len;
-  DeviceBuffer q = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
-  DeviceBuffer out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
-  cudaMemsetAsync(q.data(), 0, q.bytes(), bench.gpu().stream());
+  a.q = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
+  a.out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
+  cudaMemsetAsync(a.q.data(), 0, a.q.bytes(), bench.gpu().stream());
 
-  PagedAttentionParams p;
-  p.out = out.as<float>();
-  p.q = q.as<float>();
-  p.q_indptr = d_q_indptr.as<int32_t>();
-  p.cache.chunks = table.as<void*>();
+  PagedAttentionParams& p = a.p;
+  p.out = a.out.as<float>();
+  p.q = a.q.as<float>();
+  p.q_indptr = a.q_indptr.as<int32_t>();
+  p.cache.chunks = a.table.as<void*>();
   p.cache.num_chunks = 1;
   p.cache.chunk_shift = chunk_shift;
   p.cache.k_offset_bytes = 0;
@@ -369,18 +386,26 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
   p.cache.block_bytes = block_bytes;
   p.cache.dtype = DType::kBF16;
   p.cache.num_kv_heads = kKvHeads;
-  p.cache.block_size = kBlock;
+  p.cache.block_size = block_size;
   p.cache.head_dim = kHeadDim;
-  p.blocks = {d_indptr.as<int32_t>(), d_ids.as<int32_t>(), d_last.as<int32_t>(), batch};
+  p.blocks = {a.indptr.as<int32_t>(), a.ids.as<int32_t>(), a.last.as<int32_t>(), batch};
   p.num_q_heads = kQHeads;
   p.q_stride = p.out_stride = kQHeads * kHeadDim;
   p.sm_scale = 1.0f / std::sqrt(float(kHeadDim));
   p.causal = true;
-  p.max_q_len = q_len;  // the hint the model gives (it picks the prefill kernel)
+  p.max_q_len = q_len;
+  a.bytes =
+      double(batch) * context * kKvHeads * kHeadDim * 2 * 2 + 2.0 * rows * kQHeads * kHeadDim * 4;
+  return a;
+}
+
+// One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
+void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
+               double gemm_tflops) {
+  const AttentionSetup a = MakeAttention(bench, batch, context, q_len, 16, /*shuffled=*/true);
+  const PagedAttentionParams& p = a.p;
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
-  const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
-  const double q_out_bytes = 2.0 * rows * kQHeads * kHeadDim * 4;
-  const double gbps = (kv_bytes + q_out_bytes) / (ms * 1e6);
+  const double gbps = a.bytes / (ms * 1e6);
   if (q_len == 1) {
     bench.Row(absl::StrCat("decode attention ", batch, " x ", context), ms, gbps, 0,
               gbps / copy_gbps, "copy");
@@ -388,7 +413,7 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     // launch overhead, so short contexts show the kernels' own time.
     const double graph_ms = GraphTimeMs(bench, [&] { return bench.gpu().PagedAttention(p); });
     if (graph_ms > 0) {
-      const double graph_gbps = (kv_bytes + q_out_bytes) / (graph_ms * 1e6);
+      const double graph_gbps = a.bytes / (graph_ms * 1e6);
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
                 graph_gbps, 0, graph_gbps / copy_gbps, "copy");
     }
@@ -412,12 +437,110 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     });
     const double split_tflops = flops / (split_ms * 1e9);
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " split QP"),
-              split_ms, (kv_bytes + q_out_bytes) / (split_ms * 1e6), split_tflops,
-              split_tflops / gemm_tflops, "gemm");
+              split_ms, a.bytes / (split_ms * 1e6), split_tflops, split_tflops / gemm_tflops,
+              "gemm");
   }
 }
 
-// `gpu_bench gemv` runs only the copy ceiling and the decode matmuls.
+// `gpu_bench sweep`: decode attention under every launch-shape variant of the kernel
+// (LaunchDecodeAttentionVariant), split count and, for one sequence, smallest split, to set
+// DecodeMaxSplits' policy from measurements. Two rows each: one call between events (as
+// above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
+// run it). "auto" marks what LaunchDecodeAttention would launch. KVD_SWEEP_SHAPE=64x4096
+// and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu).
+void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuffled,
+                 double copy_gbps) {
+  constexpr int kSweepCalls = 16;
+  const AttentionSetup a = MakeAttention(bench, batch, context, 1, block_size, shuffled);
+  constexpr int kMaxSplits = 128;
+  DeviceBuffer partial_out = Must(
+      bench.gpu().Allocate(cuda::DecodePartialOutSize(batch, kMaxSplits, kQHeads, kHeadDim) * 4));
+  DeviceBuffer partial_lse =
+      Must(bench.gpu().Allocate(cuda::DecodePartialLseSize(batch, kMaxSplits, kQHeads) * 4));
+  DeviceBuffer arrivals =
+      Must(bench.gpu().Allocate(cuda::DecodeArrivalCount(batch, kKvHeads, kQHeads / kKvHeads) * 4));
+  cudaMemsetAsync(arrivals.data(), 0, arrivals.bytes(), bench.gpu().stream());
+  cuda::DecodeWorkspace ws;
+  ws.partial_out = partial_out.as<float>();
+  ws.partial_lse = partial_lse.as<float>();
+  ws.arrivals = arrivals.as<int32_t>();
+  const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
+  const int auto_splits =
+      cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
+  std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
+                            : batch >= 8 ? std::vector<int>{1, 2, 4, 8}
+                                         : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
+  if (std::find(splits.begin(), splits.end(), auto_splits) == splits.end()) {
+    splits.insert(std::upper_bound(splits.begin(), splits.end(), auto_splits), auto_splits);
+  }
+  int only_variant = -1, only_splits = -1;
+  if (const char* only = std::getenv("KVD_SWEEP_ONLY"); only != nullptr) {
+    std::sscanf(only, "%d,%d", &only_variant, &only_splits);
+  }
+  for (int variant = 0; variant < cuda::kDecodeVariants; ++variant) {
+    if (only_variant >= 0 && variant != only_variant) continue;
+    for (const int min_granules : batch == 1 ? std::vector<int>{1, 2, 4} : std::vector<int>{1}) {
+      ws.min_split_granules = min_granules;
+      for (const int n : splits) {
+        if (only_splits >= 0 && n != only_splits) continue;
+        ws.max_splits = n;
+        const char* name = "";
+        auto launch = [&] {
+          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().stream(), &name);
+        };
+        const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "decode variant"); });
+        const double graph_ms =
+            GraphTimeMs(bench,
+                        [&] {
+                          for (int i = 0; i < kSweepCalls; ++i) {
+                            if (cudaError_t err = launch(); err != cudaSuccess) {
+                              return absl::InternalError(cudaGetErrorString(err));
+                            }
+                          }
+                          return absl::OkStatus();
+                        }) /
+            kSweepCalls;
+        const bool is_auto =
+            variant == 0 && n == auto_splits && min_granules == auto_ws.min_split_granules;
+        const std::string label = absl::StrCat(
+            "sweep ", batch, " x ", context, " bs", block_size, shuffled ? "" : " in order", " v",
+            variant, " g", min_granules, " s", n, is_auto ? " auto" : "", " [", name, "]");
+        bench.Row(label, call_ms, a.bytes / (call_ms * 1e6), 0,
+                  a.bytes / (call_ms * 1e6) / copy_gbps, "copy");
+        if (graph_ms > 0) {
+          bench.Row(label + " graph", graph_ms, a.bytes / (graph_ms * 1e6), 0,
+                    a.bytes / (graph_ms * 1e6) / copy_gbps, "copy");
+        }
+      }
+    }
+  }
+}
+
+int SweepMain(Bench& bench, double copy_gbps) {
+  int only_batch = -1, only_context = -1;
+  if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
+    std::sscanf(shape, "%dx%d", &only_batch, &only_context);
+  }
+  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 512},
+                                                                       {1, 4096},
+                                                                       {1, 32768},
+                                                                       {8, 4096},
+                                                                       {32, 4096},
+                                                                       {64, 4096},
+                                                                       {128, 2048},
+                                                                       {16, 16384},
+                                                                       {4, 131072}}) {
+    if (only_batch >= 0 && (batch != only_batch || context != only_context)) continue;
+    DecodeSweep(bench, batch, context, 16, /*shuffled=*/true, copy_gbps);
+    // Paging costs apart from the kernel's: blocks in order, and 64-token blocks.
+    if (batch >= 8 && only_batch < 0) {
+      DecodeSweep(bench, batch, context, 16, /*shuffled=*/false, copy_gbps);
+      DecodeSweep(bench, batch, context, 64, /*shuffled=*/true, copy_gbps);
+    }
+  }
+  return 0;
+}
+
 // Sample over rows x 128256 (Llama 3's vocabulary): microseconds per call, and the one
 // pass of logits it must read as GB/s against the copy ceiling (it makes several passes,
 // mostly from L2).
@@ -451,7 +574,11 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
 }
 
 int Main(int argc, char** argv) {
-  const bool only_gemv = argc > 1 && std::string(argv[1]) == "gemv";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (!mode.empty() && mode != "gemv" && mode != "sweep") {
+    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep]\n");
+    return 2;
+  }
   if (CudaDeviceCount() == 0) {
     std::printf("gpu_bench: no CUDA device\n");
     return 0;
@@ -463,8 +590,9 @@ int Main(int argc, char** argv) {
               prop.totalGlobalMem / double(1 << 30));
   Bench bench(*gpu);
   const double copy = CopyBandwidth(bench);
+  if (mode == "sweep") return SweepMain(bench, copy);
   SkinnyGemmRates(bench, copy);
-  if (only_gemv) return 0;
+  if (mode == "gemv") return 0;
   const double gemm = GemmRate(bench, 8192, 8192, 8192, copy, 0);
   GemmRate(bench, 1, 14336, 4096, copy, 0);
   GemmRate(bench, 16, 14336, 4096, copy, 0);
