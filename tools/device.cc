@@ -1,10 +1,10 @@
 #include "tools/device.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_backend.h"
