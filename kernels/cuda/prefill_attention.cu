@@ -229,7 +229,8 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
 }  // namespace
 
 cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
-                                   int num_ctas, cudaStream_t stream, MmaPrecision precision) {
+                                   int num_ctas, cudaStream_t stream, MmaPrecision precision,
+                                   bool allow_wgmma) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (num_ctas < 1) return cudaErrorInvalidValue;
   // bf16 KV: the tensor-core kernel; f32 KV (exact comparisons in tests): the fp32 kernel.
@@ -238,7 +239,7 @@ cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_
       p, tensor_cores ? MmaPrefillTileRows(precision) : kTileRows, tile_indptr);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (tensor_cores) {
-    return LaunchPrefillAttentionMma(p, tile_indptr, num_ctas, precision, stream);
+    return LaunchPrefillAttentionMma(p, tile_indptr, num_ctas, precision, stream, allow_wgmma);
   }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
                                Launch<float, kHeadDim>(p, tile_indptr, num_ctas, stream));

@@ -35,10 +35,12 @@ namespace kvd::cuda {
 
 // Enqueues the planning kernel (one CTA scanning the batch) and the attention kernel.
 // `num_ctas` caps the grid (e.g. a few per multiprocessor). `precision` picks the bf16 kernel's
-// treatment of Q and P (prefill_attention_mma.h); the f32 kernel ignores it.
+// treatment of Q and P (prefill_attention_mma.h); the f32 kernel ignores it, and
+// `allow_wgmma` (false: no Hopper kernel, prefill_attention_mma.h).
 cudaError_t LaunchPrefillAttention(const PagedAttentionParams& p, int32_t* tile_indptr,
                                    int num_ctas, cudaStream_t stream,
-                                   MmaPrecision precision = MmaPrecision::kSplit);
+                                   MmaPrecision precision = MmaPrecision::kSplit,
+                                   bool allow_wgmma = true);
 
 }  // namespace kvd::cuda
 

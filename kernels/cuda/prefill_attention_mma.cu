@@ -302,11 +302,27 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
 
 }  // namespace
 
+bool HopperPrefillSupported() {
+  int device = 0;
+  int major = 0;
+  int minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) ==
+             cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* tile_indptr,
-                                      int max_ctas, MmaPrecision precision, cudaStream_t stream) {
+                                      int max_ctas, MmaPrecision precision, cudaStream_t stream,
+                                      bool allow_wgmma) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (p.cache.dtype != DType::kBF16 || max_ctas < 1) return cudaErrorInvalidValue;
   if (precision == MmaPrecision::kBf16) {
+    if (allow_wgmma && p.cache.head_dim == 128 && HopperPrefillSupported()) {
+      return LaunchPrefillAttentionHopper(p, tile_indptr, max_ctas, stream);
+    }
     return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);
   }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,

@@ -20,6 +20,10 @@
 //     online softmax        fp32, per row, in registers (base-2 logits, exp2)
 //     O += P V              P packed from the S registers, V through ldmatrix.trans
 //
+// On Hopper (compute capability 9.0) with head_dim 128, kBf16 items run a warpgroup-MMA
+// kernel instead (prefill_attention_sm90a.cu): the same items, rows and numerics, two
+// warpgroups of 64 rows per CTA, 128-key tiles, wgmma with operands in shared memory.
+//
 // kSplit (this file's .cu): 64-row items, 16 rows per warp with Q in registers; Q and P are
 // each rounded to a bf16 high part plus a bf16 residual and every product is two MMAs,
 // which keeps ~16 significant bits (results within ~1e-6 of fp32 math).
@@ -47,13 +51,25 @@ inline constexpr int MmaPrefillTileRows(MmaPrecision precision) {
 // REQUIRES: p.cache.dtype bf16; the rest as LaunchPrefillAttention; `max_ctas` >= 1 caps the
 // grid (kSplit: also capped at what fits on the device at once; kBf16: CTAs past the resident
 // ones find the counter exhausted and exit).
+// `allow_wgmma` false keeps kBf16 on the wide kernel where the Hopper one would run (tests
+// and benchmarks compare the two).
 cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* tile_indptr,
-                                      int max_ctas, MmaPrecision precision, cudaStream_t stream);
+                                      int max_ctas, MmaPrecision precision, cudaStream_t stream,
+                                      bool allow_wgmma = true);
 
 // The kBf16 kernel alone (prefill_attention_wide.cu), launched as a programmatic dependent of
 // the planning kernel. REQUIRES: as LaunchPrefillAttentionMma.
 cudaError_t LaunchPrefillAttentionWide(const PagedAttentionParams& p, int32_t* tile_indptr,
                                        int max_ctas, cudaStream_t stream);
+
+// The kBf16 kernel for Hopper (prefill_attention_sm90a.cu), a programmatic dependent of the
+// planning kernel; at most one CTA per multiprocessor. REQUIRES: as LaunchPrefillAttentionMma,
+// head_dim 128, HopperPrefillSupported() (elsewhere the launch fails: no kernel image).
+cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t* tile_indptr,
+                                         int max_ctas, cudaStream_t stream);
+
+// Whether the current device runs sm_90a code (compute capability 9.0 exactly).
+bool HopperPrefillSupported();
 
 }  // namespace kvd::cuda
 

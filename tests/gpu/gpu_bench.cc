@@ -6,7 +6,8 @@
 // heads, head_dim 128, bf16 KV, block_size 16) so rows can be set beside its figures.
 //
 // Modes: `gpu_bench` runs everything below; `gpu_bench gemv` only the copy ceiling and the
-// decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep.
+// decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
+// `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows.
 
 #include <cuda_runtime_api.h>
 
@@ -439,6 +440,19 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " split QP"),
               split_ms, a.bytes / (split_ms * 1e6), split_tflops, split_tflops / gemm_tflops,
               "gemm");
+    // The mma.sync kernel the backend runs where the Hopper (wgmma) one cannot.
+    const double wide_ms = bench.TimeMs([&] {
+      if (cudaError_t err = cuda::LaunchPrefillAttention(
+              p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4, bench.gpu().stream(),
+              cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
+          err != cudaSuccess) {
+        std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
+        std::exit(1);
+      }
+    });
+    const double wide_tflops = flops / (wide_ms * 1e9);
+    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " mma.sync"),
+              wide_ms, a.bytes / (wide_ms * 1e6), wide_tflops, wide_tflops / gemm_tflops, "gemm");
   }
 }
 
@@ -575,8 +589,8 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
 
 int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!mode.empty() && mode != "gemv" && mode != "sweep") {
-    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep]\n");
+  if (!mode.empty() && mode != "gemv" && mode != "sweep" && mode != "prefill") {
+    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep|prefill]\n");
     return 2;
   }
   if (CudaDeviceCount() == 0) {
@@ -591,26 +605,29 @@ int Main(int argc, char** argv) {
   Bench bench(*gpu);
   const double copy = CopyBandwidth(bench);
   if (mode == "sweep") return SweepMain(bench, copy);
-  SkinnyGemmRates(bench, copy);
+  if (mode != "prefill") SkinnyGemmRates(bench, copy);
   if (mode == "gemv") return 0;
   const double gemm = GemmRate(bench, 8192, 8192, 8192, copy, 0);
-  GemmRate(bench, 1, 14336, 4096, copy, 0);
-  GemmRate(bench, 16, 14336, 4096, copy, 0);
-  GemmRate(bench, 512, 4096, 4096, copy, gemm);
-  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
-                                                                       {1, 32768},
-                                                                       {8, 4096},
-                                                                       {32, 4096},
-                                                                       {64, 4096},
-                                                                       {128, 2048},
-                                                                       {16, 16384},
-                                                                       {4, 131072}}) {
-    Attention(bench, batch, context, 1, copy, gemm);
+  if (mode != "prefill") {
+    GemmRate(bench, 1, 14336, 4096, copy, 0);
+    GemmRate(bench, 16, 14336, 4096, copy, 0);
+    GemmRate(bench, 512, 4096, 4096, copy, gemm);
+    for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
+                                                                         {1, 32768},
+                                                                         {8, 4096},
+                                                                         {32, 4096},
+                                                                         {64, 4096},
+                                                                         {128, 2048},
+                                                                         {16, 16384},
+                                                                         {4, 131072}}) {
+      Attention(bench, batch, context, 1, copy, gemm);
+    }
   }
   for (const auto& [batch, q_len, context] : std::vector<std::tuple<int, int, int>>{
            {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}}) {
     Attention(bench, batch, context, q_len, copy, gemm);
   }
+  if (mode == "prefill") return 0;
   const SamplingRow typical{.temperature = 0.7f, .top_k = 50, .top_p = 0.9f};
   for (int rows : {1, 8, 64}) Sampling(bench, rows, typical, "k50 p0.9 T0.7", copy);
   Sampling(bench, 64, SamplingRow{.temperature = 1.0f}, "T1 no filters", copy);

@@ -42,6 +42,9 @@ struct AttentionCase {
   // plain bf16, or split into bf16 pairs.
   bool bf16_qp = false;
   bool split_qp = false;
+  // With bf16_qp: keep head_dim 128 on the wide mma.sync kernel where the Hopper (wgmma)
+  // kernel would run.
+  bool no_wgmma = false;
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
@@ -173,7 +176,8 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
       const cudaError_t err = cuda::LaunchPrefillAttention(
           p, tile_indptr.as<int32_t>(), c.direct_ctas > 0 ? c.direct_ctas : gpu().num_sms() * 4,
-          gpu().stream(), c.split_qp ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16);
+          gpu().stream(), c.split_qp ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16,
+          /*allow_wgmma=*/!c.no_wgmma);
       if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
       return b.Synchronize();  // before tile_indptr is freed
     }
@@ -304,6 +308,23 @@ std::vector<AttentionCase> Cases() {
       4);
   cases.back().hint_max_q_len = true;
   add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
+  cases.back().bf16_qp = true;
+  // head_dim 128 on Hopper runs the wgmma kernel: the wide kernel's cases again with it
+  // turned off, and longer prefills (many 128-key tiles, causal tiles that end mid-tile, a
+  // group of 7, 64-token blocks) for the wgmma kernel.
+  for (const bool causal : {true, false}) {
+    add(absl::StrCat("bf16qp_prefill_d128_wide", causal ? "_causal" : "_noncausal"), prefills,
+        DType::kBF16, 128, 16, 2, 4, causal);
+    cases.back().bf16_qp = true;
+    cases.back().no_wgmma = true;
+  }
+  const std::vector<SeqShape> long_prefills = {{300, 5000}, {129, 129}, {1000, 1000}, {17, 2100}};
+  add("bf16qp_long_prefill_d128_bs16_g4", long_prefills, DType::kBF16, 128, 16, 2, 4);
+  cases.back().bf16_qp = true;
+  add("bf16qp_long_prefill_d128_bs64_g7", long_prefills, DType::kBF16, 128, 64, 1, 7);
+  cases.back().bf16_qp = true;
+  add("bf16qp_long_prefill_d128_bs16_g1_noncausal", long_prefills, DType::kBF16, 128, 16, 3, 1,
+      /*causal=*/false);
   cases.back().bf16_qp = true;
   // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every
   // CTA loops over items taken from the work counter, reusing its shared memory.
