@@ -1,20 +1,22 @@
 // The Hopper prefill kernel of prefill_attention_mma.h (kBf16 mode, head_dim 128): the wide
 // kernel's work items (128 packed query rows of one sequence and KV head, from the work
 // counter, costliest first) computed with warpgroup MMAs. Built for sm_90a only (see
-// kernels/cuda/CMakeLists.txt); on any other device LaunchPrefillAttentionHopper reports
-// cudaErrorNoKernelImageForDevice and the wide kernel runs instead.
+// kernels/cuda/CMakeLists.txt); on any other device the wide kernel runs instead.
 //
-// A CTA is two warpgroups, 64 packed rows each:
+// A CTA is three warpgroups, FlashAttention-3 style:
 //
-//   Q tile   -> bf16 (scaled to base-2 logits), stored in shared memory in wgmma's 128-byte
-//               swizzled K-major layout (two 64-dim halves)
-//   per 128-key tile (double-buffered; all 256 threads gather K and V from the paged arena
-//   with cp.async straight into the same swizzled layout):
-//     S = Q K^T     8 wgmma m64n128k16, A and B from shared memory
-//     mask          only on tiles that cross a row's last visible key
-//     softmax       online, fp32, in the accumulator registers (a quad of lanes per row)
-//     O += P V      8 wgmma m64n128k16, P from registers (packed in place from S), V from
-//                   shared memory as an MN-major operand
+//   producer (warpgroup 2): gathers each 128-key K/V tile from the paged arena with cp.async
+//     into a ring of kStages buffers, in wgmma's 128-byte swizzled layout; `full[stage]` (an
+//     mbarrier) completes when a tile has landed, `empty[stage]` when both consumers are done
+//     with it.
+//   consumers (warpgroups 0 and 1, 64 packed rows each): their Q rows -> bf16 in shared
+//     memory (scaled to base-2 logits), then per key tile kt
+//       S_kt = Q K_kt^T        8 wgmma m64n128k16, A and B from shared memory
+//       O += P_kt-1 V_kt-1     8 wgmma m64n128k16, P from registers, V MN-major
+//       mask, online softmax   fp32 in the accumulator registers (a quad of lanes per row),
+//                              overlapping the P V MMAs; O's rescale once they are done
+//     The two consumers take turns to issue their MMAs (two named barriers), so one's
+//     softmax runs while the other's MMAs keep the tensor cores busy.
 //
 // Numerics are the wide kernel's: Q and P rounded to bf16, fp32 accumulation.
 
@@ -24,6 +26,7 @@
 #include <cmath>
 
 #include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/hopper_sync.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
 #include "kernels/cuda/tensor_core.cuh"
@@ -33,17 +36,30 @@ namespace kvd::cuda {
 namespace {
 
 constexpr int kHeadDim = 128;
-constexpr int kThreads = 256;  // two warpgroups
-constexpr int kRows = 128;     // packed query rows per item
-constexpr int kGroupRows = 64;  // per warpgroup
-constexpr int kKeys = 128;     // keys per K/V tile
-constexpr int kStages = 2;
+constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+constexpr int kProducerThreads = 128;  // warpgroup 2
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+// Registers a thread: launch_bounds gives every thread 168; the producer gives part of its
+// share to the consumers, whose S, P and O tiles alone take 160.
+constexpr int kProducerRegisters = 88;
+constexpr int kConsumerRegisters = 208;
+static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <=
+              65536);
+constexpr int kRows = 128;      // packed query rows per item
+constexpr int kGroupRows = 64;  // per consumer warpgroup
+constexpr int kKeys = 128;      // keys per K/V tile
+constexpr int kStages = 3;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kRowBytes = 128;         // one swizzled row: 64 dims
 constexpr int kQBytes = kRows * kHeadDim * 2;
 constexpr int kTileBytes = kKeys * kHeadDim * 2;
 constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;  // + alignment slack
 constexpr float kLog2e = 1.4426950408889634f;
+// Named barriers: kTurnBarrier + w lets consumer w issue its MMAs; kQBarrier + w publishes
+// consumer w's Q rows to its own warpgroup.
+constexpr int kTurnBarrier = 1;
+constexpr int kQBarrier = 3;
+constexpr int kItemBarrier = 5;  // all threads: the next work item
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
 
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a region of `rows` rows stored
@@ -52,91 +68,174 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows)
   return (chunk >> 3) * rows * kRowBytes + row * kRowBytes + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
+// 2^x by the special function unit alone (ex2.approx.ftz: relative error ~2^-22, results
+// below 2^-126 flushed to 0), without exp2f's range fix-ups: P is rounded to bf16 anyway.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// What every role derives from a work item.
+struct Item {
+  int q_begin;
+  int q_len;
+  int kv_len;
+  int packed_rows;
+  int kv_head;
+  int tile_row0;
+  int key_end;  // keys at or past it are visible to no row of the tile (not loaded)
+  int num_key_tiles;
+  const int32_t* seq_blocks;
+};
+
+__device__ __forceinline__ Item DecodeItem(const PagedAttentionParams& p,
+                                           const int32_t* tile_indptr, int item, int group) {
+  const int num_seqs = p.blocks.num_seqs;
+  const int s = FindSequence(tile_indptr, num_seqs, item);
+  Item it;
+  it.q_begin = p.q_indptr[s];
+  it.q_len = p.q_indptr[s + 1] - it.q_begin;
+  it.kv_len = SeqKvLen(p.blocks, s, p.cache.block_size);
+  it.packed_rows = it.q_len * group;
+  const int num_tiles = CeilDiv(it.packed_rows, kRows);
+  const int local = item - (s == 0 ? 0 : tile_indptr[s]);
+  it.kv_head = local % p.cache.num_kv_heads;
+  it.tile_row0 = (num_tiles - 1 - local / p.cache.num_kv_heads) * kRows;  // latest first
+  const int last_row = min(it.packed_rows - 1, it.tile_row0 + kRows - 1);
+  it.key_end = p.causal ? it.kv_len - it.q_len + last_row / group + 1 : it.kv_len;
+  it.num_key_tiles = CeilDiv(it.key_end, kKeys);
+  it.seq_blocks = p.blocks.indices + p.blocks.indptr[s];
+  return it;
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillHopperKernel(PagedAttentionParams p, int32_t* tile_indptr, int block_shift) {
 #if KVD_HAVE_WGMMA
   extern __shared__ unsigned char smem_raw[];
   __shared__ int s_item;
+  __shared__ uint64_t full[kStages];
+  __shared__ uint64_t empty[kStages];
   // Swizzled regions must be 1024-byte aligned in the shared address space.
-  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t raw_address = SharedAddress(smem_raw);
   const uint32_t pad = ((raw_address + 1023) & ~1023u) - raw_address;
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_address = raw_address + pad;
-  // [Q][K stage 0][V stage 0][K stage 1][V stage 1]
-  auto k_address = [&](int buf) { return q_address + kQBytes + 2 * buf * kTileBytes; };
+  // [Q][K stage 0][V stage 0][K stage 1][V stage 1]...
+  const uint32_t tiles_offset = kQBytes;
 
   const KvCacheView& c = p.cache;
-  const int num_seqs = p.blocks.num_seqs;
   const int group = p.num_q_heads / c.num_kv_heads;
   const int warpgroup = threadIdx.x / 128;
-  const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
-  const float q_scale = p.sm_scale * kLog2e;
-  const int block_mask = c.block_size - 1;
-  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
-  // This thread's load slot: chunk `load_chunk` of keys load_key0, load_key0 + 16, ...
-  const int load_chunk = threadIdx.x % kChunks;
-  const int load_key0 = threadIdx.x / kChunks;
+  const bool producer = warpgroup == 2;
 
+  if (threadIdx.x == 0) {
+    for (int stage = 0; stage < kStages; ++stage) {
+      MbarrierInit(&full[stage], kProducerThreads);
+      MbarrierInit(&empty[stage], kConsumerThreads);
+    }
+  }
   cudaGridDependencySynchronize();  // tile_indptr is written by the planning kernel
-  const int total_items = tile_indptr[num_seqs];
+  const int total_items = tile_indptr[p.blocks.num_seqs];
+  __syncthreads();  // the mbarriers are initialized
   if (total_items == 0) return;
   int32_t* work_counter = tile_indptr;  // [0]: offset 0 by definition, never read as one
 
-  for (;;) {
+  const int block_mask = c.block_size - 1;
+  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
+  uint32_t tile_count = 0;  // key tiles so far, over all items: ring stage and phase
+  // The next work item for every thread: thread 0 takes it from the counter, the item
+  // barrier (all three warpgroups, in both roles' loops) publishes it.
+  auto next_item = [&]() -> int {
     if (threadIdx.x == 0) s_item = atomicAdd(work_counter, 1);
-    __syncthreads();  // also: the previous item is done with shared memory
-    const int item = s_item;
-    if (item >= total_items) break;
-    const int s = FindSequence(tile_indptr, num_seqs, item);
-    const int q_begin = p.q_indptr[s];
-    const int q_len = p.q_indptr[s + 1] - q_begin;
-    const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
-    const int packed_rows = q_len * group;
-    const int num_tiles = CeilDiv(packed_rows, kRows);
-    const int local = item - (s == 0 ? 0 : tile_indptr[s]);
-    const int tile = num_tiles - 1 - local / c.num_kv_heads;  // latest (costliest) first
-    const int kv_head = local % c.num_kv_heads;
-    const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
-    const int tile_row0 = tile * kRows;
-    const int group_row0 = tile_row0 + warpgroup * kGroupRows;
-    const int first_pos = kv_len - q_len;  // position of token 0
+    NamedBarrierSync(kItemBarrier, kThreads);
+    const int index = s_item;
+    NamedBarrierSync(kItemBarrier, kThreads);  // read before anyone takes the next one
+    return index;
+  };
 
-    // As in the wide kernel: keys at or past key_end are visible to no row of the tile (not
-    // loaded), at or past group_key_end to no row of this warpgroup (not computed); keys below
-    // group_unmasked_end are visible to all of its rows. Rows past the end repeat the last
-    // row's limits; a warpgroup with no rows computes nothing.
-    const bool group_live = group_row0 < packed_rows;
-    const int last_row = min(packed_rows - 1, tile_row0 + kRows - 1);
-    const int key_end = p.causal ? first_pos + last_row / group + 1 : kv_len;
+  // The two roles run separate loops (register budgets differ: setmaxnreg applies to the code
+  // it dominates).
+  if (producer) {
+    DecreaseMaxRegisters<kProducerRegisters>();
+    // Chunk `load_chunk` of keys load_key0, load_key0 + 8, ... of each tile.
+    const int load_chunk = threadIdx.x % kChunks;
+    const int load_key0 = (threadIdx.x - kConsumerThreads) / kChunks;
+    for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
+      const Item item = DecodeItem(p, tile_indptr, item_index, group);
+      for (int kt = 0; kt < item.num_key_tiles; ++kt, ++tile_count) {
+        const int stage = tile_count % kStages;
+        if (tile_count >= kStages) MbarrierWait(&empty[stage], ((tile_count / kStages) & 1) ^ 1);
+        unsigned char* k_tile = smem + tiles_offset + 2 * stage * kTileBytes;
+        unsigned char* v_tile = k_tile + kTileBytes;
+#pragma unroll
+        for (int round = 0; round < kKeys * kChunks / kProducerThreads; ++round) {
+          const int key_local = round * (kProducerThreads / kChunks) + load_key0;
+          const int key = kt * kKeys + key_local;
+          const bool valid = key < item.key_end;  // past it: zeros (V must not be read)
+          const int safe_key = valid ? key : 0;
+          const char* src =
+              reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
+                  c, item.seq_blocks[safe_key >> block_shift], c.k_offset_bytes, item.kv_head)) +
+              int64_t{(safe_key & block_mask) * kHeadDim + load_chunk * 8} * 2;
+          const uint32_t dst = SwizzledOffset(key_local, load_chunk, kKeys);
+          CpAsync16(k_tile + dst, src, valid);
+          CpAsync16(v_tile + dst, src + v_minus_k, valid);
+        }
+        // full[stage] counts this thread once its copies have landed; no waiting here.
+        CpAsyncArriveOnMbarrier(&full[stage]);
+      }
+    }
+    CpAsyncWait<0>();  // no copy outlives its thread
+    return;
+  }
+
+  IncreaseMaxRegisters<kConsumerRegisters>();
+  // Consumer 0 issues first: its turn barrier starts with consumer 1's arrival.
+  if (warpgroup == 1) NamedBarrierArrive(kTurnBarrier + 0, kConsumerThreads);
+  for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
+    const Item item = DecodeItem(p, tile_indptr, item_index, group);
+    // Consumer warpgroup `warpgroup`.
+    const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int group_row0 = item.tile_row0 + warpgroup * kGroupRows;
+    const int first_pos = item.kv_len - item.q_len;  // position of token 0
+    // Keys at or past group_key_end are visible to no row of this warpgroup (not computed),
+    // keys below group_unmasked_end to all of them. Rows past the end repeat the last row's
+    // limits; a warpgroup with no rows computes nothing (but keeps its turns).
+    const bool group_live = group_row0 < item.packed_rows;
     const int group_key_end =
-        p.causal ? first_pos + min(packed_rows - 1, group_row0 + kGroupRows - 1) / group + 1
-                 : kv_len;
+        p.causal ? first_pos + min(item.packed_rows - 1, group_row0 + kGroupRows - 1) / group + 1
+                 : item.kv_len;
     const int group_unmasked_end =
-        p.causal ? first_pos + min(packed_rows - 1, group_row0) / group + 1 : kv_len;
+        p.causal ? first_pos + min(item.packed_rows - 1, group_row0) / group + 1 : item.kv_len;
     const int thread_row0 = group_row0 + warp * 16 + g;  // and thread_row0 + 8
     int row_key_end[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = min(packed_rows - 1, thread_row0 + 8 * half);
-      row_key_end[half] = p.causal ? first_pos + r / group + 1 : kv_len;
+      const int r = min(item.packed_rows - 1, thread_row0 + 8 * half);
+      row_key_end[half] = p.causal ? first_pos + r / group + 1 : item.kv_len;
     }
+    // Key tiles this warpgroup computes; it takes num_key_tiles + 1 turns regardless.
+    const int num_compute = group_live ? min(item.num_key_tiles, CeilDiv(group_key_end, kKeys)) : 0;
 
-    // Q tile -> bf16, scaled; rows past the end are zeros (never written out).
+    // This warpgroup's Q rows -> bf16, scaled; rows past the end are zeros (never written
+    // out).
+    const float q_scale = p.sm_scale * kLog2e;
 #pragma unroll 2
-    for (int round = 0; round < kRows * kChunks / kThreads; ++round) {
-      const int index = round * kThreads + threadIdx.x;
-      const int r = index / kChunks;
+    for (int round = 0; round < kGroupRows * kChunks / 128; ++round) {
+      const int index = round * 128 + threadIdx.x % 128;
+      const int r = warpgroup * kGroupRows + index / kChunks;
       const int chunk = index % kChunks;
-      const int packed = tile_row0 + r;
+      const int packed = item.tile_row0 + r;
       uint4 bits = make_uint4(0, 0, 0, 0);
-      if (packed < packed_rows) {
+      if (packed < item.packed_rows) {
         const int token = packed / group;
-        const int head = kv_head * group + packed % group;
-        const float* src =
-            p.q + int64_t{q_begin + token} * p.q_stride + int64_t{head} * kHeadDim + chunk * 8;
+        const int head = item.kv_head * group + packed % group;
+        const float* src = p.q + int64_t{item.q_begin + token} * p.q_stride +
+                           int64_t{head} * kHeadDim + chunk * 8;
         bits.x = PackBf16x2(src[0] * q_scale, src[1] * q_scale);
         bits.y = PackBf16x2(src[2] * q_scale, src[3] * q_scale);
         bits.z = PackBf16x2(src[4] * q_scale, src[5] * q_scale);
@@ -144,133 +243,178 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       *reinterpret_cast<uint4*>(smem + SwizzledOffset(r, chunk, kRows)) = bits;
     }
-
-    const int num_key_tiles = CeilDiv(key_end, kKeys);
-    // K/V tile kt into buffer `buf`; keys at or past key_end become zeros (their V must not
-    // be read: the tail of the last block may hold anything).
-    auto load_tile = [&](int kt, int buf) {
-      unsigned char* k_tile = smem + kQBytes + 2 * buf * kTileBytes;
-      unsigned char* v_tile = k_tile + kTileBytes;
-#pragma unroll
-      for (int round = 0; round < kKeys * kChunks / kThreads; ++round) {
-        const int key_local = round * (kThreads / kChunks) + load_key0;
-        const int key = kt * kKeys + key_local;
-        const bool valid = key < key_end;
-        const int safe_key = valid ? key : 0;
-        const char* src = reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
-                              c, seq_blocks[safe_key >> block_shift], c.k_offset_bytes, kv_head)) +
-                          int64_t{(safe_key & block_mask) * kHeadDim + load_chunk * 8} * 2;
-        const uint32_t dst = SwizzledOffset(key_local, load_chunk, kKeys);
-        CpAsync16(k_tile + dst, src, valid);
-        CpAsync16(v_tile + dst, src + v_minus_k, valid);
-      }
-      CpAsyncCommit();
-    };
+    FenceProxyAsyncShared();
+    NamedBarrierSync(kQBarrier + warpgroup, 128);
 
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    float sc[kKeys / 2];              // S, then P, of the current tile
+    uint32_t pa[kKeys / 16][4];       // P of the previous tile, as A fragments
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only
 
-    // Descriptors: Q rows of this warpgroup (A), K (B, K-major), V (B, MN-major).
     const uint32_t q_group = q_address + warpgroup * kGroupRows * kRowBytes;
     constexpr uint32_t kSbo = 8 * kRowBytes;
     constexpr uint32_t kHalfQ = kRows * kRowBytes;
     constexpr uint32_t kHalfTile = kKeys * kRowBytes;
-
-    if (num_key_tiles > 0) load_tile(0, 0);
-    int buf = 0;
-    for (int kt = 0; kt < num_key_tiles; ++kt) {
-      CpAsyncWait<0>();         // this thread's copies of tile kt have landed
-      FenceProxyAsyncShared();  // ... and its Q stores: both are read by wgmma
-      __syncthreads();          // everyone's; and tile kt - 1's buffer is free
-      if (kt + 1 < num_key_tiles) load_tile(kt + 1, buf ^ 1);
-      const int key0 = kt * kKeys;
-      if (group_live && key0 < group_key_end) {
-        const uint32_t k_tile = k_address(buf);
-        const uint32_t v_tile = k_tile + kTileBytes;
-
-        // S = Q K^T over eight 16-dim steps.
-        float sc[64];
+    auto stage_of = [&](int kt) { return (tile_count + kt) % kStages; };
+    auto k_tile_address = [&](int kt) {
+      return q_address + tiles_offset + 2 * stage_of(kt) * kTileBytes;
+    };
+    // Tile kt has landed; the fence makes the producer's copies (generic proxy) visible to
+    // this warpgroup's wgmma reads (async proxy).
+    auto wait_full = [&](int kt) {
+      MbarrierWait(&full[stage_of(kt)], ((tile_count + kt) / kStages) & 1);
+      FenceProxyAsyncShared();
+    };
+    auto release = [&](int kt) { MbarrierArrive(&empty[stage_of(kt)]); };
+    // S = Q K^T over eight 16-dim steps: 64-dim half kk / 4, 32 bytes per step within it.
+    auto issue_s = [&](int kt) {
+      const uint32_t k_tile = k_tile_address(kt);
 #pragma unroll
-        for (int i = 0; i < 64; ++i) sc[i] = 0.0f;
-        PinRegisters(sc);
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          // 64-dim half kk / 4, 16-dim step kk % 4 within it (32 bytes of each row).
-          const uint32_t step = (kk & 3) * 32;
-          const uint64_t desc_q = SwizzledDescriptor(q_group + (kk >> 2) * kHalfQ + step, 16, kSbo);
-          const uint64_t desc_k =
-              SwizzledDescriptor(k_tile + (kk >> 2) * kHalfTile + step, 16, kSbo);
-          WgmmaM64N128K16SS(sc, desc_q, desc_k, true);
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
-        PinRegisters(sc);
-
-        if (key0 + kKeys > group_unmasked_end) {
-#pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = key0 + 8 * n + 2 * t + (e & 1);
-              if (key >= row_key_end[e >> 1]) sc[4 * n + e] = -INFINITY;
-            }
-          }
-        }
-
-        // Online softmax per row; a row's four threads (one quad) share its max.
-        float rescale[2];
-        float base[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float tile_max = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n) {
-            tile_max = fmaxf(tile_max, fmaxf(sc[4 * n + 2 * half], sc[4 * n + 2 * half + 1]));
-          }
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[half], tile_max);
-          // A row that has seen no key yet keeps sum and output at 0.
-          base[half] = new_max == -INFINITY ? 0.0f : new_max;
-          rescale[half] = exp2f(row_max[half] - base[half]);
-          row_max[half] = new_max;
-          row_sum[half] *= rescale[half];
-        }
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          sc[i] = exp2f(sc[i] - base[(i >> 1) & 1]);
-          row_sum[(i >> 1) & 1] += sc[i];
-          o[i] *= rescale[(i >> 1) & 1];
-        }
-
-        // P's A fragments, one k16 step (16 keys) each, packed from the S layout.
-        uint32_t pa[kKeys / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-#pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            pa[kk][reg] = PackBf16x2(sc[8 * kk + 2 * reg], sc[8 * kk + 2 * reg + 1]);
-          }
-        }
-
-        // O += P V over eight 16-key steps; V's two 64-dim halves are LBO apart.
-        PinRegisters(o);
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          const uint64_t desc_v = SwizzledDescriptor(v_tile + kk * 16 * kRowBytes, kHalfTile, kSbo);
-          WgmmaM64N128K16RS(o, pa[kk], desc_v, true);
-        }
-        WgmmaCommit();
-        WgmmaWait<0>();
-        PinRegisters(o);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t step = (kk & 3) * 32;
+        const uint64_t desc_q = SwizzledDescriptor(q_group + (kk >> 2) * kHalfQ + step, 16, kSbo);
+        const uint64_t desc_k =
+            SwizzledDescriptor(k_tile + (kk >> 2) * kHalfTile + step, 16, kSbo);
+        WgmmaM64N128K16SS(sc, desc_q, desc_k, kk > 0);
       }
-      buf ^= 1;
+    };
+    // O += P V over 16-key steps; V's two 64-dim halves are LBO apart.
+    auto issue_pv = [&](int kt) {
+      const uint32_t v_tile = k_tile_address(kt) + kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint64_t desc_v =
+            SwizzledDescriptor(v_tile + kk * 16 * kRowBytes, kHalfTile, kSbo);
+        WgmmaM64N128K16RS(o, pa[kk], desc_v, true);
+      }
+    };
+    // Softmax of tile kt's S (complete): mask, running max, exponentials, row sums. Returns
+    // through `rescale` the factor for O, applied once the previous P V is done.
+    auto softmax = [&](int kt, float (&rescale)[2]) {
+      const int key0 = kt * kKeys;
+      if (key0 + kKeys > group_unmasked_end) {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + 8 * n + 2 * t + (e & 1);
+            if (key >= row_key_end[e >> 1]) sc[4 * n + e] = -INFINITY;
+          }
+        }
+      }
+      float base[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // Four independent chains, then combined: short dependency chains for one warp per
+        // scheduler.
+        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          part[n % 4] = fmaxf(part[n % 4], fmaxf(sc[4 * n + 2 * half], sc[4 * n + 2 * half + 1]));
+        }
+        float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[half], tile_max);
+        // A row that has seen no key yet keeps sum and output at 0.
+        base[half] = new_max == -INFINITY ? 0.0f : new_max;
+        rescale[half] = FastExp2(row_max[half] - base[half]);
+        row_max[half] = new_max;
+        row_sum[half] *= rescale[half];
+      }
+      float sum[2][4] = {};
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) {
+        sc[i] = FastExp2(sc[i] - base[(i >> 1) & 1]);
+        sum[(i >> 1) & 1][(i >> 2) % 4] += sc[i];
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        row_sum[half] += (sum[half][0] + sum[half][1]) + (sum[half][2] + sum[half][3]);
+      }
+    };
+    // After the previous P V: rescale O (skipped when no row of the warp saw a new max, the
+    // common case once a row's largest logits have gone by), and P's A fragments from the S
+    // layout.
+    auto rescale_and_pack = [&](const float (&rescale)[2]) {
+      if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] *= rescale[(i >> 1) & 1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          pa[kk][reg] = PackBf16x2(sc[8 * kk + 2 * reg], sc[8 * kk + 2 * reg + 1]);
+        }
+      }
+    };
+
+    // Turns, alternating with the other consumer: tile kt's S is issued together with tile
+    // kt - 1's P V; one last turn issues the last P V; turns without work only pass.
+    const int my_turn = kTurnBarrier + warpgroup;
+    const int other_turn = kTurnBarrier + (warpgroup ^ 1);
+    int turn = 0;
+    if (num_compute > 0) {
+      float rescale[2];
+      wait_full(0);
+      NamedBarrierSync(my_turn, kConsumerThreads);
+      WgmmaFence();
+      issue_s(0);
+      WgmmaCommit();
+      NamedBarrierArrive(other_turn, kConsumerThreads);
+      WgmmaWait<0>();
+      PinRegisters(sc);
+      softmax(0, rescale);
+      rescale_and_pack(rescale);
+      for (turn = 1; turn < num_compute; ++turn) {
+        wait_full(turn);
+        NamedBarrierSync(my_turn, kConsumerThreads);
+        PinRegisters(o);
+        PinRegisters(pa);
+        WgmmaFence();
+        issue_s(turn);
+        WgmmaCommit();
+        issue_pv(turn - 1);
+        WgmmaCommit();
+        NamedBarrierArrive(other_turn, kConsumerThreads);
+        WgmmaWait<1>();  // S (committed first); the P V MMAs run on during the softmax
+        PinRegisters(sc);
+        softmax(turn, rescale);
+        WgmmaWait<0>();
+        PinRegisters(o);
+        PinRegisters(pa);
+        rescale_and_pack(rescale);
+        release(turn - 1);
+      }
+      NamedBarrierSync(my_turn, kConsumerThreads);
+      PinRegisters(o);
+      PinRegisters(pa);
+      WgmmaFence();
+      issue_pv(num_compute - 1);
+      WgmmaCommit();
+      NamedBarrierArrive(other_turn, kConsumerThreads);
+      WgmmaWait<0>();
+      PinRegisters(o);
+      release(num_compute - 1);
+      if (num_compute < item.num_key_tiles) {
+        wait_full(num_compute);
+        release(num_compute);
+      }
+      turn = num_compute + 1;
     }
+    for (; turn <= item.num_key_tiles; ++turn) {
+      NamedBarrierSync(my_turn, kConsumerThreads);
+      NamedBarrierArrive(other_turn, kConsumerThreads);
+      if (turn < item.num_key_tiles) {
+        wait_full(turn);
+        release(turn);
+      }
+    }
+    tile_count += item.num_key_tiles;
 
     if (group_live) {
 #pragma unroll
@@ -279,11 +423,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int packed = thread_row0 + 8 * half;
-        if (packed >= packed_rows) continue;
+        if (packed >= item.packed_rows) continue;
         const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
         const int token = packed / group;
-        const int head = kv_head * group + packed % group;
-        float* out = p.out + int64_t{q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
+        const int head = item.kv_head * group + packed % group;
+        float* out =
+            p.out + int64_t{item.q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
 #pragma unroll
         for (int n = 0; n < kHeadDim / 8; ++n) {
           *reinterpret_cast<float2*>(out + 8 * n + 2 * t) =
@@ -292,6 +437,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // Consume consumer 1's last turn arrival for consumer 0, so no barrier is left half done.
+  if (warpgroup == 0) NamedBarrierSync(kTurnBarrier + 0, kConsumerThreads);
 #endif  // KVD_HAVE_WGMMA
 }
 
@@ -316,7 +463,7 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
       err != cudaSuccess) {
     return err;
   }
-  // One CTA per multiprocessor (160 KB of shared memory); items come from the work counter.
+  // One CTA per multiprocessor (225 KB of shared memory); items come from the work counter.
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;

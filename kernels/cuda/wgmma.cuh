@@ -70,10 +70,13 @@ __device__ __forceinline__ void PinRegisters(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-template <int N>
-__device__ __forceinline__ void PinRegisters(uint32_t (&r)[N]) {
+template <int M, int N>
+__device__ __forceinline__ void PinRegisters(uint32_t (&r)[M][N]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
 }
 
 #define KVD_WGMMA_D8(i)                                                                    \

@@ -1,0 +1,81 @@
+#ifndef KVD_KERNELS_CUDA_HOPPER_SYNC_CUH_
+#define KVD_KERNELS_CUDA_HOPPER_SYNC_CUH_
+
+// Synchronization for warp-specialized kernels (sm_90): shared-memory mbarriers between a
+// producer (loads) and consumers (math), named barriers between warpgroups, and register
+// budgets per warpgroup. Only for .cu files.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+
+namespace kvd::cuda {
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// An mbarrier whose phase completes after `count` arrivals. Call from one thread, then a
+// barrier, before any use.
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(bar)), "r"(count)
+               : "memory");
+}
+
+// One arrival (release: this thread's prior memory accesses happen before the phase
+// completes for any waiter).
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+          SharedAddress(bar))
+      : "memory");
+}
+
+// Waits until the phase of parity `parity` (0 or 1) has completed (acquire).
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(SharedAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Counts one arrival on `bar` once all of this thread's earlier cp.async copies have landed
+// (.noinc: the arrival is one of the count the barrier was initialized with).
+__device__ __forceinline__ void CpAsyncArriveOnMbarrier(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SharedAddress(bar))
+               : "memory");
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32):
+// Sync waits for all of them, Arrive counts this warp without waiting.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Raise or lower this warpgroup's per-thread register budget (a multiple of 8 in [24, 256];
+// sm_90a only); every warp of the warpgroup makes the same call. A producer warpgroup lowers
+// its budget so that consumer warpgroups can raise theirs past launch_bounds' even share; the
+// compiler allocates the code each call dominates within the new budget.
+template <int kRegisters>
+__device__ __forceinline__ void IncreaseMaxRegisters() {
+  static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256);
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void DecreaseMaxRegisters() {
+  static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256);
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+#endif
+
+}  // namespace kvd::cuda
+
+#endif  // KVD_KERNELS_CUDA_HOPPER_SYNC_CUH_
