@@ -97,7 +97,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_inde
 
 CudaBackend::CudaBackend(int device_index, int num_sms, cudaStream_t stream,
                          std::unique_ptr<BlasGemm> gemm)
-    : device_index_(device_index), num_sms_(num_sms), stream_(stream), gemm_(std::move(gemm)) {}
+    : device_index_(device_index),
+      num_sms_(num_sms),
+      hopper_prefill_(cuda::HopperPrefillSupported()),
+      stream_(stream),
+      gemm_(std::move(gemm)) {}
 
 CudaBackend::~CudaBackend() {
   // Teardown cannot report errors; a fault already surfaced through an earlier call.
@@ -410,18 +414,22 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
                            "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
-  // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. The wide kernel
-  // (128 packed rows per item, Q and P rounded to bf16 as FlashAttention does) unless the
-  // hint shows too few items to fill the device, e.g. the engine's 512-token chunks: then
-  // the 64-row kernel, which makes twice the items and keeps fp32-close numerics (H200,
-  // gpu_bench, a 512-token chunk over a 4k prefix: 0.20 ms against 0.30 ms).
+  // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. On Hopper with
+  // head_dim 128 the wgmma kernel (128 packed rows per item, Q and P rounded to bf16 as
+  // FlashAttention does), whatever the batch. Elsewhere the wide mma.sync kernel (same items
+  // and numerics) unless the hint shows too few items to fill the device, e.g. the engine's
+  // 512-token chunks: then the 64-row kernel, which makes twice the items and keeps
+  // fp32-close numerics. H200, gpu_bench, a 512-token chunk over a 4k prefix: wgmma 0.11 ms,
+  // 64-row 0.20 ms, wide 0.30 ms.
   const int wide_rows = cuda::MmaPrefillTileRows(cuda::MmaPrecision::kBf16);
   const int64_t wide_items = p.max_q_len > 0
                                  ? int64_t{num_seqs} * c.num_kv_heads *
                                        ((int64_t{p.max_q_len} * group + wide_rows - 1) / wide_rows)
                                  : INT64_MAX;
-  const cuda::MmaPrecision precision =
-      wide_items < int64_t{2} * num_sms_ ? cuda::MmaPrecision::kSplit : cuda::MmaPrecision::kBf16;
+  const bool wgmma = hopper_prefill_ && c.head_dim == 128;
+  const cuda::MmaPrecision precision = !wgmma && wide_items < int64_t{2} * num_sms_
+                                           ? cuda::MmaPrecision::kSplit
+                                           : cuda::MmaPrecision::kBf16;
   KVD_RETURN_IF_CUDA_ERROR(
       cuda::LaunchPrefillAttention(p, reinterpret_cast<int32_t*>(base),
                                    num_sms_ * kPrefillCtasPerSm, stream_, precision),

@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
 
   const int device_index_;
   const int num_sms_;
+  const bool hopper_prefill_;  // cuda::HopperPrefillSupported() for this device
   cudaStream_t stream_;
   std::unique_ptr<BlasGemm> gemm_;
   Scratch matmul_input_;     // bf16 copy of Matmul's input

@@ -326,6 +326,8 @@ std::vector<AttentionCase> Cases() {
   add("bf16qp_long_prefill_d128_bs16_g1_noncausal", long_prefills, DType::kBF16, 128, 16, 3, 1,
       /*causal=*/false);
   cases.back().bf16_qp = true;
+  add("bf16qp_long_prefill_d128_bs8_g4", long_prefills, DType::kBF16, 128, 8, 2, 4);
+  cases.back().bf16_qp = true;
   // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every
   // CTA loops over items taken from the work counter, reusing its shared memory.
   for (const int head_dim : {64, 128}) {
