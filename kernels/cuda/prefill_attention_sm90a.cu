@@ -18,7 +18,8 @@
 //     The two consumers take turns to issue their MMAs (two named barriers), so one's
 //     softmax runs while the other's MMAs keep the tensor cores busy.
 //
-// Numerics are the wide kernel's: Q and P rounded to bf16, fp32 accumulation.
+// Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
+// within that rounding, not bit for bit: ex2.approx, other tile sizes).
 
 #include <cuda_bf16.h>
 
@@ -104,7 +105,8 @@ __device__ __forceinline__ Item DecodeItem(const PagedAttentionParams& p,
   it.tile_row0 = (num_tiles - 1 - local / p.cache.num_kv_heads) * kRows;  // latest first
   const int last_row = min(it.packed_rows - 1, it.tile_row0 + kRows - 1);
   it.key_end = p.causal ? it.kv_len - it.q_len + last_row / group + 1 : it.kv_len;
-  it.num_key_tiles = CeilDiv(it.key_end, kKeys);
+  // No keys at all (a causal chunk longer than its context): no tiles, zero rows out.
+  it.num_key_tiles = max(0, CeilDiv(it.key_end, kKeys));
   it.seq_blocks = p.blocks.indices + p.blocks.indptr[s];
   return it;
 }
@@ -186,11 +188,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         CpAsyncArriveOnMbarrier(&full[stage]);
       }
     }
-    CpAsyncWait<0>();  // no copy outlives its thread
+    // No copy outlives its thread (the consumers' waits cover them already).
+    CpAsyncCommit();
+    CpAsyncWait<0>();
     return;
   }
 
   IncreaseMaxRegisters<kConsumerRegisters>();
+  // Output pairs as one 8-byte store where every row start is 8-byte aligned.
+  const bool out_pairs =
+      p.out_stride % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % sizeof(float2) == 0;
   // Consumer 0 issues first: its turn barrier starts with consumer 1's arrival.
   if (warpgroup == 1) NamedBarrierArrive(kTurnBarrier + 0, kConsumerThreads);
   for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
@@ -431,8 +438,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             p.out + int64_t{item.q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
 #pragma unroll
         for (int n = 0; n < kHeadDim / 8; ++n) {
-          *reinterpret_cast<float2*>(out + 8 * n + 2 * t) =
-              make_float2(o[4 * n + 2 * half] * inv_sum, o[4 * n + 2 * half + 1] * inv_sum);
+          const float x = o[4 * n + 2 * half] * inv_sum;
+          const float y = o[4 * n + 2 * half + 1] * inv_sum;
+          if (out_pairs) {
+            *reinterpret_cast<float2*>(out + 8 * n + 2 * t) = make_float2(x, y);
+          } else {
+            out[8 * n + 2 * t] = x;
+            out[8 * n + 2 * t + 1] = y;
+          }
         }
       }
     }

@@ -57,8 +57,10 @@ template <int kPendingGroups>
 __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPendingGroups) : "memory");
 }
-// Makes this thread's generic-proxy shared-memory writes (stores, cp.async) visible to the
-// async proxy wgmma reads through; then a barrier publishes them to the warpgroup.
+// Orders generic-proxy shared-memory writes before this thread's later async-proxy accesses
+// (wgmma operand reads). Writer side: after a thread's own stores, before the barrier that
+// publishes them. Reader side: after waiting for writes it cannot fence itself, e.g. another
+// thread's cp.async copies completed through an mbarrier.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

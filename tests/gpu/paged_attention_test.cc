@@ -45,6 +45,8 @@ struct AttentionCase {
   // With bf16_qp: keep head_dim 128 on the wide mma.sync kernel where the Hopper (wgmma)
   // kernel would run.
   bool no_wgmma = false;
+  // Odd Q and output row strides (q_stride and out_stride need no alignment).
+  bool odd_strides = false;
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
@@ -124,8 +126,8 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     k = RoundBf16(k);
     v = RoundBf16(v);
   }
-  const int q_stride = num_q_heads * c.head_dim + 16;
-  const int out_stride = num_q_heads * c.head_dim + 8;
+  const int q_stride = num_q_heads * c.head_dim + (c.odd_strides ? 17 : 16);
+  const int out_stride = num_q_heads * c.head_dim + (c.odd_strides ? 9 : 8);
   const std::vector<float> q = RandomFloats(size_t(total_q) * q_stride, 3, -3, 3);
 
   struct Side {
@@ -328,6 +330,11 @@ std::vector<AttentionCase> Cases() {
   cases.back().bf16_qp = true;
   add("bf16qp_long_prefill_d128_bs8_g4", long_prefills, DType::kBF16, 128, 8, 2, 4);
   cases.back().bf16_qp = true;
+  add("bf16qp_long_prefill_d128_bs16_g4_odd_strides", long_prefills, DType::kBF16, 128, 16, 2, 4);
+  cases.back().bf16_qp = true;
+  cases.back().odd_strides = true;
+  add("mixed_bf16_d128_bs16_g4_odd_strides", mixed, DType::kBF16, 128, 16, 2, 4);
+  cases.back().odd_strides = true;
   // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every
   // CTA loops over items taken from the work counter, reusing its shared memory.
   for (const int head_dim : {64, 128}) {
