@@ -47,6 +47,13 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Multiprocessors of the calling thread's current device, into `num_sms`.
+inline cudaError_t CurrentDeviceSms(int& num_sms) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+}
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_LAUNCH_CUH_

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
 #include "kernels/cuda/tensor_core.cuh"
@@ -281,14 +282,9 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
       err != cudaSuccess) {
     return err;
   }
-  int device = 0;
   int num_sms = 0;
   int per_sm = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-      err != cudaSuccess) {
-    return err;
-  }
+  if (cudaError_t err = CurrentDeviceSms(num_sms); err != cudaSuccess) return err;
   if (cudaError_t err =
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmemBytes);
       err != cudaSuccess) {

@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/hopper_sync.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
 #include "kernels/cuda/tensor_core.cuh"
@@ -469,26 +470,13 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
       err != cudaSuccess) {
     return err;
   }
-  int device = 0;
   int num_sms = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-      err != cudaSuccess) {
-    return err;
-  }
+  if (cudaError_t err = CurrentDeviceSms(num_sms); err != cudaSuccess) return err;
   // One CTA per multiprocessor (225 KB of shared memory); items come from the work counter.
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(std::min(max_ctas, num_sms));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  // A programmatic dependent of the planning kernel that writes tile_indptr.
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
-  return cudaLaunchKernelEx(&config, kernel, p, tile_indptr, block_shift);
+  return LaunchDependent(kernel, dim3(std::min(max_ctas, num_sms)), dim3(kThreads), kSmemBytes,
+                         stream, p, tile_indptr, block_shift);
 }
 
 }  // namespace kvd::cuda

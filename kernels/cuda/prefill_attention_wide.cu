@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
 #include "kernels/cuda/tensor_core.cuh"
@@ -351,18 +352,9 @@ cudaError_t Launch(const PagedAttentionParams& p, int32_t* tile_indptr, int max_
   }
   // Programmatic dependent launch: the grid is set up while the planning kernel runs and
   // waits in cudaGridDependencySynchronize for its tile_indptr.
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(max_ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
-  return cudaLaunchKernelEx(&config, kernel, p, tile_indptr, block_shift);
+  return LaunchDependent(kernel, dim3(max_ctas), dim3(kThreads), kSmemBytes, stream, p,
+                         tile_indptr, block_shift);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -326,6 +327,10 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
 }
 
 constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+// Decode attention shapes (batch x context), as torch_peers.py measures SDPA.
+constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},   {1, 32768},  {8, 4096},
+                                                 {32, 4096},  {64, 4096},  {128, 2048},
+                                                 {16, 16384}, {4, 131072}};
 
 // One layer's paged bf16 KV cache (zeros) for `batch` sequences of `context` keys with
 // q_len new query rows each, and the PagedAttentionParams over it, with the max_q_len hint
@@ -535,15 +540,9 @@ int SweepMain(Bench& bench, double copy_gbps) {
   if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
     std::sscanf(shape, "%dx%d", &only_batch, &only_context);
   }
-  for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 512},
-                                                                       {1, 4096},
-                                                                       {1, 32768},
-                                                                       {8, 4096},
-                                                                       {32, 4096},
-                                                                       {64, 4096},
-                                                                       {128, 2048},
-                                                                       {16, 16384},
-                                                                       {4, 131072}}) {
+  std::vector<std::pair<int, int>> shapes = {{1, 512}};
+  shapes.insert(shapes.end(), std::begin(kDecodeShapes), std::end(kDecodeShapes));
+  for (const auto& [batch, context] : shapes) {
     if (only_batch >= 0 && (batch != only_batch || context != only_context)) continue;
     DecodeSweep(bench, batch, context, 16, /*shuffled=*/true, copy_gbps);
     // Paging costs apart from the kernel's: blocks in order, and 64-token blocks.
@@ -612,14 +611,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 1, 14336, 4096, copy, 0);
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
-    for (const auto& [batch, context] : std::vector<std::pair<int, int>>{{1, 4096},
-                                                                         {1, 32768},
-                                                                         {8, 4096},
-                                                                         {32, 4096},
-                                                                         {64, 4096},
-                                                                         {128, 2048},
-                                                                         {16, 16384},
-                                                                         {4, 131072}}) {
+    for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }
   }
