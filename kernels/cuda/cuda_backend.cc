@@ -426,7 +426,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
                                  ? int64_t{num_seqs} * c.num_kv_heads *
                                        ((int64_t{p.max_q_len} * group + wide_rows - 1) / wide_rows)
                                  : INT64_MAX;
-  const bool wgmma = hopper_prefill_ && c.head_dim == 128;
+  const bool wgmma = hopper_prefill_ && c.head_dim == cuda::kHopperPrefillHeadDim;
   const cuda::MmaPrecision precision = !wgmma && wide_items < int64_t{2} * num_sms_
                                            ? cuda::MmaPrecision::kSplit
                                            : cuda::MmaPrecision::kBf16;

@@ -24,6 +24,7 @@ using decode::FinishCta;
 using decode::kLog2e;
 using decode::kMaxGroupPerCta;
 using decode::PlanDecodeCta;
+using decode::RunWarpPipeline;
 using decode::ShflPtr;
 using decode::WarpKeys;
 
@@ -141,19 +142,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int v_key = (matrix & 1) * 8 + lane % 8;       // V: m0, m2 keys 0-7; m1, m3 keys 8-15
   const int v_chunk_odd = matrix >> 1;                 // V: m2, m3 the second dim tile
 
-  const char* ptrs[kStages - 1];
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
-  const char* pending = keys.BlockPtrs(kStages - 1);
-  int read_stage = 0;
-  for (int it = 0; it < keys.num_iters(); ++it) {
-    const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
-    __syncwarp();
-    issue(it + kStages - 1, pending, write_stage);
-    pending = keys.BlockPtrs(it + kStages);
-    CpAsyncWait<kStages - 1>();
+  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
     __syncwarp();  // other lanes' copies of this stage have landed too
 
     const unsigned char* k_tile = warp_smem + read_stage * kStageBytes;
@@ -211,8 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       MmaBf16(o[n], p_lo, b[0], b[1]);
       MmaBf16(o[n + 1], p_lo, b[2], b[3]);
     }
-    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
-  }
+  });
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
 

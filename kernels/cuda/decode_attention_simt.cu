@@ -21,6 +21,7 @@ using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
 using decode::PlanDecodeCta;
+using decode::RunWarpPipeline;
 using decode::ShflPtr;
 using decode::WarpKeys;
 
@@ -191,21 +192,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   float my_max = -INFINITY;  // over the warp's keys so far
   float my_sum = 0.0f;       // over this lane's row of keys, relative to my_max
 
-  // Pipeline: kStages - 1 iterations in flight while one is computed.
-  const char* ptrs[kStages - 1];
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
-  const char* pending = keys.BlockPtrs(kStages - 1);
-  int read_stage = 0;
-  for (int it = 0; it < keys.num_iters(); ++it) {
-    const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
-    __syncwarp();
-    issue(it + kStages - 1, pending, write_stage);
-    pending = keys.BlockPtrs(it + kStages);
-    CpAsyncWait<kStages - 1>();
-
+  // Each lane reads back only its own copies: no __syncwarp before consuming.
+  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_src = k_src + kStageBytes / 2;
     const int start = keys.start(it);
@@ -279,8 +267,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         }
       }
     }
-    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
-  }
+  });
 
   // Sum the rows of the warp (every lane of a head has the same max).
 #pragma unroll

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
@@ -134,6 +135,31 @@ class WarpKeys {
   int lane_;
   int num_iters_;
 };
+
+// A warp's software pipeline over its iterations (WarpKeys), kStages - 1 iterations' copies
+// in flight while one is consumed: issue(it, block_ptrs, stage) enqueues iteration it's copies
+// into buffer `stage` and commits a group (an empty one past the warp's last iteration);
+// consume(it, stage) runs once this lane's copies of iteration it have landed (another
+// lane's copies need a __syncwarp first). The block table is read an iteration ahead.
+template <int kStages, typename Keys, typename Issue, typename Consume>
+__device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Consume&& consume) {
+  const char* ptrs[kStages - 1];
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
+  const char* pending = keys.BlockPtrs(kStages - 1);
+  int read_stage = 0;
+  for (int it = 0; it < keys.num_iters(); ++it) {
+    const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
+    __syncwarp();  // every lane is done with write_stage's previous iteration
+    issue(it + kStages - 1, pending, write_stage);
+    pending = keys.BlockPtrs(it + kStages);
+    CpAsyncWait<kStages - 1>();
+    consume(it, read_stage);
+    read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+  }
+}
 
 __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
   const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);

@@ -94,6 +94,16 @@ __device__ __forceinline__ int SeqKvLen(const BlockTableView& b, int s, int bloc
 
 __device__ __forceinline__ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
+// Element offset of packed prefill row `packed` of KV head `kv_head` (prefill_attention.h: the
+// row of token packed / group and query head kv_head * group + packed % group) in a
+// [tokens][stride] array of rows of kHeadDim-wide heads, counting tokens from `first_token`.
+template <int kHeadDim>
+__device__ __forceinline__ int64_t PackedRowOffset(int first_token, int packed, int group,
+                                                   int kv_head, int64_t stride) {
+  return int64_t{first_token + packed / group} * stride +
+         int64_t{kv_head * group + packed % group} * kHeadDim;
+}
+
 // Last s with item_indptr[s] <= item, over num_seqs + 1 nondecreasing entries (the sequence
 // a work item of a CSR work list belongs to). REQUIRES: item < item_indptr[num_seqs].
 __device__ __forceinline__ int FindSequence(const int32_t* item_indptr, int num_seqs, int item) {

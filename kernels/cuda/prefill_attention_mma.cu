@@ -97,10 +97,8 @@ __global__ void __launch_bounds__(kThreads)
       const int packed = tile_row0 + warp * 16 + g + 8 * half;
       live[half] = packed < packed_rows;
       const int r = min(packed, packed_rows - 1);
-      const int token = r / group;
-      const int head = kv_head * group + r % group;
-      row_key_end[half] = p.causal ? kv_len - q_len + token + 1 : kv_len;
-      q_rows[half] = p.q + int64_t{q_begin + token} * p.q_stride + int64_t{head} * kHeadDim;
+      row_key_end[half] = p.causal ? kv_len - q_len + r / group + 1 : kv_len;
+      q_rows[half] = p.q + PackedRowOffset<kHeadDim>(q_begin, r, group, kv_head, p.q_stride);
     }
 
     // Q as A fragments (scaled to base-2 logits): the bf16 high parts in registers, the
@@ -260,9 +258,8 @@ __global__ void __launch_bounds__(kThreads)
       if (!live[half]) continue;
       const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
       const int packed = tile_row0 + warp * 16 + g + 8 * half;
-      const int token = packed / group;
-      const int head = kv_head * group + packed % group;
-      float* out = p.out + int64_t{q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
+      float* out =
+          p.out + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.out_stride);
 #pragma unroll
       for (int n = 0; n < kDimTiles; ++n) {
         out[8 * n + 2 * t] = o[n][2 * half] * inv_sum;
@@ -316,7 +313,7 @@ cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* ti
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (p.cache.dtype != DType::kBF16 || max_ctas < 1) return cudaErrorInvalidValue;
   if (precision == MmaPrecision::kBf16) {
-    if (allow_wgmma && p.cache.head_dim == 128 && HopperPrefillSupported()) {
+    if (allow_wgmma && p.cache.head_dim == kHopperPrefillHeadDim && HopperPrefillSupported()) {
       return LaunchPrefillAttentionHopper(p, tile_indptr, max_ctas, stream);
     }
     return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);

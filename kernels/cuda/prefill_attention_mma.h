@@ -72,6 +72,9 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
 // Whether the current device runs sm_90a code (compute capability 9.0 exactly).
 bool HopperPrefillSupported();
 
+// The one head_dim the Hopper kernel is built for.
+inline constexpr int kHopperPrefillHeadDim = 128;
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_PREFILL_ATTENTION_MMA_H_

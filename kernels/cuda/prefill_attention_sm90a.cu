@@ -37,7 +37,7 @@
 namespace kvd::cuda {
 namespace {
 
-constexpr int kHeadDim = 128;
+constexpr int kHeadDim = kHopperPrefillHeadDim;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kProducerThreads = 128;  // warpgroup 2
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
@@ -240,14 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int packed = item.tile_row0 + r;
       uint4 bits = make_uint4(0, 0, 0, 0);
       if (packed < item.packed_rows) {
-        const int token = packed / group;
-        const int head = item.kv_head * group + packed % group;
-        const float* src = p.q + int64_t{item.q_begin + token} * p.q_stride +
-                           int64_t{head} * kHeadDim + chunk * 8;
-        bits.x = PackBf16x2(src[0] * q_scale, src[1] * q_scale);
-        bits.y = PackBf16x2(src[2] * q_scale, src[3] * q_scale);
-        bits.z = PackBf16x2(src[4] * q_scale, src[5] * q_scale);
-        bits.w = PackBf16x2(src[6] * q_scale, src[7] * q_scale);
+        const float* src =
+            p.q + PackedRowOffset<kHeadDim>(item.q_begin, packed, group, item.kv_head, p.q_stride);
+        bits = PackScaledBf16x8(src + chunk * 8, q_scale);
       }
       *reinterpret_cast<uint4*>(smem + SwizzledOffset(r, chunk, kRows)) = bits;
     }
@@ -433,10 +428,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int packed = thread_row0 + 8 * half;
         if (packed >= item.packed_rows) continue;
         const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int token = packed / group;
-        const int head = item.kv_head * group + packed % group;
-        float* out =
-            p.out + int64_t{item.q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
+        float* out = p.out + PackedRowOffset<kHeadDim>(item.q_begin, packed, group, item.kv_head,
+                                                       p.out_stride);
 #pragma unroll
         for (int n = 0; n < kHeadDim / 8; ++n) {
           const float x = o[4 * n + 2 * half] * inv_sum;

@@ -138,14 +138,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const int packed = tile_row0 + r;
       uint4 bits = make_uint4(0, 0, 0, 0);
       if (packed < packed_rows) {
-        const int token = packed / group;
-        const int head = kv_head * group + packed % group;
         const float* src =
-            p.q + int64_t{q_begin + token} * p.q_stride + int64_t{head} * kHeadDim + chunk * 8;
-        bits.x = PackBf16x2(src[0] * q_scale, src[1] * q_scale);
-        bits.y = PackBf16x2(src[2] * q_scale, src[3] * q_scale);
-        bits.z = PackBf16x2(src[4] * q_scale, src[5] * q_scale);
-        bits.w = PackBf16x2(src[6] * q_scale, src[7] * q_scale);
+            p.q + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.q_stride);
+        bits = PackScaledBf16x8(src + chunk * 8, q_scale);
       }
       *reinterpret_cast<uint4*>(s_q + Swizzled<kHeadDim>(r, chunk)) = bits;
     }
@@ -325,9 +320,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         const int packed = warp_row0 + 16 * m + g + 8 * half;
         if (packed >= packed_rows) continue;
         const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int token = packed / group;
-        const int head = kv_head * group + packed % group;
-        float* out = p.out + int64_t{q_begin + token} * p.out_stride + int64_t{head} * kHeadDim;
+        float* out =
+            p.out + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.out_stride);
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) {
           out[8 * n + 2 * t] = om[n][2 * half] * inv_sum;

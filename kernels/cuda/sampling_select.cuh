@@ -57,6 +57,13 @@ __device__ void BlockSum3(uint64_t v[3], SharedState& s) {
   __syncthreads();
 }
 
+// Adds one candidate of logit x to the per-measure sums (mass_min_p only with min_p).
+__device__ __forceinline__ void AddCandidate(float x, const RowConstants& c, uint64_t (&sums)[3]) {
+  sums[kCount] += 1;
+  sums[kMass] += Amount(x, kMass, c);
+  if (c.min_weight > 0.0f) sums[kMassMinP] += Amount(x, kMassMinP, c);
+}
+
 __device__ __forceinline__ uint64_t SelectedValue(const SharedState& s, const Cut& cut, Measure m,
                                                   int b) {
   return b < cut.bucket ? HistValue(s, m, b) : (b == cut.bucket ? cut.amounts[m] : 0);
@@ -238,10 +245,7 @@ __device__ Cut Select(const float* __restrict__ logits, int32_t n, const RowCons
     const int i0 = kItemsPerThread * threadIdx.x;
     for (int q = 0; q < kItemsPerThread; ++q) {
       if (i0 + q > index) continue;
-      const float x = KeyLogit(s.keys[i0 + q]);
-      sums[kCount] += 1;
-      sums[kMass] += Amount(x, kMass, c);
-      if (c.min_weight > 0.0f) sums[kMassMinP] += Amount(x, kMassMinP, c);
+      AddCandidate(KeyLogit(s.keys[i0 + q]), c, sums);
     }
     BlockSum3(sums, s);
     for (int q = 0; q < 3; ++q) next.amounts[q] = sums[q];
@@ -254,9 +258,7 @@ __device__ Cut Select(const float* __restrict__ logits, int32_t n, const RowCons
   for (int32_t i = threadIdx.x; i < n; i += kThreads) {
     const float x = __ldg(logits + i);
     if (isnan(x) || OrderKey(x, i) > next.key || Bucket(x, c) != bucket) continue;
-    sums[kCount] += 1;
-    sums[kMass] += Amount(x, kMass, c);
-    if (c.min_weight > 0.0f) sums[kMassMinP] += Amount(x, kMassMinP, c);
+    AddCandidate(x, c, sums);
   }
   BlockSum3(sums, s);
   for (int q = 0; q < 3; ++q) next.amounts[q] = sums[q];

@@ -64,6 +64,15 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return BitsOf(__floats2bfloat162_rn(lo, hi));
 }
 
+// src[0..7] * scale as eight bf16, element 0 in the low half of .x (scalar loads: src need
+// not be aligned).
+__device__ __forceinline__ uint4 PackScaledBf16x8(const float* src, float scale) {
+  return make_uint4(PackBf16x2(src[0] * scale, src[1] * scale),
+                    PackBf16x2(src[2] * scale, src[3] * scale),
+                    PackBf16x2(src[4] * scale, src[5] * scale),
+                    PackBf16x2(src[6] * scale, src[7] * scale));
+}
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
