@@ -429,35 +429,28 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     const double tflops = flops / (ms * 1e9);
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
               tflops, tflops / gemm_tflops, "gemm");
-    // The same kernel with Q and P split into bf16 pairs (two MMAs each instead of one,
-    // fp32-close results): not what the backend runs, shown for comparison.
+    // Kernels the backend does not pick here, launched directly and shown for comparison.
     DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
-    const double split_ms = bench.TimeMs([&] {
-      if (cudaError_t err =
-              cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4,
-                                           bench.gpu().stream(), cuda::MmaPrecision::kSplit);
-          err != cudaSuccess) {
-        std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
-        std::exit(1);
-      }
-    });
-    const double split_tflops = flops / (split_ms * 1e9);
-    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " split QP"),
-              split_ms, a.bytes / (split_ms * 1e6), split_tflops, split_tflops / gemm_tflops,
-              "gemm");
+    auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma) {
+      const double direct_ms = bench.TimeMs([&] {
+        if (cudaError_t err = cuda::LaunchPrefillAttention(
+                p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4, bench.gpu().stream(),
+                precision, allow_wgmma);
+            err != cudaSuccess) {
+          std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
+          std::exit(1);
+        }
+      });
+      const double direct_tflops = flops / (direct_ms * 1e9);
+      bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " ", label),
+                direct_ms, a.bytes / (direct_ms * 1e6), direct_tflops,
+                direct_tflops / gemm_tflops, "gemm");
+    };
+    // The 64-row kernel with Q and P split into bf16 pairs (two MMAs each instead of one,
+    // fp32-close results).
+    direct_row("split QP", cuda::MmaPrecision::kSplit, /*allow_wgmma=*/true);
     // The mma.sync kernel the backend runs where the Hopper (wgmma) one cannot.
-    const double wide_ms = bench.TimeMs([&] {
-      if (cudaError_t err = cuda::LaunchPrefillAttention(
-              p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4, bench.gpu().stream(),
-              cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
-          err != cudaSuccess) {
-        std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
-        std::exit(1);
-      }
-    });
-    const double wide_tflops = flops / (wide_ms * 1e9);
-    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " mma.sync"),
-              wide_ms, a.bytes / (wide_ms * 1e6), wide_tflops, wide_tflops / gemm_tflops, "gemm");
+    direct_row("mma.sync", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/random_sampling_row.h"
 
 namespace kvd::gpu_test {
 namespace {
@@ -71,24 +72,6 @@ std::vector<float> MakeLogits(int32_t n, Shape shape, std::mt19937& rng) {
   return v;
 }
 
-SamplingRow RandomRow(std::mt19937& rng, bool allow_greedy = true) {
-  const float temperatures[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
-  const int32_t top_ks[] = {0, 1, 5, 50, 1000};
-  const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.01f};
-  const float min_ps[] = {0.0f, 0.05f};
-  auto pick = [&](const auto& options, size_t first = 0) {
-    return options[std::uniform_int_distribution<size_t>(first, std::size(options) - 1)(rng)];
-  };
-  SamplingRow row;
-  row.temperature = pick(temperatures, allow_greedy ? 0 : 1);
-  row.top_k = pick(top_ks);
-  row.top_p = pick(top_ps);
-  row.min_p = pick(min_ps);
-  row.u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
-  if (row.u >= 1.0f) row.u = 0.0f;
-  return row;
-}
-
 Batch RandomBatch(int32_t vocab, int32_t num_rows, std::mt19937& rng, bool allow_greedy = true) {
   Batch b;
   b.vocab_size = vocab;
@@ -98,7 +81,7 @@ Batch RandomBatch(int32_t vocab, int32_t num_rows, std::mt19937& rng, bool allow
     const Shape shape = static_cast<Shape>(rng() % 4);
     const std::vector<float> row = MakeLogits(vocab, shape, rng);
     std::copy(row.begin(), row.end(), b.logits.begin() + r * b.row_stride);
-    b.rows.push_back(RandomRow(rng, allow_greedy));
+    b.rows.push_back(RandomSamplingRow(rng, allow_greedy));
   }
   return b;
 }

@@ -17,6 +17,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/cpu_sampling.h"
 #include "kernels/params.h"
+#include "tests/kernels/random_sampling_row.h"
 
 namespace kvd {
 namespace {
@@ -110,25 +111,6 @@ std::vector<float> NormalLogits(size_t n, std::mt19937& rng, float sd) {
   return v;
 }
 
-SamplingRow RandomRow(std::mt19937& rng) {
-  const float temperatures[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
-  const int32_t top_ks[] = {0, 1, 5, 50, 1000};
-  const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.01f};
-  const float min_ps[] = {0.0f, 0.05f};
-  auto pick = [&](const auto& options) {
-    const size_t n = std::size(options);
-    return options[std::uniform_int_distribution<size_t>(0, n - 1)(rng)];
-  };
-  SamplingRow row;
-  row.temperature = pick(temperatures);
-  row.top_k = pick(top_ks);
-  row.top_p = pick(top_ps);
-  row.min_p = pick(min_ps);
-  row.u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
-  if (row.u >= 1.0f) row.u = 0.0f;
-  return row;
-}
-
 TEST(CpuSampleTest, RandomBatchesMatchTheDocumentedProcedure) {
   std::mt19937 rng(7);
   SampleRunner runner(/*num_threads=*/2);
@@ -148,7 +130,7 @@ TEST(CpuSampleTest, RandomBatchesMatchTheDocumentedProcedure) {
         for (size_t i = 0; i < row_logits.size(); i += 5) row_logits[i] = i % 10 ? kNan : -kInf;
       }
       std::copy(row_logits.begin(), row_logits.end(), logits.begin() + r * stride);
-      rows.push_back(RandomRow(rng));
+      rows.push_back(RandomSamplingRow(rng));
     }
     std::vector<int32_t> tokens;
     ASSERT_TRUE(runner.Run(logits, stride, vocab, rows, &tokens).ok());
@@ -166,7 +148,7 @@ TEST(CpuSampleTest, ManyDrawsOnALargeVocabularyMatchTheDocumentedProcedure) {
   SampleRunner runner(/*num_threads=*/1);
   const std::vector<float> logits = NormalLogits(32000, rng, 2.5f);
   for (int i = 0; i < 40; ++i) {
-    const SamplingRow row = RandomRow(rng);
+    const SamplingRow row = RandomSamplingRow(rng);
     EXPECT_EQ(runner.One(logits, row), ReferenceSample(logits, row)) << "draw " << i;
   }
 }
@@ -176,7 +158,7 @@ TEST(CpuSampleTest, ResultsDoNotDependOnTheBatchOrThreadCount) {
   const int32_t vocab = 3000, num_rows = 9;
   std::vector<float> logits = NormalLogits(size_t{vocab} * num_rows, rng, 3.0f);
   std::vector<SamplingRow> rows;
-  for (int32_t r = 0; r < num_rows; ++r) rows.push_back(RandomRow(rng));
+  for (int32_t r = 0; r < num_rows; ++r) rows.push_back(RandomSamplingRow(rng));
   SampleRunner serial(1), parallel(4);
   std::vector<int32_t> a, b;
   ASSERT_TRUE(serial.Run(logits, vocab, vocab, rows, &a).ok());
