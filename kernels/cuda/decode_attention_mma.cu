@@ -17,11 +17,13 @@
 namespace kvd::cuda {
 namespace {
 
+using decode::CombineSlots;
 using decode::DecodeConfig;
 using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
+using decode::LaunchDecodeGrid;
 using decode::kMaxGroupPerCta;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
@@ -207,39 +209,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
   __syncthreads();
-  float* s_acc = reinterpret_cast<float*>(smem);      // [kWarps][kGroup][kHeadDim]
-  float* s_max = s_acc + kWarps * kGroup * kHeadDim;  // [kWarps][kGroup]
-  float* s_sum = s_max + kWarps * kGroup;             // [kWarps][kGroup]
+  const CombineSlots<kHeadDim, kGroup, Cfg> slots(smem);
 #pragma unroll
   for (int n = 0; n < Shape::kDimTiles; ++n) {
-    float* dst = s_acc + (warp * kGroup + g) * kHeadDim + 8 * n + 2 * t;
+    float* dst = slots.acc + (warp * kGroup + g) * kHeadDim + 8 * n + 2 * t;
     dst[0] = o[n][0];
     dst[1] = o[n][1];
   }
   if (t == 0) {
-    s_max[warp * kGroup + g] = row_max;
-    s_sum[warp * kGroup + g] = row_sum;
+    slots.max[warp * kGroup + g] = row_max;
+    slots.sum[warp * kGroup + g] = row_sum;
   }
   __syncthreads();
-  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, s_acc);
+  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, slots.acc);
 }
 
 template <int kHeadDim, typename Cfg = DefaultConfig>
 cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                       cudaStream_t stream) {
-  using Shape = MmaDecodeShape<kHeadDim, Cfg>;
-  const int group = p.num_q_heads / p.cache.num_kv_heads;
-  const int subgroups = (group + kMaxGroupPerCta - 1) / kMaxGroupPerCta;
-  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
-  const dim3 grid(p.cache.num_kv_heads * subgroups, p.blocks.num_seqs, ws.max_splits);
-  auto* kernel = DecodeMmaKernel<kHeadDim, Cfg>;
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Shape::kSmemBytes);
-      err != cudaSuccess) {
-    return err;
-  }
-  return LaunchDependent(kernel, grid, Cfg::kThreads, Shape::kSmemBytes, stream, p, ws, group,
-                         subgroups, block_shift);
+  return LaunchDecodeGrid(DecodeMmaKernel<kHeadDim, Cfg>, Cfg::kThreads,
+                          MmaDecodeShape<kHeadDim, Cfg>::kSmemBytes, kMaxGroupPerCta, p, ws,
+                          stream);
 }
 
 }  // namespace

@@ -16,10 +16,12 @@
 namespace kvd::cuda {
 namespace {
 
+using decode::CombineSlots;
 using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
+using decode::LaunchDecodeGrid;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
 using decode::ShflPtr;
@@ -285,9 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
   __syncthreads();
-  float* s_acc = reinterpret_cast<float*>(smem);      // [kWarps][kGroup][kHeadDim]
-  float* s_max = s_acc + kWarps * kGroup * kHeadDim;  // [kWarps][kGroup]
-  float* s_sum = s_max + kWarps * kGroup;             // [kWarps][kGroup]
+  const CombineSlots<kHeadDim, kGroup, Cfg> slots(smem);
   if (row == 0) {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
@@ -295,36 +295,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          s_acc[(warp * kGroup + h) * kHeadDim + dim_of(j, i)] = acc[h][j * kVec + i];
+          slots.acc[(warp * kGroup + h) * kHeadDim + dim_of(j, i)] = acc[h][j * kVec + i];
         }
       }
     }
     if (slice % kLanesPerHead == 0) {
       const int my_head = slice / kLanesPerHead;
-      s_max[warp * kGroup + my_head] = my_max;
-      s_sum[warp * kGroup + my_head] = my_sum;
+      slots.max[warp * kGroup + my_head] = my_max;
+      slots.sum[warp * kGroup + my_head] = my_sum;
     }
   }
   __syncthreads();
 
-  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, s_acc);
+  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, slots.acc);
 }
 
 template <typename T, int kHeadDim, int kGroup, typename Cfg = DefaultConfig>
 cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream) {
-  using Shape = DecodeShape<T, kHeadDim, kGroup, Cfg>;
-  const int group = p.num_q_heads / p.cache.num_kv_heads;
-  const int subgroups = (group + kGroup - 1) / kGroup;
-  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
-  const dim3 grid(p.cache.num_kv_heads * subgroups, p.blocks.num_seqs, ws.max_splits);
-  auto* kernel = DecodeKernel<T, kHeadDim, kGroup, Cfg>;
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Shape::kSmemBytes);
-      err != cudaSuccess) {
-    return err;
-  }
-  return LaunchDependent(kernel, grid, Cfg::kThreads, Shape::kSmemBytes, stream, p, ws, group,
-                         subgroups, block_shift);
+  return LaunchDecodeGrid(DecodeKernel<T, kHeadDim, kGroup, Cfg>, Cfg::kThreads,
+                          DecodeShape<T, kHeadDim, kGroup, Cfg>::kSmemBytes, kGroup, p, ws,
+                          stream);
 }
 
 }  // namespace

@@ -161,6 +161,27 @@ __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, 
   }
 }
 
+// Launches a decode kernel over (num_kv_heads * subgroups, num_seqs, max_splits) CTAs of
+// `threads` threads, subgroups of up to group_per_cta query heads, as a programmatic dependent
+// of the work before it on `stream`.
+inline cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspace, int, int,
+                                                   int),
+                                    int threads, int smem_bytes, int group_per_cta,
+                                    const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                                    cudaStream_t stream) {
+  const int group = p.num_q_heads / p.cache.num_kv_heads;
+  const int subgroups = (group + group_per_cta - 1) / group_per_cta;
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
+  const dim3 grid(p.cache.num_kv_heads * subgroups, p.blocks.num_seqs, ws.max_splits);
+  if (cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+      err != cudaSuccess) {
+    return err;
+  }
+  return LaunchDependent(kernel, grid, dim3(threads), smem_bytes, stream, p, ws, group, subgroups,
+                         block_shift);
+}
+
 __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
   const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
   return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
@@ -233,9 +254,22 @@ __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace&
   }
 }
 
-// The end of a decode CTA once every warp's results are in shared memory: s_acc
-// [kWarps][kGroup][kHeadDim] outputs normalized by nothing yet, then s_max and s_sum
-// [kWarps][kGroup] (base-2 running maxima and sums; -inf and 0 for a warp that saw no key).
+// Where the warps of a decode CTA leave their results for FinishCta, in the (then free)
+// pipeline buffers: acc [kWarps][kGroup][kHeadDim] outputs normalized by nothing yet, then max
+// and sum [kWarps][kGroup] (base-2 running maxima and sums; -inf and 0 for a warp that saw no
+// key).
+template <int kHeadDim, int kGroup, typename Cfg>
+struct CombineSlots {
+  __device__ __forceinline__ explicit CombineSlots(void* smem)
+      : acc(static_cast<float*>(smem)),
+        max(acc + Cfg::kWarps * kGroup * kHeadDim),
+        sum(max + Cfg::kWarps * kGroup) {}
+  float* acc;
+  float* max;
+  float* sum;
+};
+
+// The end of a decode CTA once every warp's results are in its CombineSlots at s_acc.
 // Combines the warps and writes `out` (one split) or this split's partials; the last split
 // of the (sequence, head group) to finish then merges them all into `out`.
 // REQUIRES: called by every thread of the CTA after a __syncthreads() that follows the
@@ -248,8 +282,9 @@ __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& 
   const int head_base = cta.head_base;
   const int heads = cta.heads;
   const SplitPlan& plan = cta.plan;
-  const float* s_max = s_acc + Cfg::kWarps * kGroup * kHeadDim;
-  const float* s_sum = s_max + Cfg::kWarps * kGroup;
+  const CombineSlots<kHeadDim, kGroup, Cfg> slots(s_acc);
+  const float* s_max = slots.max;
+  const float* s_sum = slots.sum;
   const int64_t seq_split = int64_t{s} * ws.max_splits + cta.split;
 #pragma unroll 2
   for (int index = threadIdx.x; index < heads * kHeadDim; index += Cfg::kThreads) {
