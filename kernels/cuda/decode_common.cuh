@@ -1,10 +1,11 @@
 #ifndef KVD_KERNELS_CUDA_DECODE_COMMON_CUH_
 #define KVD_KERNELS_CUDA_DECODE_COMMON_CUH_
 
-// Device code shared by the decode attention kernels (decode_attention_mma.cu for bf16 KV on
-// tensor cores, decode_attention_simt.cu on CUDA cores): launch shapes, the split plan, and
-// the end of a CTA (the warps' combine, the split partials and their in-kernel merge). See
-// decode_attention.h for the algorithm and the workspace. Only for .cu files.
+// Code shared by the decode attention kernels (decode_attention_mma.cu for bf16 KV on tensor
+// cores, decode_attention_simt.cu on CUDA cores): launch shapes and the grid launch, the split
+// plan, a warp's keys and its copy pipeline, and the end of a CTA (the warps' combine, the
+// split partials and their in-kernel merge). See decode_attention.h for the algorithm and the
+// workspace. Only for .cu files.
 
 #include <cuda_runtime.h>
 
