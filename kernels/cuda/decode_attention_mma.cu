@@ -27,7 +27,6 @@ using decode::LaunchDecodeGrid;
 using decode::kMaxGroupPerCta;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
-using decode::ShflPtr;
 using decode::WarpKeys;
 
 // Tensor-core decode for bf16 KV (DecodeMmaKernel). The GQA group's query heads are the

@@ -24,7 +24,6 @@ using decode::kLog2e;
 using decode::LaunchDecodeGrid;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
-using decode::ShflPtr;
 using decode::WarpKeys;
 
 // Work layout of one warp, for 16-byte vectors of kVec elements of T:

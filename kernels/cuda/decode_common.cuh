@@ -183,11 +183,6 @@ inline cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeW
                          block_shift);
 }
 
-__device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
-  const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
-  return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
-}
-
 // Combines the split partials of heads [head_base, head_base + heads) of sequence s into
 // `out`, with the kThreads threads of one CTA: out = sum_i w_i partial_i / sum_i w_i with
 // w_i = exp2(lse_i - max lse). `scratch` holds kGroup * (kMaxSplits + 1) floats. Partials

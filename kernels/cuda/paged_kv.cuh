@@ -92,6 +92,12 @@ __device__ __forceinline__ int SeqKvLen(const BlockTableView& b, int s, int bloc
   return num_blocks == 0 ? 0 : (num_blocks - 1) * block_size + b.last_block_len[s];
 }
 
+// `ptr` of lane `src_lane` of the warp (all lanes take part).
+__device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
+  const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
+  return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, bits, src_lane));
+}
+
 __device__ __forceinline__ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
 // Element offset of packed prefill row `packed` of KV head `kv_head` (prefill_attention.h: the

@@ -5,10 +5,12 @@
 //
 // A CTA is three warpgroups, FlashAttention-3 style:
 //
-//   producer (warpgroup 2): gathers each 128-key K/V tile from the paged arena with cp.async
-//     into a ring of kStages buffers, in wgmma's 128-byte swizzled layout; `full[stage]` (an
-//     mbarrier) completes when a tile has landed, `empty[stage]` when both consumers are done
-//     with it.
+//   producer (warpgroup 2): gathers each 128-key K tile and V tile from the paged arena with
+//     cp.async into rings of kStages buffers, in wgmma's 128-byte swizzled layout, K running a
+//     tile ahead of V (K kt+1 is issued before V kt); `full[x][stage]` (an mbarrier, x = K or
+//     V) completes when a tile has landed, `empty[x][stage]` when both consumers are done with
+//     it. K buffers turn over as soon as S is computed, so K gets further ahead of the math
+//     than whole K+V tiles could.
 //   consumers (warpgroups 0 and 1, 64 packed rows each): their Q rows -> bf16 in shared
 //     memory (scaled to base-2 logits), then per key tile kt
 //       S_kt = Q K_kt^T        8 wgmma m64n128k16, A and B from shared memory
@@ -41,12 +43,15 @@ constexpr int kHeadDim = kHopperPrefillHeadDim;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
 constexpr int kProducerThreads = 128;  // warpgroup 2
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
-// Registers a thread: launch_bounds gives every thread 168; the producer gives part of its
-// share to the consumers, whose S, P and O tiles alone take 160.
+// Registers a thread: launch_bounds gives every thread 168 (65536 / 384, rounded down to a
+// multiple of 8), and setmaxnreg only moves registers within the CTA's 168 * 384: the
+// producer gives part of its share to the consumers, whose S, P and O tiles alone take 160.
+// (Asking for more than the CTA holds would block the consumers' setmaxnreg forever.)
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kProducerRegisters = 88;
 constexpr int kConsumerRegisters = 208;
 static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <=
-              65536);
+              kLaunchRegisters * kThreads);
 constexpr int kRows = 128;      // packed query rows per item
 constexpr int kGroupRows = 64;  // per consumer warpgroup
 constexpr int kKeys = 128;      // keys per K/V tile
@@ -117,8 +122,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if KVD_HAVE_WGMMA
   extern __shared__ unsigned char smem_raw[];
   __shared__ int s_item;
-  __shared__ uint64_t full[kStages];
-  __shared__ uint64_t empty[kStages];
+  __shared__ uint64_t full[2][kStages];  // [K or V][stage]
+  __shared__ uint64_t empty[2][kStages];
   // Swizzled regions must be 1024-byte aligned in the shared address space.
   const uint32_t raw_address = SharedAddress(smem_raw);
   const uint32_t pad = ((raw_address + 1023) & ~1023u) - raw_address;
@@ -133,9 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool producer = warpgroup == 2;
 
   if (threadIdx.x == 0) {
-    for (int stage = 0; stage < kStages; ++stage) {
-      MbarrierInit(&full[stage], kProducerThreads);
-      MbarrierInit(&empty[stage], kConsumerThreads);
+    for (int x = 0; x < 2; ++x) {
+      for (int stage = 0; stage < kStages; ++stage) {
+        MbarrierInit(&full[x][stage], kProducerThreads);
+        MbarrierInit(&empty[x][stage], kConsumerThreads / 32);  // one arrival a warp
+      }
     }
   }
   cudaGridDependencySynchronize();  // tile_indptr is written by the planning kernel
@@ -145,7 +152,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* work_counter = tile_indptr;  // [0]: offset 0 by definition, never read as one
 
   const int block_mask = c.block_size - 1;
-  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
   uint32_t tile_count = 0;  // key tiles so far, over all items: ring stage and phase
   // The next work item for every thread: thread 0 takes it from the counter, the item
   // barrier (all three warpgroups, in both roles' loops) publishes it.
@@ -161,33 +167,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   // it dominates).
   if (producer) {
     DecreaseMaxRegisters<kProducerRegisters>();
-    // Chunk `load_chunk` of keys load_key0, load_key0 + 8, ... of each tile.
-    const int load_chunk = threadIdx.x % kChunks;
-    const int load_key0 = (threadIdx.x - kConsumerThreads) / kChunks;
+    // Thread (warp w, lane l) copies chunk l % 16 of keys 8 r + 2 w + l / 16 of a tile, in
+    // rounds r = 0..15. Each lane first finds the row of one of its warp's 32 keys (key
+    // 8 (l / 2) + 2 w + l % 2): a block-id load and a chunk-base load, issued a tile ahead of
+    // their use; the rounds take the rows by shuffle. (The copies' asm orders memory: a lookup
+    // between two copies would stall each round for two round trips.)
+    const int lane = threadIdx.x % 32;
+    const int load_chunk = lane % kChunks;
+    const int half = lane / kChunks;
+    const int warp_key0 = 2 * ((threadIdx.x - kConsumerThreads) / 32);
+    const int lane_key = 8 * (lane / 2) + warp_key0 + lane % 2;
+    const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
+    // Lane's K row of tile kt (a real row; keys past key_end read key 0's and copy nothing).
+    auto lane_row = [&](const Item& item, int kt) {
+      const int key = kt * kKeys + lane_key;
+      const int safe_key = key < item.key_end ? key : 0;
+      return reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
+                 c, item.seq_blocks[safe_key >> block_shift], c.k_offset_bytes, item.kv_head)) +
+             int64_t{(safe_key & block_mask) * kHeadDim} * 2;
+    };
+    // Tile kt's K (x = 0) or V (x = 1) into its ring, counted on full[x] once landed; `rows`
+    // from lane_row.
+    auto load = [&](const Item& item, int kt, int x, const char* rows) {
+      const uint32_t count = tile_count + kt;
+      const int stage = count % kStages;
+      if (count >= kStages) MbarrierWait(&empty[x][stage], ((count / kStages) & 1) ^ 1);
+      unsigned char* tile = smem + tiles_offset + (2 * stage + x) * kTileBytes;
+      const int64_t offset = (x == 0 ? 0 : v_minus_k) + load_chunk * 16;
+#pragma unroll
+      for (int round = 0; round < kKeys * kChunks / kProducerThreads; ++round) {
+        const int key_local = 8 * round + warp_key0 + half;
+        const char* row = ShflPtr(rows, 2 * round + half);
+        CpAsync16(tile + SwizzledOffset(key_local, load_chunk, kKeys), row + offset,
+                  kt * kKeys + key_local < item.key_end);  // past it: zeros, nothing read
+      }
+      // full[x][stage] counts this thread once its copies have landed; no waiting here.
+      CpAsyncArriveOnMbarrier(&full[x][stage]);
+    };
     for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
       const Item item = DecodeItem(p, tile_indptr, item_index, group);
-      for (int kt = 0; kt < item.num_key_tiles; ++kt, ++tile_count) {
-        const int stage = tile_count % kStages;
-        if (tile_count >= kStages) MbarrierWait(&empty[stage], ((tile_count / kStages) & 1) ^ 1);
-        unsigned char* k_tile = smem + tiles_offset + 2 * stage * kTileBytes;
-        unsigned char* v_tile = k_tile + kTileBytes;
-#pragma unroll
-        for (int round = 0; round < kKeys * kChunks / kProducerThreads; ++round) {
-          const int key_local = round * (kProducerThreads / kChunks) + load_key0;
-          const int key = kt * kKeys + key_local;
-          const bool valid = key < item.key_end;  // past it: zeros (V must not be read)
-          const int safe_key = valid ? key : 0;
-          const char* src =
-              reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
-                  c, item.seq_blocks[safe_key >> block_shift], c.k_offset_bytes, item.kv_head)) +
-              int64_t{(safe_key & block_mask) * kHeadDim + load_chunk * 8} * 2;
-          const uint32_t dst = SwizzledOffset(key_local, load_chunk, kKeys);
-          CpAsync16(k_tile + dst, src, valid);
-          CpAsync16(v_tile + dst, src + v_minus_k, valid);
-        }
-        // full[stage] counts this thread once its copies have landed; no waiting here.
-        CpAsyncArriveOnMbarrier(&full[stage]);
+      // K 0, then K kt+1 before V kt: the order the consumers need them in.
+      const char* rows = item.num_key_tiles > 0 ? lane_row(item, 0) : nullptr;
+      if (item.num_key_tiles > 0) load(item, 0, 0, rows);
+      for (int kt = 0; kt < item.num_key_tiles; ++kt) {
+        const bool more = kt + 1 < item.num_key_tiles;
+        const char* next_rows = more ? lane_row(item, kt + 1) : nullptr;
+        if (more) load(item, kt + 1, 0, next_rows);
+        load(item, kt, 1, rows);
+        rows = next_rows;
       }
+      tile_count += item.num_key_tiles;
     }
     // No copy outlives its thread (the consumers' waits cover them already).
     CpAsyncCommit();
@@ -265,13 +294,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto k_tile_address = [&](int kt) {
       return q_address + tiles_offset + 2 * stage_of(kt) * kTileBytes;
     };
-    // Tile kt has landed; the fence makes the producer's copies (generic proxy) visible to
-    // this warpgroup's wgmma reads (async proxy).
-    auto wait_full = [&](int kt) {
-      MbarrierWait(&full[stage_of(kt)], ((tile_count + kt) / kStages) & 1);
-      FenceProxyAsyncShared();
+    // Tile kt's K (x = 0) or V (x = 1) has landed. A FenceProxyAsyncShared after the waits
+    // makes the producer's copies (generic proxy) visible to this warpgroup's wgmma reads
+    // (async proxy).
+    auto wait_full = [&](int kt, int x) {
+      MbarrierWait(&full[x][stage_of(kt)], ((tile_count + kt) / kStages) & 1);
     };
-    auto release = [&](int kt) { MbarrierArrive(&empty[stage_of(kt)]); };
+    // One arrival a warp (each is an atomic on one shared word: 32 lanes would queue).
+    auto release = [&](int kt, int x) {
+      __syncwarp();
+      if (lane == 0) MbarrierArrive(&empty[x][stage_of(kt)]);
+    };
+    // A tile this warpgroup does not compute: waited for (so its ring phases stay in step)
+    // and handed back.
+    auto pass = [&](int kt) {
+      wait_full(kt, 0);
+      release(kt, 0);
+      wait_full(kt, 1);
+      release(kt, 1);
+    };
     // S = Q K^T over eight 16-dim steps: 64-dim half kk / 4, 32 bytes per step within it.
     auto issue_s = [&](int kt) {
       const uint32_t k_tile = k_tile_address(kt);
@@ -363,18 +404,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     int turn = 0;
     if (num_compute > 0) {
       float rescale[2];
-      wait_full(0);
+      wait_full(0, 0);
+      FenceProxyAsyncShared();
       NamedBarrierSync(my_turn, kConsumerThreads);
       WgmmaFence();
       issue_s(0);
       WgmmaCommit();
       NamedBarrierArrive(other_turn, kConsumerThreads);
       WgmmaWait<0>();
+      release(0, 0);
       PinRegisters(sc);
       softmax(0, rescale);
       rescale_and_pack(rescale);
       for (turn = 1; turn < num_compute; ++turn) {
-        wait_full(turn);
+        wait_full(turn, 0);
+        wait_full(turn - 1, 1);
+        FenceProxyAsyncShared();
         NamedBarrierSync(my_turn, kConsumerThreads);
         PinRegisters(o);
         PinRegisters(pa);
@@ -385,14 +430,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaCommit();
         NamedBarrierArrive(other_turn, kConsumerThreads);
         WgmmaWait<1>();  // S (committed first); the P V MMAs run on during the softmax
+        release(turn, 0);
         PinRegisters(sc);
         softmax(turn, rescale);
         WgmmaWait<0>();
         PinRegisters(o);
         PinRegisters(pa);
         rescale_and_pack(rescale);
-        release(turn - 1);
+        release(turn - 1, 1);
       }
+      wait_full(num_compute - 1, 1);
+      FenceProxyAsyncShared();
       NamedBarrierSync(my_turn, kConsumerThreads);
       PinRegisters(o);
       PinRegisters(pa);
@@ -402,20 +450,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       NamedBarrierArrive(other_turn, kConsumerThreads);
       WgmmaWait<0>();
       PinRegisters(o);
-      release(num_compute - 1);
-      if (num_compute < item.num_key_tiles) {
-        wait_full(num_compute);
-        release(num_compute);
-      }
+      release(num_compute - 1, 1);
+      if (num_compute < item.num_key_tiles) pass(num_compute);
       turn = num_compute + 1;
     }
     for (; turn <= item.num_key_tiles; ++turn) {
       NamedBarrierSync(my_turn, kConsumerThreads);
       NamedBarrierArrive(other_turn, kConsumerThreads);
-      if (turn < item.num_key_tiles) {
-        wait_full(turn);
-        release(turn);
-      }
+      if (turn < item.num_key_tiles) pass(turn);
     }
     tile_count += item.num_key_tiles;
 
