@@ -162,7 +162,21 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
   if (bytes == 0) return DeviceBuffer();
   void* data = nullptr;
   KVD_RETURN_IF_CUDA_ERROR(cudaMalloc(&data, bytes), absl::StrCat("Allocate(", bytes, ")"));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  allocated_lo_ = std::min(allocated_lo_, begin);
+  allocated_hi_ = std::max(allocated_hi_, begin + bytes);
   return DeviceBuffer(this, data, bytes);
+}
+
+const cuda::KvRowMap* CudaBackend::KvRows() {
+  if (allocated_hi_ == 0) return nullptr;
+  if (kv_rows_lo_ != allocated_lo_ || kv_rows_hi_ != allocated_hi_) {
+    // cudaMalloc's buffers are 256-byte aligned, as the view's base must be.
+    kv_rows_ok_ = cuda::MakeKvRowMap(allocated_lo_, allocated_hi_, kv_rows_) == cudaSuccess;
+    kv_rows_lo_ = allocated_lo_;
+    kv_rows_hi_ = allocated_hi_;
+  }
+  return kv_rows_ok_ ? &kv_rows_ : nullptr;
 }
 
 void CudaBackend::Free(void* data, size_t /*bytes*/) {
@@ -411,7 +425,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     }
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
-  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_),
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, KvRows()),
                            "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
   // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. On Hopper with

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/kv_row_map.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace kvd {
@@ -146,6 +147,11 @@ class CudaBackend final : public Backend {
   void SetOpTiming(bool on) { op_timing_ = on; }
   absl::StatusOr<std::vector<OpTime>> TakeOpTimes();
 
+  // The TMA view (cuda::KvRowMap) of every buffer Allocate has returned so far, encoded
+  // again whenever that range has grown; null where none can be made (then kernels copy
+  // every K/V row themselves). PagedAttention passes it to the decode kernel.
+  const cuda::KvRowMap* KvRows();
+
  protected:
   void Free(void* data, size_t bytes) override;
 
@@ -186,6 +192,13 @@ class CudaBackend final : public Backend {
   std::vector<PendingTiming> pending_timings_;
   std::vector<cudaEvent_t> spare_events_;
   uint64_t scratch_epoch_ = 0;  // bumped by every Grow that reallocates
+  // [lowest, highest) address of any buffer from Allocate, and the view encoded for it.
+  uintptr_t allocated_lo_ = UINTPTR_MAX;
+  uintptr_t allocated_hi_ = 0;
+  cuda::KvRowMap kv_rows_;
+  uintptr_t kv_rows_lo_ = 0;
+  uintptr_t kv_rows_hi_ = 0;
+  bool kv_rows_ok_ = false;
 };
 
 }  // namespace kvd

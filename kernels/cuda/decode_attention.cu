@@ -35,35 +35,37 @@ int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads) {
 }
 
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                         int variant, cudaStream_t stream, const char** name) {
+                                         int variant, const KvRowMap* rows_map, cudaStream_t stream,
+                                         const char** name) {
   if (p.cache.dtype != DType::kBF16 || p.cache.head_dim != 128 ||
       p.num_q_heads != 4 * p.cache.num_kv_heads || ws.max_splits < 1 ||
       ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
+  const bool tma = rows_map != nullptr && rows_map->rows > 0;
   switch (variant) {
-    case 0:
-      return LaunchDecodeMmaShape(p, ws, 0, stream, name);
+    case 0:  // what LaunchDecodeAttention runs
+      return LaunchDecodeMmaShape(p, ws, tma ? 3 : 0, rows_map, stream, name);
     case 1:
       *name = "CUDA cores, 4 warps, 3 stages, 2 CTAs/SM";
       return LaunchDecodeSimt(p, ws, stream);
     case 2:
-      return LaunchDecodeMmaShape(p, ws, 1, stream, name);
     case 3:
-      return LaunchDecodeMmaShape(p, ws, 2, stream, name);
+    case 4:
+      return LaunchDecodeMmaShape(p, ws, variant - 2, rows_map, stream, name);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, const KvRowMap* rows_map) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
   if (ws.max_splits < 1 || ws.max_splits > decode::kMaxSplits) return cudaErrorInvalidValue;
   if (ws.max_splits > 1 && (ws.partial_out == nullptr || ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  return p.cache.dtype == DType::kBF16 ? LaunchDecodeMma(p, ws, stream)
+  return p.cache.dtype == DType::kBF16 ? LaunchDecodeMma(p, ws, stream, rows_map)
                                        : LaunchDecodeSimt(p, ws, stream);
 }
 

@@ -47,6 +47,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_row_map.h"
 #include "kernels/params.h"
 
 namespace kvd::cuda {
@@ -77,19 +78,23 @@ int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim);
 int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);
 
-// Enqueues the decode kernel (one launch, merge included).
+// Enqueues the decode kernel (one launch, merge included). `rows_map` (may be null): a TMA
+// view of the memory holding the KV chunks (kv_row_map.h), through which the bf16,
+// head_dim 128 kernel loads the K/V rows it covers.
 // REQUIRES: 1 <= ws.max_splits <= 128; when max_splits > 1, every workspace pointer set,
 // partial_out 16-byte aligned and arrivals zero (as every launch leaves them).
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const KvRowMap* rows_map = nullptr);
 
 // Benchmark only (gpu_bench sweep): the bf16, head_dim 128, GQA-group-4 kernel
 // under alternative launch shapes (warps per CTA, pipeline stages, resident CTAs), variant
-// in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs. Sets *name.
-// cudaErrorInvalidValue for other shapes or variants.
-inline constexpr int kDecodeVariants = 4;
+// in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs given `rows_map`. Sets
+// *name. cudaErrorInvalidValue for other shapes or variants, or a TMA variant without a
+// rows_map.
+inline constexpr int kDecodeVariants = 5;
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                         int variant, cudaStream_t stream, const char** name);
+                                         int variant, const KvRowMap* rows_map,
+                                         cudaStream_t stream, const char** name);
 
 }  // namespace kvd::cuda
 

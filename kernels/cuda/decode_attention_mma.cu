@@ -10,6 +10,8 @@
 #include "kernels/cuda/decode_common.cuh"
 #include "kernels/cuda/decode_kernels.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/hopper_sync.cuh"
+#include "kernels/cuda/kv_row_map.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/tensor_core.cuh"
@@ -23,8 +25,8 @@ using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
 using decode::kLog2e;
-using decode::LaunchDecodeGrid;
 using decode::kMaxGroupPerCta;
+using decode::LaunchDecodeGrid;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
 using decode::WarpKeys;
@@ -40,6 +42,14 @@ using decode::WarpKeys;
 // 16-byte chunk c of key k stored at chunk c ^ (k % 8) of its row, so the eight rows an
 // ldmatrix reads fall in distinct banks. Pipeline, splits and the end of the CTA are the
 // CUDA-core kernel's.
+// With Cfg::kTma (head_dim 128) the tiles are loaded as TMA boxes (kv_row_map.h) where the
+// iteration's 16 keys lie in one block inside the view: lane 0 issues four 2 KB boxes (K and
+// V, two 64-dim halves each) that complete on the stage's mbarrier, in place of the warp's 32
+// cp.async per lane. The tiles are then [half][16 keys][128 bytes] in the TMA's 128-byte
+// swizzle (chunk c % 8 of key k at c % 8 ^ k % 8), as conflict-free for ldmatrix. Keys past
+// the end in a TMA box are whatever the block holds: their scores are masked and their V
+// rows zeroed in the fragments. Other iterations go through cp.async, tracked on the same
+// mbarrier.
 template <int kHeadDim, typename Cfg>
 struct MmaDecodeShape {
   static constexpr int kKeysPerIter = 16;
@@ -53,7 +63,19 @@ struct MmaDecodeShape {
   static constexpr int kSplitGranule = Cfg::kWarps * kKeysPerIter;
   static constexpr int kPipelineBytes = Cfg::kWarps * Cfg::kStages * kStageBytes;
   static constexpr int kCombineBytes = Cfg::kWarps * kMaxGroupPerCta * (kHeadDim + 2) * 4;
-  static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes);
+  // TMA boxes land at 1024-byte aligned addresses (the swizzle's period): room to align.
+  static constexpr int kAlignSlack = Cfg::kTma ? 1024 : 0;
+  static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes) + kAlignSlack;
+  static_assert(!Cfg::kTma || (kHeadDim == 128 && kTileBytes == 2 * kKvBoxRows * 128));
+
+  // Byte offset of 16-byte chunk `chunk` of key `key` in a K or V tile.
+  __device__ __forceinline__ static int TileOffset(int key, int chunk) {
+    if constexpr (Cfg::kTma) {
+      return (chunk >> 3) * kKvBoxRows * 128 + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+    } else {
+      return key * kRowBytes + ((chunk ^ (key & 7)) << 4);
+    }
+  }
   static_assert(kCopiesPerLane * 32 == kKeysPerIter * kChunks);
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks");
 };
@@ -63,7 +85,7 @@ struct MmaDecodeShape {
 template <int kHeadDim, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
-                    int block_shift) {
+                    int block_shift, const __grid_constant__ KvRowMap rows) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;
   constexpr int kGroup = kMaxGroupPerCta;
@@ -73,7 +95,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   constexpr int kStageBytes = Shape::kStageBytes;
   constexpr int kTileBytes = Shape::kTileBytes;
   constexpr int kRowBytes = Shape::kRowBytes;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t stage_full[Cfg::kTma ? kWarps : 1][kStages];  // kTma: [warp][stage]
+  unsigned char* smem = smem_raw;
+  if constexpr (Cfg::kTma) {
+    const uint32_t raw = SharedAddress(smem_raw);
+    smem += ((raw + 1023) & ~1023u) - raw;
+  }
 
   DecodeCta cta;
   if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
@@ -81,6 +109,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
+  if constexpr (Cfg::kTma) {
+    // Each warp's own barriers: one counted arrival (lane 0's) a phase.
+    if (lane == 0) {
+      for (int stage = 0; stage < kStages; ++stage) MbarrierInit(&stage_full[warp][stage], 1);
+      FenceMbarrierInit();
+    }
+    __syncwarp();
+  }
   const int g = lane / 4;  // fragment row: head g of the subgroup
   const int t = lane % 4;
 
@@ -105,29 +141,68 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int block_mask = c.block_size - 1;
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
   unsigned char* warp_smem = smem + warp * kStages * kStageBytes;
+  // Whether iteration `it`'s K and V go through TMA, and the row of its first K row in the
+  // view (kTma), else -1: the 16 keys lie in lane 0's block (blocks of 16 or more keys), and
+  // both runs of 16 rows lie in the view, on its row grid. The same answer in every lane.
+  const int64_t v_rows_after_k = v_minus_k / kRowBytes;
+  const bool tma_shape =
+      Cfg::kTma && rows.rows > 0 && c.block_size >= kKvBoxRows && v_minus_k % kRowBytes == 0;
+  auto tma_row = [&](int it, const char* ptrs) -> int64_t {
+    if (!tma_shape) return -1;
+    const uint64_t k_row = reinterpret_cast<uint64_t>(ShflPtr(ptrs, 0)) +
+                           uint64_t(keys.start(it) & block_mask) * kRowBytes;
+    if (k_row < rows.base || (k_row - rows.base) % kRowBytes != 0) return -1;
+    const int64_t row = static_cast<int64_t>((k_row - rows.base) / kRowBytes);
+    const int64_t v_row = row + v_rows_after_k;
+    const bool inside =
+        row + kKvBoxRows <= rows.rows && v_row >= 0 && v_row + kKvBoxRows <= rows.rows;
+    return inside ? row : -1;
+  };
   auto issue = [&](int it, const char* ptrs, int stage) {
     if (it < keys.num_iters()) {
       const int start = keys.start(it);
       unsigned char* k_dst = warp_smem + stage * kStageBytes;
+      const int64_t row = Cfg::kTma ? tma_row(it, ptrs) : -1;
+      if (row >= 0) {
+        if (lane == 0) {
+          uint64_t* bar = &stage_full[warp][stage];
+          MbarrierArriveExpectTx(bar, kStageBytes);
 #pragma unroll
-      for (int i = 0; i < Shape::kCopiesPerLane; ++i) {
-        const int q = lane + 32 * i;
-        const int key_in_iter = q / Shape::kChunks;
-        const int chunk = q % Shape::kChunks;
-        const int key = start + key_in_iter;
-        const char* src = ShflPtr(ptrs, key_in_iter >> block_shift) +
-                          int64_t{key & block_mask} * kRowBytes + chunk * 16;
-        unsigned char* dst = k_dst + key_in_iter * kRowBytes + ((chunk ^ (key_in_iter & 7)) * 16);
-        if constexpr (Cfg::kL2Prefetch > 0) {
-          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < cta.key_end);
-          CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
-        } else {
-          CpAsync16(dst, src, key < cta.key_end);
-          CpAsync16(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
+          for (int half = 0; half < 2; ++half) {
+            unsigned char* dst = k_dst + half * kKvBoxRows * 128;
+            TmaLoad2d(dst, &rows.map, half * kKvBoxElements, static_cast<int>(row), bar);
+            TmaLoad2d(dst + kTileBytes, &rows.map, half * kKvBoxElements,
+                      static_cast<int>(row + v_rows_after_k), bar);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < Shape::kCopiesPerLane; ++i) {
+          const int q = lane + 32 * i;
+          const int key_in_iter = q / Shape::kChunks;
+          const int chunk = q % Shape::kChunks;
+          const int key = start + key_in_iter;
+          const char* src = ShflPtr(ptrs, key_in_iter >> block_shift) +
+                            int64_t{key & block_mask} * kRowBytes + chunk * 16;
+          unsigned char* dst = k_dst + Shape::TileOffset(key_in_iter, chunk);
+          if constexpr (Cfg::kL2Prefetch > 0) {
+            CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < cta.key_end);
+            CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + kTileBytes, src + v_minus_k,
+                                                key < cta.key_end);
+          } else {
+            CpAsync16(dst, src, key < cta.key_end);
+            CpAsync16(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
+          }
+        }
+        if constexpr (Cfg::kTma) {
+          // Every lane's copies join the phase before lane 0's counted arrival ends it.
+          CpAsyncTrackOnMbarrier(&stage_full[warp][stage]);
+          __syncwarp();
+          if (lane == 0) MbarrierArrive(&stage_full[warp][stage]);
         }
       }
     }
-    CpAsyncCommit();
+    if constexpr (!Cfg::kTma) CpAsyncCommit();
   };
 
   float o[Shape::kDimTiles][4];
@@ -144,7 +219,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int v_chunk_odd = matrix >> 1;                 // V: m2, m3 the second dim tile
 
   RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
-    __syncwarp();  // other lanes' copies of this stage have landed too
+    if constexpr (Cfg::kTma) {
+      MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
+    } else {
+      __syncwarp();  // other lanes' copies of this stage have landed too
+    }
 
     const unsigned char* k_tile = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_tile = k_tile + kTileBytes;
@@ -154,7 +233,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
       uint32_t b[4];
       const int chunk = 2 * ks + k_chunk_odd;
-      LdMatrixX4<false>(b, k_tile + k_key * kRowBytes + ((chunk ^ (k_key & 7)) * 16));
+      LdMatrixX4<false>(b, k_tile + Shape::TileOffset(k_key, chunk));
       const uint32_t a_hi[4] = {q_hi[ks][0], 0u, q_hi[ks][1], 0u};
       const uint32_t a_lo[4] = {q_lo[ks][0], 0u, q_lo[ks][1], 0u};
       MmaBf16(sc[0], a_hi, b[0], b[1]);
@@ -191,11 +270,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     uint32_t p_lo[4] = {0u, 0u, 0u, 0u};
     SplitBf16x2(prob[0], prob[1], p_hi[0], p_lo[0]);
     SplitBf16x2(prob[2], prob[3], p_hi[2], p_lo[2]);
+    // kTma: V rows past the end may hold anything (NaN times probability 0 is NaN): zero
+    // them in the fragments, whose registers hold keys 2t, 2t+1 (b0, b2) and 8+2t, 9+2t
+    // (b1, b3), the lower key in the low half.
+    uint32_t v_mask[2] = {0xffffffffu, 0xffffffffu};
+    if constexpr (Cfg::kTma) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = start + 8 * j + 2 * t;
+        v_mask[j] =
+            (key < cta.key_end ? 0x0000ffffu : 0u) | (key + 1 < cta.key_end ? 0xffff0000u : 0u);
+      }
+    }
 #pragma unroll
     for (int n = 0; n < Shape::kDimTiles; n += 2) {
       uint32_t b[4];
       const int chunk = n + v_chunk_odd;
-      LdMatrixX4<true>(b, v_tile + v_key * kRowBytes + ((chunk ^ (v_key & 7)) * 16));
+      LdMatrixX4<true>(b, v_tile + Shape::TileOffset(v_key, chunk));
+      if constexpr (Cfg::kTma) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) b[r] &= v_mask[r & 1];
+      }
       MmaBf16(o[n], p_hi, b[0], b[1]);
       MmaBf16(o[n + 1], p_hi, b[2], b[3]);
       MmaBf16(o[n], p_lo, b[0], b[1]);
@@ -223,34 +318,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, slots.acc);
 }
 
+// The TMA variant of the default shape: what LaunchDecodeMma runs at head_dim 128 when a
+// KvRowMap is given.
+using TmaConfig = DecodeConfig<4, 3, 2, 0, true>;
+
 template <int kHeadDim, typename Cfg = DefaultConfig>
-cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                      cudaStream_t stream) {
+cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream,
+                      const KvRowMap* rows_map) {
+  static const KvRowMap kNoRows{};
   return LaunchDecodeGrid(DecodeMmaKernel<kHeadDim, Cfg>, Cfg::kThreads,
-                          MmaDecodeShape<kHeadDim, Cfg>::kSmemBytes, kMaxGroupPerCta, p, ws,
-                          stream);
+                          MmaDecodeShape<kHeadDim, Cfg>::kSmemBytes, kMaxGroupPerCta, p, ws, stream,
+                          rows_map != nullptr ? *rows_map : kNoRows);
 }
 
 }  // namespace
 
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                            cudaStream_t stream) {
-  return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim, LaunchMma<kHeadDim>(p, ws, stream));
+                            cudaStream_t stream, const KvRowMap* rows_map) {
+  if (p.cache.head_dim == 128 && rows_map != nullptr && rows_map->rows > 0) {
+    return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
+  }
+  return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
+                               LaunchMma<kHeadDim>(p, ws, stream, nullptr));
 }
 
 cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                 int shape, cudaStream_t stream, const char** name) {
+                                 int shape, const KvRowMap* rows_map, cudaStream_t stream,
+                                 const char** name) {
   if (p.cache.head_dim != 128) return cudaErrorInvalidValue;
   switch (shape) {
     case 0:
-      *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM (default)";
-      return LaunchMma<128, DefaultConfig>(p, ws, stream);
+      *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM";
+      return LaunchMma<128, DefaultConfig>(p, ws, stream, nullptr);
     case 1:
       *name = "tensor cores, 8 warps, 3 stages, 1 CTA/SM";
-      return LaunchMma<128, DecodeConfig<8, 3, 1>>(p, ws, stream);
+      return LaunchMma<128, DecodeConfig<8, 3, 1>>(p, ws, stream, nullptr);
     case 2:
       *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM, L2::128B prefetch";
-      return LaunchMma<128, DecodeConfig<4, 3, 2, 128>>(p, ws, stream);
+      return LaunchMma<128, DecodeConfig<4, 3, 2, 128>>(p, ws, stream, nullptr);
+    case 3:
+      *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM, TMA boxes";
+      if (rows_map == nullptr || rows_map->rows == 0) return cudaErrorInvalidValue;
+      return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
     default:
       return cudaErrorInvalidValue;
   }

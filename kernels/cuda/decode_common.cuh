@@ -25,9 +25,10 @@ inline constexpr int kMaxGroupPerCta = 8;
 // Launch shape: warps per CTA, cp.async stages per warp (kStages - 1 iterations in flight
 // while one is scored) and the resident CTAs per multiprocessor the shared memory allows,
 // which the split count aims to fill once.
-template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0>
+template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0, bool kTmaT = false>
 struct DecodeConfig {
   static constexpr int kL2Prefetch = kL2PrefetchT;  // 0, or the cp.async L2 prefetch size
+  static constexpr bool kTma = kTmaT;  // K/V through the KvRowMap's TMA boxes where they can
   static constexpr int kWarps = kWarpsT;
   static constexpr int kThreads = 32 * kWarpsT;
   static constexpr int kStages = kStagesT;
@@ -164,12 +165,13 @@ __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, 
 
 // Launches a decode kernel over (num_kv_heads * subgroups, num_seqs, max_splits) CTAs of
 // `threads` threads, subgroups of up to group_per_cta query heads, as a programmatic dependent
-// of the work before it on `stream`.
-inline cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspace, int, int,
-                                                   int),
-                                    int threads, int smem_bytes, int group_per_cta,
-                                    const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                    cudaStream_t stream) {
+// of the work before it on `stream`; `extra` follows the common parameters.
+template <typename... Extra>
+cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspace, int, int, int,
+                                            Extra...),
+                             int threads, int smem_bytes, int group_per_cta,
+                             const PagedAttentionParams& p, const DecodeWorkspace& ws,
+                             cudaStream_t stream, const Extra&... extra) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int subgroups = (group + group_per_cta - 1) / group_per_cta;
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
@@ -180,7 +182,7 @@ inline cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeW
     return err;
   }
   return LaunchDependent(kernel, grid, dim3(threads), smem_bytes, stream, p, ws, group, subgroups,
-                         block_shift);
+                         block_shift, extra...);
 }
 
 // Combines the split partials of heads [head_base, head_base + heads) of sequence s into

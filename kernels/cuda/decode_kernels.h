@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/kv_row_map.h"
 #include "kernels/params.h"
 
 namespace kvd::cuda {
@@ -16,15 +17,18 @@ namespace kvd::cuda {
 cudaError_t LaunchDecodeSimt(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                              cudaStream_t stream);
 
-// Tensor cores, bf16 KV, head_dim 64 or 128, any GQA group (subgroups of 8 heads).
+// Tensor cores, bf16 KV, head_dim 64 or 128, any GQA group (subgroups of 8 heads). With a
+// non-empty `rows_map` at head_dim 128, K and V go through its TMA boxes where they can.
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const KvRowMap* rows_map);
 
 // Benchmark only: the tensor-core kernel at head_dim 128 under launch shape `shape`:
-// 0 the default (4 warps, 3 stages, 2 CTAs per SM), 1 8 warps and 1 CTA per SM, 2 the
-// default with an L2::128B prefetch hint. Sets *name; cudaErrorInvalidValue otherwise.
+// 0 4 warps, 3 stages, 2 CTAs per SM, cp.async; 1 8 warps and 1 CTA per SM; 2 shape 0 with
+// an L2::128B prefetch hint; 3 shape 0 with TMA boxes (needs a non-empty rows_map). Sets
+// *name; cudaErrorInvalidValue otherwise.
 cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                 int shape, cudaStream_t stream, const char** name);
+                                 int shape, const KvRowMap* rows_map, cudaStream_t stream,
+                                 const char** name);
 
 }  // namespace kvd::cuda
 

@@ -2,13 +2,12 @@
 #define KVD_KERNELS_CUDA_HOPPER_SYNC_CUH_
 
 // Synchronization for warp-specialized kernels (sm_90): shared-memory mbarriers between a
-// producer (loads) and consumers (math), named barriers between warpgroups, and register
-// budgets per warpgroup. Only for .cu files.
+// producer (loads) and consumers (math), tensor-map copies (TMA) completing on them, named
+// barriers between warpgroups, and register budgets per warpgroup. Only for .cu files.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
 
 namespace kvd::cuda {
 
@@ -48,6 +47,40 @@ __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void CpAsyncArriveOnMbarrier(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(SharedAddress(bar))
                : "memory");
+}
+
+// As CpAsyncArriveOnMbarrier, but not one of the barrier's counted arrivals: the pending
+// count goes up by one now and back down once the copies land, so the current phase also
+// waits for them. (Make every such call before the phase's last counted arrival.)
+__device__ __forceinline__ void CpAsyncTrackOnMbarrier(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(SharedAddress(bar))
+               : "memory");
+}
+
+// Makes mbarrier initializations visible to the asynchronous proxy (TMA completions); then a
+// barrier before any use.
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also makes the current phase wait for `bytes` more bytes of tensor copies
+// (TmaLoad2d) to land.
+__device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], "
+      "%1;\n}\n" ::"r"(SharedAddress(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
+// The box at element coordinates (x, y) of the 2D tensor map `map` (a __grid_constant__
+// kernel parameter) into shared memory at `dst`, its bytes counted on `bar` as they land.
+__device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SharedAddress(bar))
+      : "memory");
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32):

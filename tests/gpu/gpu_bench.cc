@@ -498,7 +498,8 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
         ws.max_splits = n;
         const char* name = "";
         auto launch = [&] {
-          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().stream(), &name);
+          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().KvRows(),
+                                                    bench.gpu().stream(), &name);
         };
         const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "decode variant"); });
         const double graph_ms =

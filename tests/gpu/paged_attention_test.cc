@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/kv_row_map.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -54,6 +56,11 @@ struct AttentionCase {
   // model does: pure decodes skip the prefill launch, and few prefill rows run the 64-row
   // split-precision kernel.
   bool hint_max_q_len = false;
+  // Decode-only batches: launch the decode kernel directly (one split) with no TMA view
+  // (every K/V row by cp.async), or with a view of the GPU arena's first chunk alone (blocks
+  // elsewhere by cp.async), instead of the backend's view of all its memory.
+  enum class DecodeView { kBackend, kNone, kFirstChunk };
+  DecodeView decode_view = DecodeView::kBackend;
 };
 
 // Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
@@ -173,6 +180,23 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.causal = c.causal;
     if (c.hint_max_q_len) {
       for (const SeqShape& seq : c.seqs) p.max_q_len = std::max(p.max_q_len, seq.q_len);
+    }
+    if (c.decode_view != AttentionCase::DecodeView::kBackend && &b == &gpu()) {
+      cuda::KvRowMap first_chunk;
+      if (c.decode_view == AttentionCase::DecodeView::kFirstChunk) {
+        const auto lo = reinterpret_cast<uintptr_t>(arena.GpuChunk(0));
+        if (cuda::MakeKvRowMap(lo, lo + arena.ChunkBytes(/*on_gpu=*/true), first_chunk) !=
+            cudaSuccess) {
+          return absl::InternalError("MakeKvRowMap");
+        }
+      }
+      cuda::DecodeWorkspace ws;
+      ws.max_splits = 1;
+      const cudaError_t err = cuda::LaunchDecodeAttention(
+          p, ws, gpu().stream(),
+          c.decode_view == AttentionCase::DecodeView::kNone ? nullptr : &first_chunk);
+      if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
+      return b.Synchronize();
     }
     if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
@@ -350,6 +374,17 @@ std::vector<AttentionCase> Cases() {
   }
   add("splitqp_prefill_d128_bs64_g8_noncausal", prefills, DType::kBF16, 128, 64, 1, 8, false);
   cases.back().split_qp = true;
+  // The bf16 decode kernel's loads: all by cp.async (no view), and by TMA where a block lies
+  // in the view and cp.async elsewhere (blocks are spread over three chunks), tails included.
+  const std::vector<SeqShape> decodes = {{1, 1}, {1, 17}, {1, 300}, {1, 1029}, {1, 4100}};
+  for (const int block_size : {1, 16, 64}) {
+    add(absl::StrCat("decode_bf16_d128_bs", block_size, "_g4_cp_async"), decodes, DType::kBF16, 128,
+        block_size, 2, 4);
+    cases.back().decode_view = AttentionCase::DecodeView::kNone;
+    add(absl::StrCat("decode_bf16_d128_bs", block_size, "_g4_first_chunk_view"), decodes,
+        DType::kBF16, 128, block_size, 2, 4);
+    cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
+  }
   return cases;
 }
 

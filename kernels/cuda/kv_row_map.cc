@@ -1,0 +1,49 @@
+#include "kernels/cuda/kv_row_map.h"
+
+#include <cudaTypedefs.h>
+
+namespace kvd::cuda {
+namespace {
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (no link against
+// libcuda); null where the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+}  // namespace
+
+cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out) {
+  out = KvRowMap{};
+  if (lo % kKvRowBytes != 0 || hi <= lo) return cudaErrorInvalidValue;
+  const uint64_t rows = (uint64_t{hi} - lo + kKvRowBytes - 1) / kKvRowBytes;
+  if (rows >= (uint64_t{1} << 31)) return cudaErrorNotSupported;  // coordinates are int32
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {kKvRowBytes / 2, rows};  // bf16 elements per row, rows
+  const cuuint64_t strides[1] = {kKvRowBytes};         // bytes from one row to the next
+  const cuuint32_t box[2] = {kKvBoxElements, kKvBoxRows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  if (encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, reinterpret_cast<void*>(lo), dims,
+             strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    out = KvRowMap{};
+    return cudaErrorNotSupported;
+  }
+  out.base = lo;
+  out.rows = static_cast<int64_t>(rows);
+  return cudaSuccess;
+}
+
+}  // namespace kvd::cuda
