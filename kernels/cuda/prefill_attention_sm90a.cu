@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // This warpgroup's Q rows -> bf16, scaled; rows past the end are zeros (never written
     // out).
     const float q_scale = p.sm_scale * kLog2e;
-#pragma unroll 2
+#pragma unroll
     for (int round = 0; round < kGroupRows * kChunks / 128; ++round) {
       const int index = round * 128 + threadIdx.x % 128;
       const int r = warpgroup * kGroupRows + index / kChunks;
