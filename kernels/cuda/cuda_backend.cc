@@ -168,7 +168,7 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
   return DeviceBuffer(this, data, bytes);
 }
 
-const cuda::KvRowMap* CudaBackend::KvRows() {
+const cuda::KvRowMap* CudaBackend::UpdatedKvRows() {
   if (allocated_hi_ == 0) return nullptr;
   if (kv_rows_lo_ != allocated_lo_ || kv_rows_hi_ != allocated_hi_) {
     // cudaMalloc's buffers are 256-byte aligned, as the view's base must be.
@@ -425,7 +425,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     }
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
-  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, KvRows()),
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, UpdatedKvRows()),
                            "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
   // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. On Hopper with

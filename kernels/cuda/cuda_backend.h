@@ -50,7 +50,9 @@ int CudaDeviceCount();
 // another epoch must not be launched. Host-side launch choices depend only on the shapes in
 // the params (the decode split count on num_seqs and head counts; each sequence's actual
 // split is planned on the device from its KV length), so a graph stays exact while the
-// block tables and KV lengths it reads change between replays.
+// block tables and KV lengths it reads change between replays. The one exception is the
+// decode kernel's TMA view (UpdatedKvRows), recorded by value: a graph recorded before the memory
+// grew loads K/V outside its view with cp.async, slower but as exact.
 //
 // Ownership: owns its stream, BLAS handles and scratch buffers; buffers it hands out must
 // be released (DeviceBuffer does it) before the backend is destroyed. Not thread safe: one
@@ -148,9 +150,10 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::vector<OpTime>> TakeOpTimes();
 
   // The TMA view (cuda::KvRowMap) of every buffer Allocate has returned so far, encoded
-  // again whenever that range has grown; null where none can be made (then kernels copy
-  // every K/V row themselves). PagedAttention passes it to the decode kernel.
-  const cuda::KvRowMap* KvRows();
+  // again here whenever that range has grown since the last call; null where none can be
+  // made (then kernels copy every K/V row themselves). PagedAttention passes it to the
+  // decode kernel.
+  const cuda::KvRowMap* UpdatedKvRows();
 
  protected:
   void Free(void* data, size_t bytes) override;

@@ -42,7 +42,7 @@ cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const De
       ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const bool tma = rows_map != nullptr && rows_map->rows > 0;
+  const bool tma = rows_map != nullptr && rows_map->num_rows > 0;
   switch (variant) {
     case 0:  // what LaunchDecodeAttention runs
       return LaunchDecodeMmaShape(p, ws, tma ? 3 : 0, rows_map, stream, name);

@@ -6,10 +6,12 @@
 //
 // One CTA of four warps serves one (KV head, sequence, split) and every query head of its
 // GQA group (up to 8; larger groups take several CTAs), so each K/V byte is read once per
-// group. The warps stream different runs of 16 keys through a three-stage cp.async pipeline
-// of 16-byte copies (two runs in flight per warp while a third is scored), each keeping an
-// online softmax for the whole group in registers; the warps are combined through shared
-// memory at the end. The block table is read once per block, an iteration ahead.
+// group. The warps stream different runs of 16 keys through a three-stage pipeline (two
+// runs in flight per warp while a third is scored), each keeping an online softmax for the
+// whole group in registers; the warps are combined through shared memory at the end. The
+// block table is read once per block, an iteration ahead. A run's K and V come as four TMA
+// boxes (bf16, head_dim 128, given a KvRowMap that holds them) or as 16-byte cp.async copies
+// by every lane (otherwise).
 //
 // Files: the split policy and the dispatch here (decode_attention.cu); the kernels in
 // decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
@@ -21,9 +23,11 @@
 // keeps ~16 significant bits (fp32-close, like the f32 path). f32 KV runs on CUDA cores: a
 // key's dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly
 // reduces the dot products of all group heads at once.
-// On an H200 (gpu_bench sweep) both reach ~0.85 of copy bandwidth at large
-// batch, the tensor-core path 1-2% ahead; deeper pipelines (more stages, one CTA per SM)
-// and larger L2 prefetches measured slower; ncu shows L2 at ~89% of its throughput there.
+// On an H200 (gpu_bench sweep, 64 x 4k, back to back in a graph) the tensor-core kernel
+// reads 0.925 of copy bandwidth with TMA boxes and 0.862 with cp.async (CUDA cores: 0.852);
+// with cp.async, deeper pipelines (more stages, one CTA per SM) and larger L2 prefetches
+// measured slower, and ncu showed L2 at ~88% of its throughput (three L2 requests per
+// 128-byte line), which the TMA's large requests relieve.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
@@ -88,13 +92,13 @@ cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWor
 
 // Benchmark only (gpu_bench sweep): the bf16, head_dim 128, GQA-group-4 kernel
 // under alternative launch shapes (warps per CTA, pipeline stages, resident CTAs), variant
-// in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs given `rows_map`. Sets
-// *name. cudaErrorInvalidValue for other shapes or variants, or a TMA variant without a
-// rows_map.
+// in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs given `rows_map` (TMA boxes
+// with a non-empty one, else the same kernel as variant 2). Sets *name.
+// cudaErrorInvalidValue for other shapes or variants.
 inline constexpr int kDecodeVariants = 5;
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
-                                         int variant, const KvRowMap* rows_map,
-                                         cudaStream_t stream, const char** name);
+                                         int variant, const KvRowMap* rows_map, cudaStream_t stream,
+                                         const char** name);
 
 }  // namespace kvd::cuda
 

@@ -45,11 +45,15 @@ using decode::WarpKeys;
 // With Cfg::kTma (head_dim 128) the tiles are loaded as TMA boxes (kv_row_map.h) where the
 // iteration's 16 keys lie in one block inside the view: lane 0 issues four 2 KB boxes (K and
 // V, two 64-dim halves each) that complete on the stage's mbarrier, in place of the warp's 32
-// cp.async per lane. The tiles are then [half][16 keys][128 bytes] in the TMA's 128-byte
-// swizzle (chunk c % 8 of key k at c % 8 ^ k % 8), as conflict-free for ldmatrix. Keys past
-// the end in a TMA box are whatever the block holds: their scores are masked and their V
-// rows zeroed in the fragments. Other iterations go through cp.async, tracked on the same
-// mbarrier.
+// cp.async per lane. The tiles are then laid out as the boxes land, in the TMA's 128-byte
+// swizzle, as conflict-free for ldmatrix:
+//
+//   stage: | K dims 0-63 | K dims 64-127 | V dims 0-63 | V dims 64-127 |   2 KB each
+//   half:  [16 keys][8 chunks of 16 bytes], chunk c of key k at position c ^ (k % 8)
+//
+// Keys past the end in a TMA box are whatever the block holds: their scores are masked and
+// their V rows zeroed in the fragments. Other iterations go through cp.async (same layout),
+// tracked on the same mbarrier.
 template <int kHeadDim, typename Cfg>
 struct MmaDecodeShape {
   static constexpr int kKeysPerIter = 16;
@@ -66,12 +70,14 @@ struct MmaDecodeShape {
   // TMA boxes land at 1024-byte aligned addresses (the swizzle's period): room to align.
   static constexpr int kAlignSlack = Cfg::kTma ? 1024 : 0;
   static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes) + kAlignSlack;
-  static_assert(!Cfg::kTma || (kHeadDim == 128 && kTileBytes == 2 * kKvBoxRows * 128));
+  static_assert(!Cfg::kTma ||
+                (kRowBytes == kKvRowBytes && kTileBytes == 2 * kKvBoxRows * kKvBoxRowBytes));
 
   // Byte offset of 16-byte chunk `chunk` of key `key` in a K or V tile.
   __device__ __forceinline__ static int TileOffset(int key, int chunk) {
     if constexpr (Cfg::kTma) {
-      return (chunk >> 3) * kKvBoxRows * 128 + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+      return (chunk >> 3) * kKvBoxRows * kKvBoxRowBytes + key * kKvBoxRowBytes +
+             (((chunk & 7) ^ (key & 7)) << 4);
     } else {
       return key * kRowBytes + ((chunk ^ (key & 7)) << 4);
     }
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // both runs of 16 rows lie in the view, on its row grid. The same answer in every lane.
   const int64_t v_rows_after_k = v_minus_k / kRowBytes;
   const bool tma_shape =
-      Cfg::kTma && rows.rows > 0 && c.block_size >= kKvBoxRows && v_minus_k % kRowBytes == 0;
+      Cfg::kTma && rows.num_rows > 0 && c.block_size >= kKvBoxRows && v_minus_k % kRowBytes == 0;
   auto tma_row = [&](int it, const char* ptrs) -> int64_t {
     if (!tma_shape) return -1;
     const uint64_t k_row = reinterpret_cast<uint64_t>(ShflPtr(ptrs, 0)) +
@@ -155,7 +161,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     const int64_t row = static_cast<int64_t>((k_row - rows.base) / kRowBytes);
     const int64_t v_row = row + v_rows_after_k;
     const bool inside =
-        row + kKvBoxRows <= rows.rows && v_row >= 0 && v_row + kKvBoxRows <= rows.rows;
+        row + kKvBoxRows <= rows.num_rows && v_row >= 0 && v_row + kKvBoxRows <= rows.num_rows;
     return inside ? row : -1;
   };
   auto issue = [&](int it, const char* ptrs, int stage) {
@@ -169,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
           MbarrierArriveExpectTx(bar, kStageBytes);
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            unsigned char* dst = k_dst + half * kKvBoxRows * 128;
+            unsigned char* dst = k_dst + half * kKvBoxRows * kKvBoxRowBytes;
             TmaLoad2d(dst, &rows.map, half * kKvBoxElements, static_cast<int>(row), bar);
             TmaLoad2d(dst + kTileBytes, &rows.map, half * kKvBoxElements,
                       static_cast<int>(row + v_rows_after_k), bar);
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       o[n][1] *= rescale;
     }
     // P as the A operand: a0 (g, keys 2t, 2t+1), a2 (g, keys 2t+8, 2t+9); masked keys have
-    // probability 0 and zero-filled V.
+    // probability 0 and V rows of zeros (zero-filled copies, or zeroed in the fragments).
     uint32_t p_hi[4] = {0u, 0u, 0u, 0u};
     uint32_t p_lo[4] = {0u, 0u, 0u, 0u};
     SplitBf16x2(prob[0], prob[1], p_hi[0], p_lo[0]);
@@ -335,7 +341,7 @@ cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, 
 
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map) {
-  if (p.cache.head_dim == 128 && rows_map != nullptr && rows_map->rows > 0) {
+  if (p.cache.head_dim == 128 && rows_map != nullptr && rows_map->num_rows > 0) {
     return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
   }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
@@ -358,7 +364,7 @@ cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWork
       return LaunchMma<128, DecodeConfig<4, 3, 2, 128>>(p, ws, stream, nullptr);
     case 3:
       *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM, TMA boxes";
-      if (rows_map == nullptr || rows_map->rows == 0) return cudaErrorInvalidValue;
+      if (rows_map == nullptr || rows_map->num_rows == 0) return cudaErrorInvalidValue;
       return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
     default:
       return cudaErrorInvalidValue;

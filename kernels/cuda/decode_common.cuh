@@ -22,9 +22,10 @@ namespace kvd::cuda::decode {
 
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kMaxGroupPerCta = 8;
-// Launch shape: warps per CTA, cp.async stages per warp (kStages - 1 iterations in flight
+// Launch shape: warps per CTA, pipeline stages per warp (kStages - 1 iterations in flight
 // while one is scored) and the resident CTAs per multiprocessor the shared memory allows,
-// which the split count aims to fill once.
+// which the split count aims to fill once; then the cp.async L2 prefetch hint, and whether
+// K/V come as TMA boxes where they can (decode_attention_mma.cu).
 template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0, bool kTmaT = false>
 struct DecodeConfig {
   static constexpr int kL2Prefetch = kL2PrefetchT;  // 0, or the cp.async L2 prefetch size
@@ -140,9 +141,11 @@ class WarpKeys {
 
 // A warp's software pipeline over its iterations (WarpKeys), kStages - 1 iterations' copies
 // in flight while one is consumed: issue(it, block_ptrs, stage) enqueues iteration it's copies
-// into buffer `stage` and commits a group (an empty one past the warp's last iteration);
-// consume(it, stage) runs once this lane's copies of iteration it have landed (another
-// lane's copies need a __syncwarp first). The block table is read an iteration ahead.
+// into buffer `stage`. Two ways to complete a stage: issue commits a cp.async group (an
+// empty one past the warp's last iteration) and consume(it, stage) runs once this lane's
+// copies of iteration it have landed (another lane's copies need a __syncwarp first); or
+// issue commits nothing and consume waits for the stage's own barrier (TMA). The block
+// table is read an iteration ahead.
 template <int kStages, typename Keys, typename Issue, typename Consume>
 __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Consume&& consume) {
   const char* ptrs[kStages - 1];

@@ -23,7 +23,7 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
 
 }  // namespace
 
-cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out) {
+cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out, const void* data) {
   out = KvRowMap{};
   if (lo % kKvRowBytes != 0 || hi <= lo) return cudaErrorInvalidValue;
   const uint64_t rows = (uint64_t{hi} - lo + kKvRowBytes - 1) / kKvRowBytes;
@@ -34,15 +34,17 @@ cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out) {
   const cuuint64_t strides[1] = {kKvRowBytes};         // bytes from one row to the next
   const cuuint32_t box[2] = {kKvBoxElements, kKvBoxRows};
   const cuuint32_t element_strides[2] = {1, 1};
-  if (encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, reinterpret_cast<void*>(lo), dims,
-             strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  void* global = data != nullptr ? const_cast<void*>(data) : reinterpret_cast<void*>(lo);
+  if (reinterpret_cast<uintptr_t>(global) % kKvRowBytes != 0) return cudaErrorInvalidValue;
+  if (encode(&out.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, global, dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
     out = KvRowMap{};
     return cudaErrorNotSupported;
   }
   out.base = lo;
-  out.rows = static_cast<int64_t>(rows);
+  out.num_rows = static_cast<int64_t>(rows);
   return cudaSuccess;
 }
 

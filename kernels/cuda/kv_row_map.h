@@ -17,18 +17,20 @@ namespace kvd::cuda {
 
 inline constexpr int kKvRowBytes = 256;  // bf16 at head_dim 128
 inline constexpr int kKvBoxRows = 16;
-inline constexpr int kKvBoxElements = 64;  // 128 bytes: the swizzle's row
+inline constexpr int kKvBoxElements = 64;  // a box row: 128 bytes, the swizzle's row
+inline constexpr int kKvBoxRowBytes = kKvBoxElements * 2;
 
 struct KvRowMap {
   CUtensorMap map;
   uint64_t base = 0;
-  int64_t rows = 0;  // 0: an empty view (nothing goes through it)
+  int64_t num_rows = 0;  // 0: an empty view (nothing goes through it)
 };
 
 // Encodes the view of [lo, hi) into `out` (lo 256-byte aligned). cudaErrorNotSupported
 // where the driver has no tensor maps or the range spans 2^31 rows or more; `out` is then
-// an empty view.
-cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out);
+// an empty view. `data` (default: lo itself) is the memory the boxes actually read, an
+// alias tests use to tell rows copied through the view from rows copied around it.
+cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out, const void* data = nullptr);
 
 }  // namespace kvd::cuda
 

@@ -314,7 +314,8 @@ cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* ti
   if (p.cache.dtype != DType::kBF16 || max_ctas < 1) return cudaErrorInvalidValue;
   if (precision == MmaPrecision::kBf16) {
     if (allow_wgmma && p.cache.head_dim == kHopperPrefillHeadDim && HopperPrefillSupported()) {
-      return LaunchPrefillAttentionHopper(p, tile_indptr, max_ctas, stream);
+      const cudaError_t err = LaunchPrefillAttentionHopper(p, tile_indptr, max_ctas, stream);
+      if (err != cudaErrorNotSupported) return err;  // else this build's kernel cannot run
     }
     return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);
   }

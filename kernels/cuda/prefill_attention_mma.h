@@ -66,6 +66,8 @@ cudaError_t LaunchPrefillAttentionWide(const PagedAttentionParams& p, int32_t* t
 // The kBf16 kernel for Hopper (prefill_attention_sm90a.cu), a programmatic dependent of the
 // planning kernel; at most one CTA per multiprocessor. REQUIRES: as LaunchPrefillAttentionMma,
 // head_dim 128, HopperPrefillSupported() (elsewhere the launch fails: no kernel image).
+// cudaErrorNotSupported, launching nothing, where the compiled kernel holds fewer registers
+// than its warpgroups' budgets need (LaunchPrefillAttentionMma then runs the wide kernel).
 cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t* tile_indptr,
                                          int max_ctas, cudaStream_t stream);
 

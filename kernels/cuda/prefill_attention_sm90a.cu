@@ -169,9 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     DecreaseMaxRegisters<kProducerRegisters>();
     // Thread (warp w, lane l) copies chunk l % 16 of keys 8 r + 2 w + l / 16 of a tile, in
     // rounds r = 0..15. Each lane first finds the row of one of its warp's 32 keys (key
-    // 8 (l / 2) + 2 w + l % 2): a block-id load and a chunk-base load, issued a tile ahead of
-    // their use; the rounds take the rows by shuffle. (The copies' asm orders memory: a lookup
-    // between two copies would stall each round for two round trips.)
+    // 8 (l / 2) + 2 w + l % 2): a block-id load and a chunk-base load, issued before the wait
+    // for the K buffer (which hides them) and kept for V a tile later; the rounds take the
+    // rows by shuffle. (The copies' asm orders memory: a lookup between two copies would
+    // stall each round for two round trips.)
     const int lane = threadIdx.x % 32;
     const int load_chunk = lane % kChunks;
     const int half = lane / kChunks;
@@ -500,6 +501,16 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
     return cudaErrorInvalidValue;
   }
   auto* kernel = PrefillHopperKernel;
+  // setmaxnreg moves registers within what the launch gave the CTA: with fewer per thread
+  // than kLaunchRegisters (another compiler's choice) the consumers would wait forever.
+  static const cudaError_t registers_checked = [&] {
+    cudaFuncAttributes attributes;
+    if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
+      return err;
+    }
+    return attributes.numRegs >= kLaunchRegisters ? cudaSuccess : cudaErrorNotSupported;
+  }();
+  if (registers_checked != cudaSuccess) return registers_checked;
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       err != cudaSuccess) {

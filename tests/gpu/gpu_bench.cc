@@ -498,7 +498,7 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
         ws.max_splits = n;
         const char* name = "";
         auto launch = [&] {
-          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().KvRows(),
+          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().UpdatedKvRows(),
                                                     bench.gpu().stream(), &name);
         };
         const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "decode variant"); });

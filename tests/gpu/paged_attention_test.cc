@@ -57,9 +57,11 @@ struct AttentionCase {
   // split-precision kernel.
   bool hint_max_q_len = false;
   // Decode-only batches: launch the decode kernel directly (one split) with no TMA view
-  // (every K/V row by cp.async), or with a view of the GPU arena's first chunk alone (blocks
-  // elsewhere by cp.async), instead of the backend's view of all its memory.
-  enum class DecodeView { kBackend, kNone, kFirstChunk };
+  // (every K/V row by cp.async); with a view of the GPU arena's first chunk alone (blocks
+  // elsewhere by cp.async); or with that view reading a copy of the chunk while the chunk
+  // itself is poisoned (NaN), so that outputs are right only if every K/V row of the chunk
+  // came through the view. (Otherwise: the backend's view of all its memory.)
+  enum class DecodeView { kBackend, kNone, kFirstChunk, kFirstChunkCopy };
   DecodeView decode_view = DecodeView::kBackend;
 };
 
@@ -183,10 +185,22 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     }
     if (c.decode_view != AttentionCase::DecodeView::kBackend && &b == &gpu()) {
       cuda::KvRowMap first_chunk;
-      if (c.decode_view == AttentionCase::DecodeView::kFirstChunk) {
-        const auto lo = reinterpret_cast<uintptr_t>(arena.GpuChunk(0));
-        if (cuda::MakeKvRowMap(lo, lo + arena.ChunkBytes(/*on_gpu=*/true), first_chunk) !=
-            cudaSuccess) {
+      DeviceBuffer copy;
+      if (c.decode_view != AttentionCase::DecodeView::kNone) {
+        void* chunk = const_cast<void*>(arena.GpuChunk(0));
+        const int64_t bytes = arena.ChunkBytes(/*on_gpu=*/true);
+        const void* data = chunk;
+        if (c.decode_view == AttentionCase::DecodeView::kFirstChunkCopy) {
+          copy = Poisoned(b, bytes);
+          if (cudaMemcpyAsync(copy.data(), chunk, bytes, cudaMemcpyDeviceToDevice,
+                              gpu().stream()) != cudaSuccess ||
+              cudaMemsetAsync(chunk, 0xff, bytes, gpu().stream()) != cudaSuccess) {
+            return absl::InternalError("copying and poisoning chunk 0");
+          }
+          data = copy.data();
+        }
+        const auto lo = reinterpret_cast<uintptr_t>(chunk);
+        if (cuda::MakeKvRowMap(lo, lo + bytes, first_chunk, data) != cudaSuccess) {
           return absl::InternalError("MakeKvRowMap");
         }
       }
@@ -196,7 +210,7 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
           p, ws, gpu().stream(),
           c.decode_view == AttentionCase::DecodeView::kNone ? nullptr : &first_chunk);
       if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
-      return b.Synchronize();
+      return b.Synchronize();  // before `copy` is freed
     }
     if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
       DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (num_seqs + 1));
@@ -384,6 +398,11 @@ std::vector<AttentionCase> Cases() {
     add(absl::StrCat("decode_bf16_d128_bs", block_size, "_g4_first_chunk_view"), decodes,
         DType::kBF16, 128, block_size, 2, 4);
     cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
+    if (block_size >= 16) {  // 16-key runs in one block: all of chunk 0 through the view
+      add(absl::StrCat("decode_bf16_d128_bs", block_size, "_g4_first_chunk_view_only"), decodes,
+          DType::kBF16, 128, block_size, 2, 4);
+      cases.back().decode_view = AttentionCase::DecodeView::kFirstChunkCopy;
+    }
   }
   return cases;
 }
