@@ -26,6 +26,9 @@ namespace {
 constexpr size_t kUploadChunkFloats = size_t{16} << 20;
 // Persistent prefill CTAs per multiprocessor.
 constexpr int kPrefillCtasPerSm = 4;
+// Decode groups (sequences x KV heads x head subgroups) from which the decode kernel gets
+// the TMA view (PagedAttention).
+constexpr int64_t kMinTmaDecodeGroups = 32;
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -425,8 +428,14 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     }
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
-  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, UpdatedKvRows()),
-                           "PagedAttention: decode kernel");
+  // K/V as TMA boxes from a few dozen (sequence, KV head) groups up. kvd_e2e_bench on an
+  // H200, synthetic:llama3-8b (8 KV heads), step with boxes vs with cp.async: batch 1
+  // 4.60 vs 4.50 ms, batch 8 x 4k 6.28 vs 6.27, batch 64 x 4k 14.15 vs 14.82. The cut at
+  // 32 groups (batch 4 there) lies between those measurements.
+  const bool tma = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group) >= kMinTmaDecodeGroups;
+  KVD_RETURN_IF_CUDA_ERROR(
+      cuda::LaunchDecodeAttention(p, ws, stream_, tma ? UpdatedKvRows() : nullptr),
+      "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
   // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. On Hopper with
   // head_dim 128 the wgmma kernel (128 packed rows per item, Q and P rounded to bf16 as
