@@ -404,6 +404,8 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   const int num_seqs = p.blocks.num_seqs;
   const int group = p.num_q_heads / c.num_kv_heads;
   const int max_splits = cuda::DecodeMaxSplits(num_seqs, c.num_kv_heads, group, num_sms_);
+  // (sequence, KV head subgroup) pairs: the decode grid's CTAs per split.
+  const int64_t decode_groups = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
   const size_t indptr_bytes = AlignUp(sizeof(int32_t) * (num_seqs + 1), 256);
   const size_t lse_bytes =
       AlignUp(sizeof(float) * cuda::DecodePartialLseSize(num_seqs, max_splits, p.num_q_heads), 256);
@@ -418,8 +420,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     ws.partial_lse = reinterpret_cast<float*>(base + indptr_bytes);
     ws.partial_out = reinterpret_cast<float*>(base + indptr_bytes + lse_bytes);
     // Merge counters: zero when (re)allocated, and every launch leaves them zero.
-    const size_t counter_bytes =
-        sizeof(int32_t) * cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
+    const size_t counter_bytes = sizeof(int32_t) * decode_groups;
     if (decode_arrivals_.bytes < counter_bytes) {
       KVD_RETURN_IF_ERROR(Grow(decode_arrivals_, counter_bytes, kOp));
       KVD_RETURN_IF_CUDA_ERROR(
@@ -432,10 +433,10 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   // H200, synthetic:llama3-8b (8 KV heads), step with boxes vs with cp.async: batch 1
   // 4.60 vs 4.50 ms, batch 8 x 4k 6.28 vs 6.27, batch 64 x 4k 14.15 vs 14.82. The cut at
   // 32 groups (batch 4 there) lies between those measurements.
-  const bool tma = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group) >= kMinTmaDecodeGroups;
-  KVD_RETURN_IF_CUDA_ERROR(
-      cuda::LaunchDecodeAttention(p, ws, stream_, tma ? UpdatedKvRows() : nullptr),
-      "PagedAttention: decode kernel");
+  const cuda::KvRowMap* rows_view =
+      decode_groups >= kMinTmaDecodeGroups ? UpdatedKvRows() : nullptr;
+  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, rows_view),
+                           "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows
   // bf16 KV prefill runs the tensor cores; f32 KV keeps the fp32 kernel. On Hopper with
   // head_dim 128 the wgmma kernel (128 packed rows per item, Q and P rounded to bf16 as

@@ -200,14 +200,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int n = 0; n < kKeys / 8; ++n) {
           tile_max = fmaxf(tile_max, fmaxf(sc[n][2 * half], sc[n][2 * half + 1]));
         }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[half], tile_max);
-        // A row that has seen no key yet keeps sum and output at 0.
-        base[half] = new_max == -INFINITY ? 0.0f : new_max;
-        rescale[half] = exp2f(row_max[half] - base[half]);
-        row_max[half] = new_max;
-        row_sum[half] *= rescale[half];
+        base[half] = OnlineSoftmaxStep</*kFastExp2=*/false>(tile_max, row_max[half],
+                                                            row_sum[half], rescale[half]);
       }
 #pragma unroll
       for (int n = 0; n < kDimTiles; ++n) {

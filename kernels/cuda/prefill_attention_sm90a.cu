@@ -75,14 +75,6 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows)
   return (chunk >> 3) * rows * kRowBytes + row * kRowBytes + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// 2^x by the special function unit alone (ex2.approx.ftz: relative error ~2^-22, results
-// below 2^-126 flushed to 0), without exp2f's range fix-ups: P is rounded to bf16 anyway.
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // What every role derives from a work item.
 struct Item {
   int q_begin;
@@ -360,15 +352,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int n = 0; n < kKeys / 8; ++n) {
           part[n % 4] = fmaxf(part[n % 4], fmaxf(sc[4 * n + 2 * half], sc[4 * n + 2 * half + 1]));
         }
-        float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[half], tile_max);
-        // A row that has seen no key yet keeps sum and output at 0.
-        base[half] = new_max == -INFINITY ? 0.0f : new_max;
-        rescale[half] = FastExp2(row_max[half] - base[half]);
-        row_max[half] = new_max;
-        row_sum[half] *= rescale[half];
+        base[half] = OnlineSoftmaxStep</*kFastExp2=*/true>(
+            fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3])), row_max[half], row_sum[half],
+            rescale[half]);
       }
       float sum[2][4] = {};
 #pragma unroll

@@ -256,14 +256,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
             for (int n = 0; n < kKeys / 8; ++n) {
               tile_max = fmaxf(tile_max, fmaxf(sc[m][n][2 * half], sc[m][n][2 * half + 1]));
             }
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float new_max = fmaxf(row_max[m][half], tile_max);
-            // A row that has seen no key yet keeps sum and output at 0.
-            base[half] = new_max == -INFINITY ? 0.0f : new_max;
-            rescale[m][half] = exp2f(row_max[m][half] - base[half]);
-            row_max[m][half] = new_max;
-            row_sum[m][half] *= rescale[m][half];
+            base[half] = OnlineSoftmaxStep</*kFastExp2=*/false>(
+                tile_max, row_max[m][half], row_sum[m][half], rescale[m][half]);
           }
 #pragma unroll
           for (int n = 0; n < kKeys / 8; ++n) {

@@ -10,11 +10,14 @@
 //   C/D (16x8) fp32, 4 floats:               c0, c1 (g, 2t..2t+1)  c2, c3 (g+8, 2t..2t+1)
 //
 // In each bf16x2 register the element with the lower column (or k) index is the low half.
-// Only for .cu files.
+// Also the bf16 packing of fp32 operands, and the online-softmax step over accumulator rows
+// that the attention kernels share (wgmma's accumulators hold rows the same way). Only for
+// .cu files.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace kvd::cuda {
@@ -71,6 +74,34 @@ __device__ __forceinline__ uint4 PackScaledBf16x8(const float* src, float scale)
                     PackBf16x2(src[2] * scale, src[3] * scale),
                     PackBf16x2(src[4] * scale, src[5] * scale),
                     PackBf16x2(src[6] * scale, src[7] * scale));
+}
+
+// 2^x by the special function unit alone (ex2.approx.ftz: relative error ~2^-22, results
+// below 2^-126 flushed to 0), without exp2f's range fix-ups: for probabilities rounded to
+// bf16 anyway.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// One online-softmax step of an accumulator row (g or g + 8), which a quad of lanes holds:
+// `lane_max` is this lane's largest new (base-2) logit of the row. Updates the row's running
+// max and this lane's running sum (scaled by the returned `rescale`, the factor for
+// everything accumulated so far) and returns the base to subtract from the new logits: the
+// new max, or 0 while the row has seen no key (so its sum and output stay 0).
+// kFastExp2: FastExp2, else exp2f.
+template <bool kFastExp2>
+__device__ __forceinline__ float OnlineSoftmaxStep(float lane_max, float& row_max,
+                                                   float& row_sum, float& rescale) {
+  float tile_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float new_max = fmaxf(row_max, tile_max);
+  const float base = new_max == -INFINITY ? 0.0f : new_max;
+  rescale = kFastExp2 ? FastExp2(row_max - base) : exp2f(row_max - base);
+  row_max = new_max;
+  row_sum *= rescale;
+  return base;
 }
 
 }  // namespace kvd::cuda
