@@ -327,15 +327,17 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
 }
 
 constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+// RandomFill's uniform values on [-s, s) have variance s^2 / 3: this scale gives 1.
+constexpr float kUnitVarianceScale = 1.7320508f;
 // Decode attention shapes (batch x context), as torch_peers.py measures SDPA.
 constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},   {1, 32768},  {8, 4096},
                                                  {32, 4096},  {64, 4096},  {128, 2048},
                                                  {16, 16384}, {4, 131072}};
 
-// One layer's paged bf16 KV cache (zeros) for `batch` sequences of `context` keys with
-// q_len new query rows each, and the PagedAttentionParams over it, with the max_q_len hint
-// the model gives. Blocks are handed out shuffled (a fragmented pool) unless `shuffled` is
-// false. The params point into the buffers held here.
+// One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
+// `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
+// the max_q_len hint the model gives. Blocks are handed out shuffled (a fragmented pool)
+// unless `shuffled` is false. The params point into the buffers held here.
 struct AttentionSetup {
   DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, out;
   PagedAttentionParams p;
@@ -352,7 +354,10 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   const int64_t block_bytes = int64_t{kKvHeads} * block_size * kHeadDim * 2;
   const int64_t region = block_bytes << chunk_shift;
   a.chunk = Must(bench.gpu().Allocate(size_t(region) * 2));
-  cudaMemsetAsync(a.chunk.data(), 0, a.chunk.bytes(), bench.gpu().stream());
+  // Random K, V and Q (uniform, unit variance, as torch_peers.py's randn): the kernels'
+  // work depends on the data (how often the running maximum grows).
+  BENCH_CHECK(bench.gpu().FillRandom(a.chunk.data(), DType::kBF16, a.chunk.bytes() / 2,
+                                     RandomFill{21, kUnitVarianceScale, 0}));
   void* table_host[1] = {a.chunk.data()};
   a.table = Must(bench.gpu().Allocate(sizeof(table_host)));
   BENCH_CHECK(bench.gpu().CopyToDevice(a.table.data(), table_host, sizeof(table_host)));
@@ -378,7 +383,8 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   const size_t rows = size_t(batch) * q_len;
   a.q = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
   a.out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
-  cudaMemsetAsync(a.q.data(), 0, a.q.bytes(), bench.gpu().stream());
+  BENCH_CHECK(bench.gpu().FillRandom(a.q.data(), DType::kF32, a.q.bytes() / 4,
+                                     RandomFill{22, kUnitVarianceScale, 0}));
 
   PagedAttentionParams& p = a.p;
   p.out = a.out.as<float>();
@@ -459,7 +465,8 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
 // DecodeMaxSplits' policy from measurements. Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
 // run it). "auto" marks what LaunchDecodeAttention would launch. KVD_SWEEP_SHAPE=64x4096
-// and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu).
+// and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1
+// keeps the in-order and 64-token-block layouts for that shape.
 void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuffled,
                  double copy_gbps) {
   constexpr int kSweepCalls = 16;
@@ -539,8 +546,10 @@ int SweepMain(Bench& bench, double copy_gbps) {
   for (const auto& [batch, context] : shapes) {
     if (only_batch >= 0 && (batch != only_batch || context != only_context)) continue;
     DecodeSweep(bench, batch, context, 16, /*shuffled=*/true, copy_gbps);
-    // Paging costs apart from the kernel's: blocks in order, and 64-token blocks.
-    if (batch >= 8 && only_batch < 0) {
+    // Paging costs apart from the kernel's: blocks in order, and 64-token blocks (with a
+    // KVD_SWEEP_SHAPE too when KVD_SWEEP_LAYOUTS=1).
+    const char* layouts = std::getenv("KVD_SWEEP_LAYOUTS");
+    if (batch >= 8 && (only_batch < 0 || (layouts != nullptr && std::string(layouts) == "1"))) {
       DecodeSweep(bench, batch, context, 16, /*shuffled=*/false, copy_gbps);
       DecodeSweep(bench, batch, context, 64, /*shuffled=*/true, copy_gbps);
     }
