@@ -31,13 +31,17 @@ using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;
 using decode::WarpKeys;
 
-// Tensor-core decode for bf16 KV (DecodeMmaKernel). The GQA group's query heads are the
-// rows of an m16n8k16 tile (up to 8 live; rows 8-15 stay zero), so every warp iteration of
-// 16 keys is a handful of MMAs instead of thousands of CUDA-core FMAs:
-//   S[head][key] = Q K^T : Q as a bf16 high part plus a bf16 residual (two MMAs per
-//                          fragment, ~16 significant bits, as the prefill kernel's split
-//                          mode), K fragments by ldmatrix from the staged tile;
-//   O += P V             : P split the same way, V fragments by ldmatrix.trans.
+// Tensor-core decode for bf16 KV (DecodeMmaKernel). The GQA group's query heads are rows
+// 0-7 of an m16n8k16 tile (up to 8 live), so every warp iteration of 16 keys is a handful of
+// MMAs instead of thousands of CUDA-core FMAs:
+//   S[head][key] = Q K^T : Q as a bf16 high part plus a bf16 residual (~16 significant bits,
+//                          as the prefill kernel's split mode): head g's high part is row g,
+//                          its residual row g + 8, so one MMA multiplies both and the score
+//                          is the sum of the two rows; K fragments by ldmatrix from the
+//                          staged tile;
+//   O += P V             : P split the same way (high part row g, residual row g + 8), V
+//                          fragments by ldmatrix.trans; rows g and g + 8 of O are summed at
+//                          the end.
 // Staging: each iteration's K and V tiles are [16 keys][head_dim] bf16 in shared memory,
 // 16-byte chunk c of key k stored at chunk c ^ (k % 8) of its row, so the eight rows an
 // ldmatrix reads fall in distinct banks. Pipeline, splits and the end of the CTA are the
@@ -126,10 +130,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int g = lane / 4;  // fragment row: head g of the subgroup
   const int t = lane % 4;
 
-  // Q fragments a0 (row g, dims 2t, 2t+1) and a2 (row g, dims 2t+8, 2t+9) of each k-step,
-  // pre-scaled to base-2 logits and split; rows 8-15 (a1, a3) and dead heads are zero.
-  uint32_t q_hi[Shape::kDimSteps][2];
-  uint32_t q_lo[Shape::kDimSteps][2];
+  // Q fragments of each k-step, pre-scaled to base-2 logits and split: a0 and a2 (row g,
+  // dims 2t, 2t+1 and 2t+8, 2t+9) the high parts of head g, a1 and a3 (row g + 8, the same
+  // dims) the residuals. Dead heads are zero.
+  uint32_t q_frag[Shape::kDimSteps][4];
   {
     const bool live = g < cta.heads;
     const float scale = live ? p.sm_scale * kLog2e : 0.0f;
@@ -138,8 +142,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
     for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
       const float* x = q_head + 16 * ks + 2 * t;  // q_stride may be odd: scalar loads
-      SplitBf16x2(x[0] * scale, x[1] * scale, q_hi[ks][0], q_lo[ks][0]);
-      SplitBf16x2(x[8] * scale, x[9] * scale, q_hi[ks][1], q_lo[ks][1]);
+      SplitBf16x2(x[0] * scale, x[1] * scale, q_frag[ks][0], q_frag[ks][1]);
+      SplitBf16x2(x[8] * scale, x[9] * scale, q_frag[ks][2], q_frag[ks][3]);
     }
   }
 
@@ -233,27 +237,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
     const unsigned char* k_tile = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_tile = k_tile + kTileBytes;
-    // S for keys 0-7 (sc[0]) and 8-15 (sc[1]).
-    float sc[2][4] = {};
+    // S for keys 0-7 (sc[0]) and 8-15 (sc[1]), even and odd k-steps apart (two shorter
+    // chains of dependent MMAs); in each, c0 and c1 the high parts' products, c2 and c3 the
+    // residuals'.
+    float sc[2][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
       uint32_t b[4];
       const int chunk = 2 * ks + k_chunk_odd;
       LdMatrixX4<false>(b, k_tile + Shape::TileOffset(k_key, chunk));
-      const uint32_t a_hi[4] = {q_hi[ks][0], 0u, q_hi[ks][1], 0u};
-      const uint32_t a_lo[4] = {q_lo[ks][0], 0u, q_lo[ks][1], 0u};
-      MmaBf16(sc[0], a_hi, b[0], b[1]);
-      MmaBf16(sc[1], a_hi, b[2], b[3]);
-      MmaBf16(sc[0], a_lo, b[0], b[1]);
-      MmaBf16(sc[1], a_lo, b[2], b[3]);
+      MmaBf16(sc[0][ks & 1], q_frag[ks], b[0], b[1]);
+      MmaBf16(sc[1][ks & 1], q_frag[ks], b[2], b[3]);
     }
-    // This lane's scores: head g, keys 2t, 2t+1, 8+2t, 9+2t of the iteration.
+    // This lane's scores: head g, keys 2t, 2t+1, 8+2t, 9+2t of the iteration; keys past
+    // the split only in its last iteration (the same answer in every lane).
     const int start = keys.start(it);
-    float score[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+    const bool tail = start + kKeysPerIter > cta.key_end;
+    float score[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int key = start + (i >= 2 ? 8 : 0) + 2 * t + (i & 1);
-      if (key >= cta.key_end) score[i] = -INFINITY;
+      const float* even = sc[i / 2][0];
+      const float* odd = sc[i / 2][1];
+      score[i] = (even[i & 1] + even[2 + (i & 1)]) + (odd[i & 1] + odd[2 + (i & 1)]);
+    }
+    if (tail) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = start + (i >= 2 ? 8 : 0) + 2 * t + (i & 1);
+        if (key >= cta.key_end) score[i] = -INFINITY;
+      }
     }
     float iter_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
     iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 1));
@@ -265,22 +277,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
     for (int i = 0; i < 4; ++i) prob[i] = exp2f(score[i] - new_max);
     row_sum = row_sum * rescale + ((prob[0] + prob[1]) + (prob[2] + prob[3]));
+    // O only when some head's maximum grew (else every rescale is exactly 1), which after
+    // the first iterations is rare.
+    if (__any_sync(0xffffffffu, rescale != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < Shape::kDimTiles; ++n) {
-      o[n][0] *= rescale;
-      o[n][1] *= rescale;
+      for (int n = 0; n < Shape::kDimTiles; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) o[n][r] *= rescale;
+      }
     }
-    // P as the A operand: a0 (g, keys 2t, 2t+1), a2 (g, keys 2t+8, 2t+9); masked keys have
-    // probability 0 and V rows of zeros (zero-filled copies, or zeroed in the fragments).
-    uint32_t p_hi[4] = {0u, 0u, 0u, 0u};
-    uint32_t p_lo[4] = {0u, 0u, 0u, 0u};
-    SplitBf16x2(prob[0], prob[1], p_hi[0], p_lo[0]);
-    SplitBf16x2(prob[2], prob[3], p_hi[2], p_lo[2]);
+    // P as the A operand: a0 (row g, keys 2t, 2t+1) and a2 (row g, keys 2t+8, 2t+9) the high
+    // parts, a1 and a3 (row g + 8) the residuals; masked keys have probability 0 and V rows
+    // of zeros (zero-filled copies, or zeroed in the fragments).
+    uint32_t p_frag[4];
+    SplitBf16x2(prob[0], prob[1], p_frag[0], p_frag[1]);
+    SplitBf16x2(prob[2], prob[3], p_frag[2], p_frag[3]);
     // kTma: V rows past the end may hold anything (NaN times probability 0 is NaN): zero
     // them in the fragments, whose registers hold keys 2t, 2t+1 (b0, b2) and 8+2t, 9+2t
     // (b1, b3), the lower key in the low half.
     uint32_t v_mask[2] = {0xffffffffu, 0xffffffffu};
-    if constexpr (Cfg::kTma) {
+    const bool mask_v = Cfg::kTma && tail;
+    if (mask_v) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int key = start + 8 * j + 2 * t;
@@ -293,14 +310,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       uint32_t b[4];
       const int chunk = n + v_chunk_odd;
       LdMatrixX4<true>(b, v_tile + Shape::TileOffset(v_key, chunk));
-      if constexpr (Cfg::kTma) {
+      if (mask_v) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) b[r] &= v_mask[r & 1];
       }
-      MmaBf16(o[n], p_hi, b[0], b[1]);
-      MmaBf16(o[n + 1], p_hi, b[2], b[3]);
-      MmaBf16(o[n], p_lo, b[0], b[1]);
-      MmaBf16(o[n + 1], p_lo, b[2], b[3]);
+      MmaBf16(o[n], p_frag, b[0], b[1]);
+      MmaBf16(o[n + 1], p_frag, b[2], b[3]);
     }
   });
   row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
@@ -313,8 +328,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
   for (int n = 0; n < Shape::kDimTiles; ++n) {
     float* dst = slots.acc + (warp * kGroup + g) * kHeadDim + 8 * n + 2 * t;
-    dst[0] = o[n][0];
-    dst[1] = o[n][1];
+    dst[0] = o[n][0] + o[n][2];  // rows g and g + 8: the high parts' and residuals' products
+    dst[1] = o[n][1] + o[n][3];
   }
   if (t == 0) {
     slots.max[warp * kGroup + g] = row_max;
