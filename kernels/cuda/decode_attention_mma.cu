@@ -218,8 +218,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   float o[Shape::kDimTiles][4];
 #pragma unroll
   for (int n = 0; n < Shape::kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float row_max = -INFINITY;  // of head g over the warp's keys so far (same across the quad)
-  float row_sum = 0.0f;       // over this lane's keys, relative to row_max
+  // Head g's softmax base over the warp's keys so far (NextSoftmaxBase: the running max, up
+  // to kRescaleSlack stale; the same across the quad).
+  float row_max = -INFINITY;
+  float row_sum = 0.0f;  // over this lane's keys, relative to row_max
 
   // ldmatrix row addresses within a tile: matrix lane / 8, row lane % 8.
   const int matrix = lane / 8;
@@ -270,15 +272,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     float iter_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
     iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 1));
     iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 2));
-    const float new_max = fmaxf(row_max, iter_max);  // finite: the iteration has a live key
+    // The running base (tensor_core.cuh), finite: the iteration has a live key.
+    const float new_max = NextSoftmaxBase(row_max, iter_max);
     const float rescale = exp2f(row_max - new_max);  // 0 on the first iteration
     row_max = new_max;
     float prob[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) prob[i] = exp2f(score[i] - new_max);
     row_sum = row_sum * rescale + ((prob[0] + prob[1]) + (prob[2] + prob[3]));
-    // O only when some head's maximum grew (else every rescale is exactly 1), which after
-    // the first iterations is rare.
+    // O only when some head's base moved (else every rescale is exactly 1), which after the
+    // first iterations is rare.
     if (__any_sync(0xffffffffu, rescale != 1.0f)) {
 #pragma unroll
       for (int n = 0; n < Shape::kDimTiles; ++n) {

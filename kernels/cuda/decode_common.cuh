@@ -257,8 +257,8 @@ __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace&
 
 // Where the warps of a decode CTA leave their results for FinishCta, in the (then free)
 // pipeline buffers: acc [kWarps][kGroup][kHeadDim] outputs normalized by nothing yet, then max
-// and sum [kWarps][kGroup] (base-2 running maxima and sums; -inf and 0 for a warp that saw no
-// key).
+// and sum [kWarps][kGroup] (base-2 softmax bases, the running maxima or a little below, and
+// the sums relative to them; -inf and 0 for a warp that saw no key).
 template <int kHeadDim, int kGroup, typename Cfg>
 struct CombineSlots {
   __device__ __forceinline__ explicit CombineSlots(void* smem)

@@ -85,18 +85,30 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
+// Online softmax keeps its base (the running max) until a logit exceeds it by more than
+// this (base 2), so rescaling the output, which costs a multiply per accumulator, is rare
+// once a row's largest logits have gone by. Probabilities reach 2^kRescaleSlack at most:
+// far from overflow, and bf16 keeps the same relative precision there.
+inline constexpr float kRescaleSlack = 8.0f;
+
+// The base after a tile whose largest (base-2) logit is `tile_max`: the old one unless the
+// tile exceeds it by more than kRescaleSlack (and the first finite logit's tile).
+__device__ __forceinline__ float NextSoftmaxBase(float row_max, float tile_max) {
+  return tile_max > row_max + kRescaleSlack ? tile_max : row_max;
+}
+
 // One online-softmax step of an accumulator row (g or g + 8), which a quad of lanes holds:
 // `lane_max` is this lane's largest new (base-2) logit of the row. Updates the row's running
-// max and this lane's running sum (scaled by the returned `rescale`, the factor for
-// everything accumulated so far) and returns the base to subtract from the new logits: the
-// new max, or 0 while the row has seen no key (so its sum and output stay 0).
-// kFastExp2: FastExp2, else exp2f.
+// base (NextSoftmaxBase) and this lane's running sum (scaled by the returned `rescale`, the
+// factor for everything accumulated so far, 1 while the base stays) and returns the base to
+// subtract from the new logits, or 0 while the row has seen no key (so its sum and output
+// stay 0). kFastExp2: FastExp2, else exp2f.
 template <bool kFastExp2>
 __device__ __forceinline__ float OnlineSoftmaxStep(float lane_max, float& row_max,
                                                    float& row_sum, float& rescale) {
   float tile_max = fmaxf(lane_max, __shfl_xor_sync(0xffffffffu, lane_max, 1));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-  const float new_max = fmaxf(row_max, tile_max);
+  const float new_max = NextSoftmaxBase(row_max, tile_max);
   const float base = new_max == -INFINITY ? 0.0f : new_max;
   rescale = kFastExp2 ? FastExp2(row_max - base) : exp2f(row_max - base);
   row_max = new_max;
