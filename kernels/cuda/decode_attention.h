@@ -17,17 +17,19 @@
 // decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
 // their shared device code (split plan, warp combine, merge) in decode_common.cuh.
 //
-// bf16 KV runs on tensor cores: the group's query heads are the rows of an m16n8k16 tile,
+// bf16 KV runs on tensor cores: the group's query heads are rows 0-7 of an m16n8k16 tile,
 // S = Q K^T and O += P V are MMAs over the staged K/V tiles (ldmatrix from a swizzled
 // layout), with Q and P each split into a bf16 high part and a bf16 residual so the result
-// keeps ~16 significant bits (fp32-close, like the f32 path). f32 KV runs on CUDA cores: a
-// key's dims are cut over 2 x group lanes (head_dim 128) and one transposing butterfly
-// reduces the dot products of all group heads at once.
+// keeps ~16 significant bits (fp32-close, like the f32 path); the residuals ride in rows
+// 8-15, so the split costs no extra MMA. f32 KV runs on CUDA cores: a key's dims are cut
+// over 2 x group lanes (head_dim 128) and one transposing butterfly reduces the dot
+// products of all group heads at once.
 // On an H200 (gpu_bench sweep, 64 x 4k, back to back in a graph) the tensor-core kernel
-// reads 0.925 of copy bandwidth with TMA boxes and 0.862 with cp.async (CUDA cores: 0.852);
-// with cp.async, deeper pipelines (more stages, one CTA per SM) and larger L2 prefetches
-// measured slower, and ncu showed L2 at ~88% of its throughput (three L2 requests per
-// 128-byte line), which the TMA's large requests relieve.
+// reads 0.95 of copy bandwidth with TMA boxes, where the same kernel with its math removed
+// reads 0.98 (0.96 at 32 x 4k, 0.81 at 8 x 4k: the fixed costs of a short kernel); with
+// cp.async it read 0.86 (CUDA cores: 0.85), and deeper pipelines (more stages, one CTA per
+// SM) and larger L2 prefetches measured slower: ncu showed L2 at ~88% of its throughput
+// (three L2 requests per 128-byte line), which the TMA's large requests relieve.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
