@@ -274,11 +274,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 2));
     // The running base (tensor_core.cuh), finite: the iteration has a live key.
     const float new_max = NextSoftmaxBase(row_max, iter_max);
-    const float rescale = exp2f(row_max - new_max);  // 0 on the first iteration
+    const float rescale = FastExp2(row_max - new_max);  // 0 on the first iteration
     row_max = new_max;
     float prob[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) prob[i] = exp2f(score[i] - new_max);
+    for (int i = 0; i < 4; ++i) prob[i] = FastExp2(score[i] - new_max);
     row_sum = row_sum * rescale + ((prob[0] + prob[1]) + (prob[2] + prob[3]));
     // O only when some head's base moved (else every rescale is exactly 1), which after the
     // first iterations is rare.

@@ -237,13 +237,23 @@ __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace&
                          column;
     const int64_t split_stride = int64_t{p.num_q_heads} * kColumns;  // float4s per split
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int i = 0; i < num_splits; ++i) {
-      const float4 x = __ldcg(part + i * split_stride);
-      o.x = fmaf(w[i], x.x, o.x);
-      o.y = fmaf(w[i], x.y, o.y);
-      o.z = fmaf(w[i], x.z, o.z);
-      o.w = fmaf(w[i], x.w, o.w);
+    // Batches of kBatch loads issued together: one L2 round trip each, not one per split.
+    constexpr int kBatch = 16;
+    for (int first_split = 0; first_split < num_splits; first_split += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        x[j] = first_split + j < num_splits ? __ldcg(part + (first_split + j) * split_stride)
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float weight = first_split + j < num_splits ? w[first_split + j] : 0.0f;
+        o.x = fmaf(weight, x[j].x, o.x);
+        o.y = fmaf(weight, x[j].y, o.y);
+        o.z = fmaf(weight, x[j].z, o.z);
+        o.w = fmaf(weight, x[j].w, o.w);
+      }
     }
     const float inv = s_inv_sum[h];
     float* out = p.out + int64_t{q_row} * p.out_stride + int64_t{head_base + h} * kHeadDim +
