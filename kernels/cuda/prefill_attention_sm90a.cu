@@ -279,14 +279,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only
 
-    const uint32_t q_group = q_address + warpgroup * kGroupRows * kRowBytes;
     constexpr uint32_t kSbo = 8 * kRowBytes;
     constexpr uint32_t kHalfQ = kRows * kRowBytes;
     constexpr uint32_t kHalfTile = kKeys * kRowBytes;
+    // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles, in uniform
+    // registers (the shuffle tells the compiler the warpgroup is the same across the warp);
+    // every k-step's descriptor is one of these advanced (AdvanceDescriptor).
+    const int uniform_warpgroup = __shfl_sync(0xffffffffu, warpgroup, 0);
+    const uint64_t q_desc =
+        SwizzledDescriptor(q_address + uniform_warpgroup * kGroupRows * kRowBytes, 16, kSbo);
+    const uint64_t k_desc0 = SwizzledDescriptor(q_address + tiles_offset, 16, kSbo);
+    const uint64_t v_desc0 =
+        SwizzledDescriptor(q_address + tiles_offset + kTileBytes, kHalfTile, kSbo);
     auto stage_of = [&](int kt) { return (tile_count + kt) % kStages; };
-    auto k_tile_address = [&](int kt) {
-      return q_address + tiles_offset + 2 * stage_of(kt) * kTileBytes;
-    };
     // Tile kt's K (x = 0) or V (x = 1) has landed. A FenceProxyAsyncShared after the waits
     // makes the producer's copies (generic proxy) visible to this warpgroup's wgmma reads
     // (async proxy).
@@ -308,24 +313,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // S = Q K^T over eight 16-dim steps: 64-dim half kk / 4, 32 bytes per step within it.
     auto issue_s = [&](int kt) {
-      const uint32_t k_tile = k_tile_address(kt);
+      const uint64_t k_desc = AdvanceDescriptor(k_desc0, 2 * stage_of(kt) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t step = (kk & 3) * 32;
-        const uint64_t desc_q = SwizzledDescriptor(q_group + (kk >> 2) * kHalfQ + step, 16, kSbo);
-        const uint64_t desc_k =
-            SwizzledDescriptor(k_tile + (kk >> 2) * kHalfTile + step, 16, kSbo);
-        WgmmaM64N128K16SS(sc, desc_q, desc_k, kk > 0);
+        WgmmaM64N128K16SS(sc, AdvanceDescriptor(q_desc, (kk >> 2) * kHalfQ + step),
+                          AdvanceDescriptor(k_desc, (kk >> 2) * kHalfTile + step), kk > 0);
       }
     };
     // O += P V over 16-key steps; V's two 64-dim halves are LBO apart.
     auto issue_pv = [&](int kt) {
-      const uint32_t v_tile = k_tile_address(kt) + kTileBytes;
+      const uint64_t v_desc = AdvanceDescriptor(v_desc0, 2 * stage_of(kt) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint64_t desc_v =
-            SwizzledDescriptor(v_tile + kk * 16 * kRowBytes, kHalfTile, kSbo);
-        WgmmaM64N128K16RS(o, pa[kk], desc_v, true);
+        WgmmaM64N128K16RS(o, pa[kk], AdvanceDescriptor(v_desc, kk * 16 * kRowBytes), true);
       }
     };
     // Softmax of tile kt's S (complete): mask, running max, exponentials, row sums. Returns

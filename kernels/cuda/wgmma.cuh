@@ -44,6 +44,14 @@ __device__ __forceinline__ uint64_t SwizzledDescriptor(uint32_t address, uint32_
   return desc;
 }
 
+// `desc` (SwizzledDescriptor) moved on by `bytes`, a multiple of 16: one add to the start
+// address field, the offsets and swizzle unchanged. Valid while the address stays in shared
+// memory (below 256 KB, the field's reach), so no carry leaves the field. Building each
+// k-step's descriptor this way from one made per tile costs an add, not a dozen instructions.
+__device__ __forceinline__ uint64_t AdvanceDescriptor(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 #if KVD_HAVE_WGMMA
 
 // Orders this thread's register and shared-memory accesses before the wgmma that follows.
