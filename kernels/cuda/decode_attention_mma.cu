@@ -90,155 +90,44 @@ struct MmaDecodeShape {
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks");
 };
 
-// grid (num_kv_heads * subgroups, num_seqs, max_splits), Cfg::kThreads threads,
-// MmaDecodeShape::kSmemBytes of dynamic shared memory; subgroups of kMaxGroupPerCta heads.
+// One warp's share of the tensor-core decode math: its query heads' Q fragments, O
+// accumulators and softmax state, fed one staged iteration of kKeysPerIter keys at a time.
 template <int kHeadDim, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
-    DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
-                    int block_shift, const __grid_constant__ KvRowMap rows) {
-  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+struct MmaWarpMath {
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;
-  constexpr int kGroup = kMaxGroupPerCta;
-  constexpr int kWarps = Cfg::kWarps;
-  constexpr int kStages = Cfg::kStages;
-  constexpr int kKeysPerIter = Shape::kKeysPerIter;
-  constexpr int kStageBytes = Shape::kStageBytes;
-  constexpr int kTileBytes = Shape::kTileBytes;
-  constexpr int kRowBytes = Shape::kRowBytes;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ uint64_t stage_full[Cfg::kTma ? kWarps : 1][kStages];  // kTma: [warp][stage]
-  unsigned char* smem = smem_raw;
-  if constexpr (Cfg::kTma) {
-    const uint32_t raw = SharedAddress(smem_raw);
-    smem += ((raw + 1023) & ~1023u) - raw;
-  }
+  static constexpr int kKeysPerIter = Shape::kKeysPerIter;
 
-  DecodeCta cta;
-  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
-  const KvCacheView& c = p.cache;
-
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if constexpr (Cfg::kTma) {
-    // Each warp's own barriers: one counted arrival (lane 0's) a phase.
-    if (lane == 0) {
-      for (int stage = 0; stage < kStages; ++stage) MbarrierInit(&stage_full[warp][stage], 1);
-      FenceMbarrierInit();
-    }
-    __syncwarp();
-  }
-  const int g = lane / 4;  // fragment row: head g of the subgroup
-  const int t = lane % 4;
-
-  // Q fragments of each k-step, pre-scaled to base-2 logits and split: a0 and a2 (row g,
-  // dims 2t, 2t+1 and 2t+8, 2t+9) the high parts of head g, a1 and a3 (row g + 8, the same
-  // dims) the residuals. Dead heads are zero.
-  uint32_t q_frag[Shape::kDimSteps][4];
-  {
-    const bool live = g < cta.heads;
+  // Loads the Q fragments of heads [head_base, head_base + heads) of query row q_row.
+  __device__ __forceinline__ MmaWarpMath(const PagedAttentionParams& p, int q_row, int head_base,
+                                         int heads, int lane)
+      : g(lane / 4), t(lane % 4) {
+    // Q fragments of each k-step, pre-scaled to base-2 logits and split: a0 and a2 (row g,
+    // dims 2t, 2t+1 and 2t+8, 2t+9) the high parts of head g, a1 and a3 (row g + 8, the same
+    // dims) the residuals. Dead heads are zero.
+    const bool live = g < heads;
     const float scale = live ? p.sm_scale * kLog2e : 0.0f;
     const float* q_head =
-        p.q + int64_t{cta.q_row} * p.q_stride + int64_t{cta.head_base + (live ? g : 0)} * kHeadDim;
+        p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + (live ? g : 0)} * kHeadDim;
 #pragma unroll
     for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
       const float* x = q_head + 16 * ks + 2 * t;  // q_stride may be odd: scalar loads
       SplitBf16x2(x[0] * scale, x[1] * scale, q_frag[ks][0], q_frag[ks][1]);
       SplitBf16x2(x[8] * scale, x[9] * scale, q_frag[ks][2], q_frag[ks][3]);
     }
+#pragma unroll
+    for (int n = 0; n < Shape::kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // ldmatrix row addresses within a tile: matrix lane / 8, row lane % 8.
+    const int matrix = lane / 8;
+    k_key = (matrix >= 2 ? 8 : 0) + lane % 8;  // K: m0, m1 keys 0-7; m2, m3 keys 8-15
+    k_chunk_odd = matrix & 1;                  // K: m1, m3 the second 8 dims
+    v_key = (matrix & 1) * 8 + lane % 8;       // V: m0, m2 keys 0-7; m1, m3 keys 8-15
+    v_chunk_odd = matrix >> 1;                 // V: m2, m3 the second dim tile
   }
 
-  const WarpKeys<__nv_bfloat16, kKeysPerIter, kWarps> keys(cta, c, block_shift, warp, lane);
-  const int block_mask = c.block_size - 1;
-  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
-  unsigned char* warp_smem = smem + warp * kStages * kStageBytes;
-  // Whether iteration `it`'s K and V go through TMA, and the row of its first K row in the
-  // view (kTma), else -1: the 16 keys lie in lane 0's block (blocks of 16 or more keys), and
-  // both runs of 16 rows lie in the view, on its row grid. The same answer in every lane.
-  const int64_t v_rows_after_k = v_minus_k / kRowBytes;
-  const bool tma_shape =
-      Cfg::kTma && rows.num_rows > 0 && c.block_size >= kKvBoxRows && v_minus_k % kRowBytes == 0;
-  auto tma_row = [&](int it, const char* ptrs) -> int64_t {
-    if (!tma_shape) return -1;
-    const uint64_t k_row = reinterpret_cast<uint64_t>(ShflPtr(ptrs, 0)) +
-                           uint64_t(keys.start(it) & block_mask) * kRowBytes;
-    if (k_row < rows.base || (k_row - rows.base) % kRowBytes != 0) return -1;
-    const int64_t row = static_cast<int64_t>((k_row - rows.base) / kRowBytes);
-    const int64_t v_row = row + v_rows_after_k;
-    const bool inside =
-        row + kKvBoxRows <= rows.num_rows && v_row >= 0 && v_row + kKvBoxRows <= rows.num_rows;
-    return inside ? row : -1;
-  };
-  auto issue = [&](int it, const char* ptrs, int stage) {
-    if (it < keys.num_iters()) {
-      const int start = keys.start(it);
-      unsigned char* k_dst = warp_smem + stage * kStageBytes;
-      const int64_t row = Cfg::kTma ? tma_row(it, ptrs) : -1;
-      if (row >= 0) {
-        if (lane == 0) {
-          uint64_t* bar = &stage_full[warp][stage];
-          MbarrierArriveExpectTx(bar, kStageBytes);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            unsigned char* dst = k_dst + half * kKvBoxRows * kKvBoxRowBytes;
-            TmaLoad2d(dst, &rows.map, half * kKvBoxElements, static_cast<int>(row), bar);
-            TmaLoad2d(dst + kTileBytes, &rows.map, half * kKvBoxElements,
-                      static_cast<int>(row + v_rows_after_k), bar);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < Shape::kCopiesPerLane; ++i) {
-          const int q = lane + 32 * i;
-          const int key_in_iter = q / Shape::kChunks;
-          const int chunk = q % Shape::kChunks;
-          const int key = start + key_in_iter;
-          const char* src = ShflPtr(ptrs, key_in_iter >> block_shift) +
-                            int64_t{key & block_mask} * kRowBytes + chunk * 16;
-          unsigned char* dst = k_dst + Shape::TileOffset(key_in_iter, chunk);
-          if constexpr (Cfg::kL2Prefetch > 0) {
-            CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < cta.key_end);
-            CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + kTileBytes, src + v_minus_k,
-                                                key < cta.key_end);
-          } else {
-            CpAsync16(dst, src, key < cta.key_end);
-            CpAsync16(dst + kTileBytes, src + v_minus_k, key < cta.key_end);
-          }
-        }
-        if constexpr (Cfg::kTma) {
-          // Every lane's copies join the phase before lane 0's counted arrival ends it.
-          CpAsyncTrackOnMbarrier(&stage_full[warp][stage]);
-          __syncwarp();
-          if (lane == 0) MbarrierArrive(&stage_full[warp][stage]);
-        }
-      }
-    }
-    if constexpr (!Cfg::kTma) CpAsyncCommit();
-  };
-
-  float o[Shape::kDimTiles][4];
-#pragma unroll
-  for (int n = 0; n < Shape::kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // Head g's softmax base over the warp's keys so far (NextSoftmaxBase: the running max, up
-  // to kRescaleSlack stale; the same across the quad).
-  float row_max = -INFINITY;
-  float row_sum = 0.0f;  // over this lane's keys, relative to row_max
-
-  // ldmatrix row addresses within a tile: matrix lane / 8, row lane % 8.
-  const int matrix = lane / 8;
-  const int k_key = (matrix >= 2 ? 8 : 0) + lane % 8;  // K: m0, m1 keys 0-7; m2, m3 keys 8-15
-  const int k_chunk_odd = matrix & 1;                  // K: m1, m3 the second 8 dims
-  const int v_key = (matrix & 1) * 8 + lane % 8;       // V: m0, m2 keys 0-7; m1, m3 keys 8-15
-  const int v_chunk_odd = matrix >> 1;                 // V: m2, m3 the second dim tile
-
-  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
-    if constexpr (Cfg::kTma) {
-      MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
-    } else {
-      __syncwarp();  // other lanes' copies of this stage have landed too
-    }
-
-    const unsigned char* k_tile = warp_smem + read_stage * kStageBytes;
-    const unsigned char* v_tile = k_tile + kTileBytes;
+  // Keys [start, start + kKeysPerIter) staged at k_tile (V a tile later); keys at or past
+  // key_end are masked. At least one key is below key_end.
+  __device__ __forceinline__ void Consume(const unsigned char* k_tile, int start, int key_end) {
+    const unsigned char* v_tile = k_tile + Shape::kTileBytes;
     // S for keys 0-7 (sc[0]) and 8-15 (sc[1]), even and odd k-steps apart (two shorter
     // chains of dependent MMAs); in each, c0 and c1 the high parts' products, c2 and c3 the
     // residuals'.
@@ -252,9 +141,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       MmaBf16(sc[1][ks & 1], q_frag[ks], b[2], b[3]);
     }
     // This lane's scores: head g, keys 2t, 2t+1, 8+2t, 9+2t of the iteration; keys past
-    // the split only in its last iteration (the same answer in every lane).
-    const int start = keys.start(it);
-    const bool tail = start + kKeysPerIter > cta.key_end;
+    // the end only in a range's last iteration (the same answer in every lane).
+    const bool tail = start + kKeysPerIter > key_end;
     float score[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -266,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = start + (i >= 2 ? 8 : 0) + 2 * t + (i & 1);
-        if (key >= cta.key_end) score[i] = -INFINITY;
+        if (key >= key_end) score[i] = -INFINITY;
       }
     }
     float iter_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
@@ -304,8 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int key = start + 8 * j + 2 * t;
-        v_mask[j] =
-            (key < cta.key_end ? 0x0000ffffu : 0u) | (key + 1 < cta.key_end ? 0xffff0000u : 0u);
+        v_mask[j] = (key < key_end ? 0x0000ffffu : 0u) | (key + 1 < key_end ? 0xffff0000u : 0u);
       }
     }
 #pragma unroll
@@ -320,24 +207,205 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       MmaBf16(o[n], p_frag, b[0], b[1]);
       MmaBf16(o[n + 1], p_frag, b[2], b[3]);
     }
+  }
+
+  // After the last Consume: this lane's row sum over the quad's keys.
+  __device__ __forceinline__ void ReduceSum() {
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
+  }
+
+  // Leaves the warp's results in its CombineSlots entries (FinishCta combines the warps).
+  template <typename Slots>
+  __device__ __forceinline__ void Store(const Slots& slots, int warp) const {
+#pragma unroll
+    for (int n = 0; n < Shape::kDimTiles; ++n) {
+      float* dst = slots.acc + (warp * kMaxGroupPerCta + g) * kHeadDim + 8 * n + 2 * t;
+      dst[0] = o[n][0] + o[n][2];  // rows g and g + 8: the high parts' and residuals' products
+      dst[1] = o[n][1] + o[n][3];
+    }
+    if (t == 0) {
+      slots.max[warp * kMaxGroupPerCta + g] = row_max;
+      slots.sum[warp * kMaxGroupPerCta + g] = row_sum;
+    }
+  }
+
+  int g;  // fragment row: head g of the subgroup
+  int t;
+  int k_key, k_chunk_odd, v_key, v_chunk_odd;
+  uint32_t q_frag[Shape::kDimSteps][4];
+  float o[Shape::kDimTiles][4];
+  // Head g's softmax base over the warp's keys so far (NextSoftmaxBase: the running max, up
+  // to kRescaleSlack stale; the same across the quad).
+  float row_max = -INFINITY;
+  float row_sum = 0.0f;  // over this lane's keys, relative to row_max
+};
+
+// Stages a warp's iterations: K and V of 16 keys into one of its pipeline buffers, as TMA
+// boxes where they can go (Cfg::kTma; see MmaDecodeShape) and by cp.async otherwise.
+template <int kHeadDim, typename Cfg>
+struct MmaStageLoader {
+  using Shape = MmaDecodeShape<kHeadDim, Cfg>;
+  static constexpr int kRowBytes = Shape::kRowBytes;
+
+  __device__ __forceinline__ MmaStageLoader(const KvCacheView& c, const KvRowMap& rows,
+                                            int block_shift, unsigned char* warp_smem,
+                                            uint64_t* stage_full, int lane)
+      : c_(c),
+        rows_(rows),
+        block_shift_(block_shift),
+        block_mask_(c.block_size - 1),
+        v_minus_k_(c.v_offset_bytes - c.k_offset_bytes),
+        v_rows_after_k_(v_minus_k_ / kRowBytes),
+        tma_shape_(Cfg::kTma && rows.num_rows > 0 && c.block_size >= kKvBoxRows &&
+                   v_minus_k_ % kRowBytes == 0),
+        warp_smem_(warp_smem),
+        stage_full_(stage_full),
+        lane_(lane) {}
+
+  // Stage `stage`'s K tile (V a tile later).
+  __device__ __forceinline__ unsigned char* Tile(int stage) const {
+    return warp_smem_ + stage * Shape::kStageBytes;
+  }
+
+  // Keys [start, start + 16) of the sequence, `ptrs` lane j's K head pointer of the j-th
+  // block they touch (WarpKeys::BlockPtrs), into `stage`; keys at or past key_end are zeros
+  // or (TMA) whatever their block holds. kTma: completes on the stage's barrier; else the
+  // caller commits the cp.async group.
+  __device__ __forceinline__ void Issue(int start, const char* ptrs, int key_end, int stage) const {
+    unsigned char* k_dst = Tile(stage);
+    const int64_t row = Cfg::kTma ? TmaRow(start, ptrs) : -1;
+    if (row >= 0) {
+      if (lane_ == 0) {
+        uint64_t* bar = &stage_full_[stage];
+        MbarrierArriveExpectTx(bar, Shape::kStageBytes);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          unsigned char* dst = k_dst + half * kKvBoxRows * kKvBoxRowBytes;
+          TmaLoad2d(dst, &rows_.map, half * kKvBoxElements, static_cast<int>(row), bar);
+          TmaLoad2d(dst + Shape::kTileBytes, &rows_.map, half * kKvBoxElements,
+                    static_cast<int>(row + v_rows_after_k_), bar);
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < Shape::kCopiesPerLane; ++i) {
+      const int q = lane_ + 32 * i;
+      const int key_in_iter = q / Shape::kChunks;
+      const int chunk = q % Shape::kChunks;
+      const int key = start + key_in_iter;
+      const char* src = ShflPtr(ptrs, key_in_iter >> block_shift_) +
+                        int64_t{key & block_mask_} * kRowBytes + chunk * 16;
+      unsigned char* dst = k_dst + Shape::TileOffset(key_in_iter, chunk);
+      if constexpr (Cfg::kL2Prefetch > 0) {
+        CpAsync16Prefetch<Cfg::kL2Prefetch>(dst, src, key < key_end);
+        CpAsync16Prefetch<Cfg::kL2Prefetch>(dst + Shape::kTileBytes, src + v_minus_k_,
+                                            key < key_end);
+      } else {
+        CpAsync16(dst, src, key < key_end);
+        CpAsync16(dst + Shape::kTileBytes, src + v_minus_k_, key < key_end);
+      }
+    }
+    if constexpr (Cfg::kTma) {
+      // Every lane's copies join the phase before lane 0's counted arrival ends it.
+      CpAsyncTrackOnMbarrier(&stage_full_[stage]);
+      __syncwarp();
+      if (lane_ == 0) MbarrierArrive(&stage_full_[stage]);
+    }
+  }
+
+ private:
+  // The view row of the iteration's first K row when its K and V go through TMA, else -1:
+  // the 16 keys lie in lane 0's block (blocks of 16 or more keys), and both runs of 16 rows
+  // lie in the view, on its row grid. The same answer in every lane.
+  __device__ __forceinline__ int64_t TmaRow(int start, const char* ptrs) const {
+    if (!tma_shape_) return -1;
+    const uint64_t k_row =
+        reinterpret_cast<uint64_t>(ShflPtr(ptrs, 0)) + uint64_t(start & block_mask_) * kRowBytes;
+    if (k_row < rows_.base || (k_row - rows_.base) % kRowBytes != 0) return -1;
+    const int64_t row = static_cast<int64_t>((k_row - rows_.base) / kRowBytes);
+    const int64_t v_row = row + v_rows_after_k_;
+    const bool inside =
+        row + kKvBoxRows <= rows_.num_rows && v_row >= 0 && v_row + kKvBoxRows <= rows_.num_rows;
+    return inside ? row : -1;
+  }
+
+  const KvCacheView& c_;
+  const KvRowMap& rows_;
+  int block_shift_;
+  int block_mask_;
+  int64_t v_minus_k_;
+  int64_t v_rows_after_k_;
+  bool tma_shape_;
+  unsigned char* warp_smem_;
+  uint64_t* stage_full_;  // kTma: the warp's [kStages] barriers
+  int lane_;
+};
+
+// The shared memory of a decode CTA: the warps' pipeline buffers (kTma: 1024-byte aligned),
+// and kTma's per-warp, per-stage barriers, each initialized to one counted arrival a phase.
+template <typename Cfg>
+__device__ __forceinline__ unsigned char* DecodeSmem(unsigned char* smem_raw,
+                                                     uint64_t (*stage_full)[Cfg::kStages], int warp,
+                                                     int lane) {
+  unsigned char* smem = smem_raw;
+  if constexpr (Cfg::kTma) {
+    const uint32_t raw = SharedAddress(smem_raw);
+    smem += ((raw + 1023) & ~1023u) - raw;
+    if (lane == 0) {
+      for (int stage = 0; stage < Cfg::kStages; ++stage) MbarrierInit(&stage_full[warp][stage], 1);
+      FenceMbarrierInit();
+    }
+    __syncwarp();
+  }
+  return smem;
+}
+
+// grid (num_kv_heads * subgroups, num_seqs, max_splits), Cfg::kThreads threads,
+// MmaDecodeShape::kSmemBytes of dynamic shared memory; subgroups of kMaxGroupPerCta heads.
+template <int kHeadDim, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
+    DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
+                    int block_shift, const __grid_constant__ KvRowMap rows) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  using Shape = MmaDecodeShape<kHeadDim, Cfg>;
+  constexpr int kGroup = kMaxGroupPerCta;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ uint64_t stage_full[Cfg::kTma ? Cfg::kWarps : 1][kStages];  // kTma: [warp][stage]
+
+  DecodeCta cta;
+  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  unsigned char* smem = DecodeSmem<Cfg>(smem_raw, stage_full, warp, lane);
+
+  MmaWarpMath<kHeadDim, Cfg> math(p, cta.q_row, cta.head_base, cta.heads, lane);
+  const WarpKeys<__nv_bfloat16, Shape::kKeysPerIter, Cfg::kWarps> keys(cta, p.cache, block_shift,
+                                                                       warp, lane);
+  const MmaStageLoader<kHeadDim, Cfg> loader(p.cache, rows, block_shift,
+                                             smem + warp * kStages * Shape::kStageBytes,
+                                             stage_full[Cfg::kTma ? warp : 0], lane);
+  auto issue = [&](int it, const char* ptrs, int stage) {
+    if (it < keys.num_iters()) loader.Issue(keys.start(it), ptrs, cta.key_end, stage);
+    if constexpr (!Cfg::kTma) CpAsyncCommit();
+  };
+  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
+    if constexpr (Cfg::kTma) {
+      MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
+    } else {
+      __syncwarp();  // other lanes' copies of this stage have landed too
+    }
+    math.Consume(loader.Tile(read_stage), keys.start(it), cta.key_end);
   });
-  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-  row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
+  math.ReduceSum();
 
   AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
   __syncthreads();
   const CombineSlots<kHeadDim, kGroup, Cfg> slots(smem);
-#pragma unroll
-  for (int n = 0; n < Shape::kDimTiles; ++n) {
-    float* dst = slots.acc + (warp * kGroup + g) * kHeadDim + 8 * n + 2 * t;
-    dst[0] = o[n][0] + o[n][2];  // rows g and g + 8: the high parts' and residuals' products
-    dst[1] = o[n][1] + o[n][3];
-  }
-  if (t == 0) {
-    slots.max[warp * kGroup + g] = row_max;
-    slots.sum[warp * kGroup + g] = row_sum;
-  }
+  math.Store(slots, warp);
   __syncthreads();
   FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, slots.acc);
 }
