@@ -74,14 +74,13 @@ struct MmaDecodeShape {
   // TMA boxes land at 1024-byte aligned addresses (the swizzle's period): room to align.
   static constexpr int kAlignSlack = Cfg::kTma ? 1024 : 0;
   static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes) + kAlignSlack;
-  static_assert(!Cfg::kTma ||
-                (kRowBytes == kKvRowBytes && kTileBytes == 2 * kKvBoxRows * kKvBoxRowBytes));
+  static_assert(!Cfg::kTma || (kRowBytes == kKvRowBytes && kKvBoxRowBytes == 128 &&
+                               kTileBytes == 2 * kKvBoxRows * kKvBoxRowBytes));
 
   // Byte offset of 16-byte chunk `chunk` of key `key` in a K or V tile.
   __device__ __forceinline__ static int TileOffset(int key, int chunk) {
     if constexpr (Cfg::kTma) {
-      return (chunk >> 3) * kKvBoxRows * kKvBoxRowBytes + key * kKvBoxRowBytes +
-             (((chunk & 7) ^ (key & 7)) << 4);
+      return Swizzle128Offset(key, chunk, kKvBoxRows);
     } else {
       return key * kRowBytes + ((chunk ^ (key & 7)) << 4);
     }
@@ -157,17 +156,15 @@ struct MmaWarpMath {
         if (key >= key_end) score[i] = -INFINITY;
       }
     }
-    float iter_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
-    iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 1));
-    iter_max = fmaxf(iter_max, __shfl_xor_sync(0xffffffffu, iter_max, 2));
-    // The running base (tensor_core.cuh), finite: the iteration has a live key.
-    const float new_max = NextSoftmaxBase(row_max, iter_max);
-    const float rescale = FastExp2(row_max - new_max);  // 0 on the first iteration
-    row_max = new_max;
+    // Head g's row is a quad of lanes, as an accumulator row of the prefill kernels; rescale
+    // is 0 on the first iteration (which has a live key).
+    float rescale;
+    const float base = OnlineSoftmaxStep</*kFastExp2=*/true>(
+        fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3])), row_max, row_sum, rescale);
     float prob[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) prob[i] = FastExp2(score[i] - new_max);
-    row_sum = row_sum * rescale + ((prob[0] + prob[1]) + (prob[2] + prob[3]));
+    for (int i = 0; i < 4; ++i) prob[i] = FastExp2(score[i] - base);
+    row_sum += (prob[0] + prob[1]) + (prob[2] + prob[3]);
     // O only when some head's base moved (else every rescale is exactly 1), which after the
     // first iterations is rare.
     if (__any_sync(0xffffffffu, rescale != 1.0f)) {
@@ -251,8 +248,7 @@ struct MmaStageLoader {
   __device__ __forceinline__ MmaStageLoader(const KvCacheView& c, const KvRowMap& rows,
                                             int block_shift, unsigned char* warp_smem,
                                             uint64_t* stage_full, int lane)
-      : c_(c),
-        rows_(rows),
+      : rows_(rows),
         block_shift_(block_shift),
         block_mask_(c.block_size - 1),
         v_minus_k_(c.v_offset_bytes - c.k_offset_bytes),
@@ -331,7 +327,6 @@ struct MmaStageLoader {
     return inside ? row : -1;
   }
 
-  const KvCacheView& c_;
   const KvRowMap& rows_;
   int block_shift_;
   int block_mask_;
@@ -351,8 +346,7 @@ __device__ __forceinline__ unsigned char* DecodeSmem(unsigned char* smem_raw,
                                                      int lane) {
   unsigned char* smem = smem_raw;
   if constexpr (Cfg::kTma) {
-    const uint32_t raw = SharedAddress(smem_raw);
-    smem += ((raw + 1023) & ~1023u) - raw;
+    smem += PadTo1024(SharedAddress(smem_raw));
     if (lane == 0) {
       for (int stage = 0; stage < Cfg::kStages; ++stage) MbarrierInit(&stage_full[warp][stage], 1);
       FenceMbarrierInit();

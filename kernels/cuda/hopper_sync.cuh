@@ -2,8 +2,9 @@
 #define KVD_KERNELS_CUDA_HOPPER_SYNC_CUH_
 
 // Synchronization for warp-specialized kernels (sm_90): shared-memory mbarriers between a
-// producer (loads) and consumers (math), tensor-map copies (TMA) completing on them, named
-// barriers between warpgroups, and register budgets per warpgroup. Only for .cu files.
+// producer (loads) and consumers (math), tensor-map copies (TMA) completing on them and the
+// 128-byte-swizzled layout they write, named barriers between warpgroups, and register
+// budgets per warpgroup. Only for .cu files.
 
 #include <cuda_runtime.h>
 
@@ -13,6 +14,20 @@ namespace kvd::cuda {
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Bytes from shared address `address` up to the next multiple of 1024, where a
+// 128-byte-swizzled region (below) must start.
+__device__ __forceinline__ uint32_t PadTo1024(uint32_t address) {
+  return ((address + 1023) & ~1023u) - address;
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a region of `rows` rows of 8 * k
+// chunks stored as k column halves of 128-byte rows with the 128-byte swizzle (chunk c of a
+// row at position c ^ (row % 8)): the layout TMA boxes of 64 bf16 columns land in and wgmma
+// descriptors describe.
+__device__ __forceinline__ uint32_t Swizzle128Offset(int row, int chunk, int rows) {
+  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
 // An mbarrier whose phase completes after `count` arrivals. Call from one thread, then a

@@ -69,12 +69,6 @@ constexpr int kQBarrier = 3;
 constexpr int kItemBarrier = 5;  // all threads: the next work item
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
 
-// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a region of `rows` rows stored
-// as two 64-dim halves of 128-byte swizzled rows.
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows) {
-  return (chunk >> 3) * rows * kRowBytes + row * kRowBytes + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
 // What every role derives from a work item.
 struct Item {
   int q_begin;
@@ -118,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t empty[2][kStages];
   // Swizzled regions must be 1024-byte aligned in the shared address space.
   const uint32_t raw_address = SharedAddress(smem_raw);
-  const uint32_t pad = ((raw_address + 1023) & ~1023u) - raw_address;
+  const uint32_t pad = PadTo1024(raw_address);
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_address = raw_address + pad;
   // [Q][K stage 0][V stage 0][K stage 1][V stage 1]...
@@ -143,7 +137,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (total_items == 0) return;
   int32_t* work_counter = tile_indptr;  // [0]: offset 0 by definition, never read as one
 
-  const int block_mask = c.block_size - 1;
   uint32_t tile_count = 0;  // key tiles so far, over all items: ring stage and phase
   // The next work item for every thread: thread 0 takes it from the counter, the item
   // barrier (all three warpgroups, in both roles' loops) publishes it.
@@ -175,9 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto lane_row = [&](const Item& item, int kt) {
       const int key = kt * kKeys + lane_key;
       const int safe_key = key < item.key_end ? key : 0;
-      return reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
-                 c, item.seq_blocks[safe_key >> block_shift], c.k_offset_bytes, item.kv_head)) +
-             int64_t{(safe_key & block_mask) * kHeadDim} * 2;
+      return reinterpret_cast<const char*>(TokenRow<__nv_bfloat16>(
+          c, item.seq_blocks, block_shift, safe_key, c.k_offset_bytes, item.kv_head));
     };
     // Tile kt's K (x = 0) or V (x = 1) into its ring, counted on full[x] once landed; `rows`
     // from lane_row.
@@ -191,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int round = 0; round < kKeys * kChunks / kProducerThreads; ++round) {
         const int key_local = 8 * round + warp_key0 + half;
         const char* row = ShflPtr(rows, 2 * round + half);
-        CpAsync16(tile + SwizzledOffset(key_local, load_chunk, kKeys), row + offset,
+        CpAsync16(tile + Swizzle128Offset(key_local, load_chunk, kKeys), row + offset,
                   kt * kKeys + key_local < item.key_end);  // past it: zeros, nothing read
       }
       // full[x][stage] counts this thread once its copies have landed; no waiting here.
@@ -266,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             p.q + PackedRowOffset<kHeadDim>(item.q_begin, packed, group, item.kv_head, p.q_stride);
         bits = PackScaledBf16x8(src + chunk * 8, q_scale);
       }
-      *reinterpret_cast<uint4*>(smem + SwizzledOffset(r, chunk, kRows)) = bits;
+      *reinterpret_cast<uint4*>(smem + Swizzle128Offset(r, chunk, kRows)) = bits;
     }
     FenceProxyAsyncShared();
     NamedBarrierSync(kQBarrier + warpgroup, 128);
