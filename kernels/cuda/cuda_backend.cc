@@ -26,9 +26,6 @@ namespace {
 constexpr size_t kUploadChunkFloats = size_t{16} << 20;
 // Persistent prefill CTAs per multiprocessor.
 constexpr int kPrefillCtasPerSm = 4;
-// Decode groups (sequences x KV heads x head subgroups) from which the decode kernel gets
-// the TMA view (PagedAttention).
-constexpr int64_t kMinTmaDecodeGroups = 32;
 
 bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -174,12 +171,13 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 const cuda::KvRowMap* CudaBackend::UpdatedKvRows() {
   if (allocated_hi_ == 0) return nullptr;
   if (kv_rows_lo_ != allocated_lo_ || kv_rows_hi_ != allocated_hi_) {
-    // cudaMalloc's buffers are 256-byte aligned, as the view's base must be.
-    kv_rows_ok_ = cuda::MakeKvRowMap(allocated_lo_, allocated_hi_, kv_rows_) == cudaSuccess;
+    // cudaMalloc's buffers are 256-byte aligned, as the view's base must be. On failure
+    // the view is left empty (num_rows 0).
+    cuda::MakeKvRowMap(allocated_lo_, allocated_hi_, kv_rows_);
     kv_rows_lo_ = allocated_lo_;
     kv_rows_hi_ = allocated_hi_;
   }
-  return kv_rows_ok_ ? &kv_rows_ : nullptr;
+  return kv_rows_.num_rows > 0 ? &kv_rows_ : nullptr;
 }
 
 void CudaBackend::Free(void* data, size_t /*bytes*/) {
@@ -429,12 +427,8 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     }
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
-  // K/V as TMA boxes from a few dozen (sequence, KV head) groups up. kvd_e2e_bench on an
-  // H200, synthetic:llama3-8b (8 KV heads), step with boxes vs with cp.async: batch 1
-  // 4.60 vs 4.50 ms, batch 8 x 4k 6.28 vs 6.27, batch 64 x 4k 14.15 vs 14.82. The cut at
-  // 32 groups (batch 4 there) lies between those measurements.
   const cuda::KvRowMap* rows_view =
-      decode_groups >= kMinTmaDecodeGroups ? UpdatedKvRows() : nullptr;
+      cuda::DecodeWantsTmaView(num_seqs, c.num_kv_heads, group) ? UpdatedKvRows() : nullptr;
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, rows_view),
                            "PagedAttention: decode kernel");
   if (p.max_q_len == 1) return absl::OkStatus();  // pure decode: no prefill rows

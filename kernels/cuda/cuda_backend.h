@@ -201,7 +201,6 @@ class CudaBackend final : public Backend {
   cuda::KvRowMap kv_rows_;
   uintptr_t kv_rows_lo_ = 0;
   uintptr_t kv_rows_hi_ = 0;
-  bool kv_rows_ok_ = false;
 };
 
 }  // namespace kvd

@@ -13,9 +13,10 @@
 // boxes (bf16, head_dim 128, given a KvRowMap that holds them) or as 16-byte cp.async copies
 // by every lane (otherwise).
 //
-// Files: the split policy and the dispatch here (decode_attention.cu); the kernels in
-// decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
-// their shared device code (split plan, warp combine, merge) in decode_common.cuh.
+// Files: the split and TMA policies and the dispatch here (decode_attention.cu); the kernels
+// in decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
+// their shared device and launch code (split plan, a warp's keys and copy pipeline, the
+// grid launch, warp combine, merge) in decode_common.cuh.
 //
 // bf16 KV runs on tensor cores: the group's query heads are rows 0-7 of an m16n8k16 tile,
 // S = Q K^T and O += P V are MMAs over the staged K/V tiles (ldmatrix from a swizzled
@@ -79,6 +80,12 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
 
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
+
+// Whether a decode batch of these sizes is worth giving the kernel a TMA view (rows_map):
+// from 32 (sequence, head group) pairs up. kvd_e2e_bench on an H200, synthetic:llama3-8b
+// (8 KV heads), step with boxes vs with cp.async: batch 1 4.60 vs 4.50 ms, batch 8 x 4k
+// 6.28 vs 6.27, batch 64 x 4k 14.15 vs 14.82; the cut (batch 4 there) lies between.
+bool DecodeWantsTmaView(int num_seqs, int num_kv_heads, int group_size);
 
 // Elements of partial_out and partial_lse a call with these sizes needs.
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim);

@@ -435,17 +435,15 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     const double tflops = flops / (ms * 1e9);
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
               tflops, tflops / gemm_tflops, "gemm");
-    // Kernels the backend does not pick here, launched directly and shown for comparison.
+    // The split-QP and mma.sync kernels launched directly, for comparison with the row above
+    // (the backend's pick: on Hopper at head_dim 128, the wgmma kernel).
     DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
     auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma) {
       const double direct_ms = bench.TimeMs([&] {
-        if (cudaError_t err = cuda::LaunchPrefillAttention(
-                p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4, bench.gpu().stream(),
-                precision, allow_wgmma);
-            err != cudaSuccess) {
-          std::fprintf(stderr, "LaunchPrefillAttention: %s\n", cudaGetErrorString(err));
-          std::exit(1);
-        }
+        CudaCheck(
+            cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4,
+                                         bench.gpu().stream(), precision, allow_wgmma),
+            "LaunchPrefillAttention");
       });
       const double direct_tflops = flops / (direct_ms * 1e9);
       bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " ", label),
@@ -464,7 +462,7 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
 // (LaunchDecodeAttentionVariant), split count and, for one sequence, smallest split, to set
 // DecodeMaxSplits' policy from measurements. Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
-// run it). "auto" marks what LaunchDecodeAttention would launch. KVD_SWEEP_SHAPE=64x4096
+// run it). "auto" marks what the backend would launch. KVD_SWEEP_SHAPE=64x4096
 // and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1
 // keeps the in-order and 64-token-block layouts for that shape.
 void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuffled,
@@ -486,6 +484,8 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
   const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
   const int auto_splits =
       cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
+  // The backend's kernel: TMA boxes (variant 0 with the view) or cp.async (variant 2).
+  const int auto_variant = cuda::DecodeWantsTmaView(batch, kKvHeads, kQHeads / kKvHeads) ? 0 : 2;
   std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
                             : batch >= 8 ? std::vector<int>{1, 2, 4, 8}
                                          : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
@@ -520,8 +520,8 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
                           return absl::OkStatus();
                         }) /
             kSweepCalls;
-        const bool is_auto =
-            variant == 0 && n == auto_splits && min_granules == auto_ws.min_split_granules;
+        const bool is_auto = variant == auto_variant && n == auto_splits &&
+                             min_granules == auto_ws.min_split_granules;
         const std::string label = absl::StrCat(
             "sweep ", batch, " x ", context, " bs", block_size, shuffled ? "" : " in order", " v",
             variant, " g", min_granules, " s", n, is_auto ? " auto" : "", " [", name, "]");
