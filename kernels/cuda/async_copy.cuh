@@ -26,6 +26,13 @@ __device__ __forceinline__ void CpAsync16(void* shared_dst, const void* global_s
                : "memory");
 }
 
+// As CpAsync16 with `valid` true, to shared address `shared_dst` (__cvta_generic_to_shared):
+// with the address in a register, constant offsets fold into the instruction.
+__device__ __forceinline__ void CpAsync16(uint32_t shared_dst, const void* global_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(global_src)
+               : "memory");
+}
+
 // As CpAsync16, with a hint that L2 fetch the whole aligned kPrefetchBytes (128 or 256)
 // around the source from memory: for streams read front to back by many requests.
 template <int kPrefetchBytes>

@@ -179,12 +179,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (count >= kStages) MbarrierWait(&empty[x][stage], ((count / kStages) & 1) ^ 1);
       unsigned char* tile = smem + tiles_offset + (2 * stage + x) * kTileBytes;
       const int64_t offset = (x == 0 ? 0 : v_minus_k) + load_chunk * 16;
+      constexpr int kRounds = kKeys * kChunks / kProducerThreads;
+      if ((kt + 1) * kKeys <= item.key_end) {
+        // A whole tile (the common case): round r's destination is this thread's round-0 one
+        // plus r eight-row groups, the swizzle unchanged (key % 8 is the same every round), so
+        // each copy is two shuffles, a 64-bit add and the copy itself.
+        const uint32_t dst =
+            SharedAddress(tile) + Swizzle128Offset(warp_key0 + half, load_chunk, kKeys);
 #pragma unroll
-      for (int round = 0; round < kKeys * kChunks / kProducerThreads; ++round) {
-        const int key_local = 8 * round + warp_key0 + half;
-        const char* row = ShflPtr(rows, 2 * round + half);
-        CpAsync16(tile + Swizzle128Offset(key_local, load_chunk, kKeys), row + offset,
-                  kt * kKeys + key_local < item.key_end);  // past it: zeros, nothing read
+        for (int round = 0; round < kRounds; ++round) {
+          CpAsync16(dst + round * 8 * kRowBytes, ShflPtr(rows, 2 * round + half) + offset);
+        }
+      } else {
+#pragma unroll
+        for (int round = 0; round < kRounds; ++round) {
+          const int key_local = 8 * round + warp_key0 + half;
+          const char* row = ShflPtr(rows, 2 * round + half);
+          CpAsync16(tile + Swizzle128Offset(key_local, load_chunk, kKeys), row + offset,
+                    kt * kKeys + key_local < item.key_end);  // past it: zeros, nothing read
+        }
       }
       // full[x][stage] counts this thread once its copies have landed; no waiting here.
       CpAsyncArriveOnMbarrier(&full[x][stage]);
