@@ -15,19 +15,24 @@
 
 namespace kvd::cuda {
 
-// Copies 16 bytes from `global_src` to `shared_dst`, or writes 16 zero bytes (reading
-// nothing) when `valid` is false. REQUIRES: both addresses 16-byte aligned; `global_src`
-// a global-memory address even when `valid` is false.
-__device__ __forceinline__ void CpAsync16(void* shared_dst, const void* global_src, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+// Copies 16 bytes from `global_src` to shared address `shared_dst` (__cvta_generic_to_shared;
+// with the address in a register, constant offsets fold into the instruction), or writes 16
+// zero bytes (reading nothing) when `valid` is false. REQUIRES: both addresses 16-byte
+// aligned; `global_src` a global-memory address even when `valid` is false.
+__device__ __forceinline__ void CpAsync16(uint32_t shared_dst, const void* global_src,
+                                          bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src),
-               "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+               "l"(global_src), "r"(src_bytes)
                : "memory");
 }
 
-// As CpAsync16 with `valid` true, to shared address `shared_dst` (__cvta_generic_to_shared):
-// with the address in a register, constant offsets fold into the instruction.
+// As above, to the generic address of shared memory `shared_dst`.
+__device__ __forceinline__ void CpAsync16(void* shared_dst, const void* global_src, bool valid) {
+  CpAsync16(static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst)), global_src, valid);
+}
+
+// As CpAsync16 with `valid` true (no source size operand: one register fewer).
 __device__ __forceinline__ void CpAsync16(uint32_t shared_dst, const void* global_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(global_src)
                : "memory");

@@ -402,8 +402,6 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   const int num_seqs = p.blocks.num_seqs;
   const int group = p.num_q_heads / c.num_kv_heads;
   const int max_splits = cuda::DecodeMaxSplits(num_seqs, c.num_kv_heads, group, num_sms_);
-  // (sequence, KV head subgroup) pairs: the decode grid's CTAs per split.
-  const int64_t decode_groups = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
   const size_t indptr_bytes = AlignUp(sizeof(int32_t) * (num_seqs + 1), 256);
   const size_t lse_bytes =
       AlignUp(sizeof(float) * cuda::DecodePartialLseSize(num_seqs, max_splits, p.num_q_heads), 256);
@@ -417,8 +415,10 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (max_splits > 1) {
     ws.partial_lse = reinterpret_cast<float*>(base + indptr_bytes);
     ws.partial_out = reinterpret_cast<float*>(base + indptr_bytes + lse_bytes);
-    // Merge counters: zero when (re)allocated, and every launch leaves them zero.
-    const size_t counter_bytes = sizeof(int32_t) * decode_groups;
+    // Merge counters, one a (sequence, KV head subgroup): zero when (re)allocated, and every
+    // launch leaves them zero.
+    const size_t counter_bytes =
+        sizeof(int32_t) * cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
     if (decode_arrivals_.bytes < counter_bytes) {
       KVD_RETURN_IF_ERROR(Grow(decode_arrivals_, counter_bytes, kOp));
       KVD_RETURN_IF_CUDA_ERROR(

@@ -46,10 +46,9 @@ cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const De
       ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const bool tma = rows_map != nullptr && rows_map->num_rows > 0;
   switch (variant) {
     case 0:  // what LaunchDecodeAttention runs
-      return LaunchDecodeMmaShape(p, ws, tma ? 3 : 0, rows_map, stream, name);
+      return LaunchDecodeMmaShape(p, ws, HasRows(rows_map) ? 3 : 0, rows_map, stream, name);
     case 1:
       *name = "CUDA cores, 4 warps, 3 stages, 2 CTAs/SM";
       return LaunchDecodeSimt(p, ws, stream);

@@ -24,7 +24,6 @@ using decode::DecodeConfig;
 using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
-using decode::kLog2e;
 using decode::kMaxGroupPerCta;
 using decode::LaunchDecodeGrid;
 using decode::PlanDecodeCta;
@@ -406,7 +405,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
 // The TMA variant of the default shape: what LaunchDecodeMma runs at head_dim 128 when a
 // KvRowMap is given.
-using TmaConfig = DecodeConfig<4, 3, 2, 0, true>;
+using TmaConfig = DecodeConfig<DefaultConfig::kWarps, DefaultConfig::kStages,
+                               DefaultConfig::kCtasPerSm, /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
 template <int kHeadDim, typename Cfg = DefaultConfig>
 cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream,
@@ -421,7 +421,7 @@ cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, 
 
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map) {
-  if (p.cache.head_dim == 128 && rows_map != nullptr && rows_map->num_rows > 0) {
+  if (p.cache.head_dim == 128 && HasRows(rows_map)) {
     return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
   }
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
@@ -444,7 +444,7 @@ cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWork
       return LaunchMma<128, DecodeConfig<4, 3, 2, 128>>(p, ws, stream, nullptr);
     case 3:
       *name = "tensor cores, 4 warps, 3 stages, 2 CTAs/SM, TMA boxes";
-      if (rows_map == nullptr || rows_map->num_rows == 0) return cudaErrorInvalidValue;
+      if (!HasRows(rows_map)) return cudaErrorInvalidValue;
       return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
     default:
       return cudaErrorInvalidValue;

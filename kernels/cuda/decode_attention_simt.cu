@@ -20,7 +20,6 @@ using decode::CombineSlots;
 using decode::DecodeCta;
 using decode::DefaultConfig;
 using decode::FinishCta;
-using decode::kLog2e;
 using decode::LaunchDecodeGrid;
 using decode::PlanDecodeCta;
 using decode::RunWarpPipeline;

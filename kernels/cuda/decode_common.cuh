@@ -36,7 +36,6 @@ struct DecodeConfig {
   static constexpr int kCtasPerSm = kCtasPerSmT;
 };
 using DefaultConfig = DecodeConfig<4, 3, 2>;
-inline constexpr float kLog2e = 1.4426950408889634f;
 
 struct SplitPlan {
   int num_splits;

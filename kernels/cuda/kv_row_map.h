@@ -32,6 +32,9 @@ struct KvRowMap {
 // alias tests use to tell rows copied through the view from rows copied around it.
 cudaError_t MakeKvRowMap(uintptr_t lo, uintptr_t hi, KvRowMap& out, const void* data = nullptr);
 
+// Whether `view` (may be null) holds any rows: the TMA kernels run only then.
+inline bool HasRows(const KvRowMap* view) { return view != nullptr && view->num_rows > 0; }
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_KV_ROW_MAP_H_

@@ -2,8 +2,8 @@
 #define KVD_KERNELS_CUDA_PAGED_KV_CUH_
 
 // Device-side helpers shared by the KV and attention kernels: 16-byte vector loads that
-// widen the storage type to fp32, scalar conversions, and paged-arena addressing
-// (kernels/params.h, KvCacheView):
+// widen the storage type to fp32, scalar conversions, a pointer shuffle, log2(e) for base-2
+// logits, and paged-arena addressing (kernels/params.h, KvCacheView):
 //
 //   chunks[b >> chunk_shift] + region_offset + (b & (blocks_per_chunk - 1)) * block_bytes
 //     -> [num_kv_heads][block_size][head_dim] of T      (one block of one region)
@@ -99,6 +99,9 @@ __device__ __forceinline__ const char* ShflPtr(const char* ptr, int src_lane) {
 }
 
 __device__ __forceinline__ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// Attention scales logits by sm_scale * kLog2e and exponentiates base 2.
+inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of packed prefill row `packed` of KV head `kv_head` (prefill_attention.h: the
 // row of token packed / group and query head kv_head * group + packed % group) in a

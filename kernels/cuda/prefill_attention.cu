@@ -15,7 +15,6 @@ constexpr int kThreadsPerRow = 4;
 constexpr int kTileRows = kThreads / kThreadsPerRow;  // packed query rows per item
 constexpr int kTileKeys = 32;
 constexpr int kPlanThreads = 1024;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // One CTA of kPlanThreads: tile_indptr[s + 1] - tile_indptr[s] = items of sequence s (0 for
 // decodes), one per KV head and tile of `tile_rows` packed query rows; tile_indptr[0] = 0.

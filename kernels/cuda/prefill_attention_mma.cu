@@ -17,7 +17,6 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = MmaPrefillTileRows(MmaPrecision::kSplit);  // 16 per warp
 constexpr int kKeys = 64;                                        // keys per K/V tile
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRows == 16 * kWarps);
 
 // Shared memory: K tiles [2][kKeys][kHeadDim] then V tiles [2][kKeys][kHeadDim], bf16, then

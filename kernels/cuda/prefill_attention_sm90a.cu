@@ -73,7 +73,6 @@ constexpr int kRowBytes = 128;         // one swizzled row: 64 dims
 constexpr int kQBytes = kRows * kHeadDim * 2;
 constexpr int kTileBytes = kKeys * kHeadDim * 2;
 constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;  // + alignment slack
-constexpr float kLog2e = 1.4426950408889634f;
 // Named barriers: kTurnBarrier + w lets consumer w issue its MMAs; kQBarrier + w publishes
 // consumer w's Q rows to its own warpgroup.
 constexpr int kTurnBarrier = 1;
@@ -189,26 +188,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t count = tile_count + kt;
       const int stage = count % kStages;
       if (count >= kStages) MbarrierWait(&empty[x][stage], ((count / kStages) & 1) ^ 1);
-      unsigned char* tile = smem + tiles_offset + (2 * stage + x) * kTileBytes;
       const int64_t offset = (x == 0 ? 0 : v_minus_k) + load_chunk * 16;
+      // Round r's destination is round 0's plus r eight-row groups, the swizzle unchanged
+      // (key % 8 is the same every round): a register plus a constant.
+      const uint32_t dst = q_address + tiles_offset + (2 * stage + x) * kTileBytes +
+                           Swizzle128Offset(warp_key0 + half, load_chunk, kKeys);
       constexpr int kRounds = kKeys * kChunks / kProducerThreads;
       if ((kt + 1) * kKeys <= item.key_end) {
-        // A whole tile (the common case): round r's destination is this thread's round-0 one
-        // plus r eight-row groups, the swizzle unchanged (key % 8 is the same every round), so
-        // each copy is two shuffles, a 64-bit add and the copy itself.
-        const uint32_t dst =
-            SharedAddress(tile) + Swizzle128Offset(warp_key0 + half, load_chunk, kKeys);
+        // A whole tile (the common case): each copy is two shuffles, a 64-bit add and the
+        // copy itself.
 #pragma unroll
         for (int round = 0; round < kRounds; ++round) {
           CpAsync16(dst + round * 8 * kRowBytes, ShflPtr(rows, 2 * round + half) + offset);
         }
       } else {
+        const int key0 = kt * kKeys + warp_key0 + half;  // this thread's key of round 0
 #pragma unroll
         for (int round = 0; round < kRounds; ++round) {
-          const int key_local = 8 * round + warp_key0 + half;
-          const char* row = ShflPtr(rows, 2 * round + half);
-          CpAsync16(tile + Swizzle128Offset(key_local, load_chunk, kKeys), row + offset,
-                    kt * kKeys + key_local < item.key_end);  // past it: zeros, nothing read
+          CpAsync16(dst + round * 8 * kRowBytes, ShflPtr(rows, 2 * round + half) + offset,
+                    key0 + 8 * round < item.key_end);  // past it: zeros, nothing read
         }
       }
       // full[x][stage] counts this thread once its copies have landed; no waiting here.
@@ -217,8 +215,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
       const Item item = DecodeItem(p, tile_indptr, item_index, group);
       // K 0, then K kt+1 before V kt: the order the consumers need them in.
-      const char* rows = item.num_key_tiles > 0 ? lane_row(item, 0) : nullptr;
-      if (item.num_key_tiles > 0) load(item, 0, 0, rows);
+      if (item.num_key_tiles == 0) continue;
+      const char* rows = lane_row(item, 0);
+      load(item, 0, 0, rows);
       for (int kt = 0; kt < item.num_key_tiles; ++kt) {
         const bool more = kt + 1 < item.num_key_tiles;
         const char* next_rows = more ? lane_row(item, kt + 1) : nullptr;

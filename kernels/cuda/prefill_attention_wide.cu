@@ -21,7 +21,6 @@ constexpr int kWarpRows = 32;  // two m16 tiles per warp
 constexpr int kRows = kWarps * kWarpRows;
 constexpr int kCtasPerSm = 2;
 constexpr int kStages = 3;  // K/V tiles in shared memory
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
 
 // Shared memory, bf16: K tiles [kStages][kKeys][kHeadDim], V tiles likewise, then the Q tile

@@ -541,6 +541,8 @@ int SweepMain(Bench& bench, double copy_gbps) {
   if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
     std::sscanf(shape, "%dx%d", &only_batch, &only_context);
   }
+  const char* layouts_env = std::getenv("KVD_SWEEP_LAYOUTS");
+  const bool layouts = layouts_env != nullptr && std::string(layouts_env) == "1";
   std::vector<std::pair<int, int>> shapes = {{1, 512}};
   shapes.insert(shapes.end(), std::begin(kDecodeShapes), std::end(kDecodeShapes));
   for (const auto& [batch, context] : shapes) {
@@ -548,8 +550,7 @@ int SweepMain(Bench& bench, double copy_gbps) {
     DecodeSweep(bench, batch, context, 16, /*shuffled=*/true, copy_gbps);
     // Paging costs apart from the kernel's: blocks in order, and 64-token blocks (with a
     // KVD_SWEEP_SHAPE too when KVD_SWEEP_LAYOUTS=1).
-    const char* layouts = std::getenv("KVD_SWEEP_LAYOUTS");
-    if (batch >= 8 && (only_batch < 0 || (layouts != nullptr && std::string(layouts) == "1"))) {
+    if (batch >= 8 && (only_batch < 0 || layouts)) {
       DecodeSweep(bench, batch, context, 16, /*shuffled=*/false, copy_gbps);
       DecodeSweep(bench, batch, context, 64, /*shuffled=*/true, copy_gbps);
     }

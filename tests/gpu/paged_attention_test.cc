@@ -187,14 +187,14 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
       cuda::KvRowMap first_chunk;
       DeviceBuffer copy;
       if (c.decode_view != AttentionCase::DecodeView::kNone) {
-        void* chunk = const_cast<void*>(arena.GpuChunk(0));
+        void* chunk = arena.GpuChunk(0);
         const int64_t bytes = arena.ChunkBytes(/*on_gpu=*/true);
         const void* data = chunk;
         if (c.decode_view == AttentionCase::DecodeView::kFirstChunkCopy) {
-          copy = Poisoned(b, bytes);
+          copy = OrDie(b.Allocate(bytes), "Allocate");
           if (cudaMemcpyAsync(copy.data(), chunk, bytes, cudaMemcpyDeviceToDevice,
                               gpu().stream()) != cudaSuccess ||
-              cudaMemsetAsync(chunk, 0xff, bytes, gpu().stream()) != cudaSuccess) {
+              cudaMemsetAsync(chunk, kPoisonByte, bytes, gpu().stream()) != cudaSuccess) {
             return absl::InternalError("copying and poisoning chunk 0");
           }
           data = copy.data();

@@ -39,7 +39,7 @@ class TwinArena {
   void* const* cpu_table() const { return cpu_table_.as<void*>(); }
   void* const* gpu_table() const { return gpu_table_.as<void*>(); }
   // Chunk c's GPU memory (null for a released chunk).
-  const void* GpuChunk(int c) const { return gpu_chunks_[c].data(); }
+  void* GpuChunk(int c) const { return gpu_chunks_[c].data(); }
   int64_t BlockBytes(bool on_gpu) const;
   int64_t RegionBytes(bool on_gpu) const { return BlockBytes(on_gpu) << shape_.chunk_shift; }
   int64_t ChunkBytes(bool on_gpu) const { return RegionBytes(on_gpu) * 2 * shape_.num_layers; }
