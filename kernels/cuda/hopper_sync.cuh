@@ -46,6 +46,16 @@ __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
       : "memory");
 }
 
+// MbarrierArrive where `arrive` holds, as a predicated instruction rather than a branch around
+// one.
+__device__ __forceinline__ void MbarrierArriveIf(uint64_t* bar, bool arrive) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 state;\nsetp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(SharedAddress(bar)),
+      "r"(static_cast<int>(arrive))
+      : "memory");
+}
+
 // Waits until the phase of parity `parity` (0 or 1) has completed (acquire).
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
   asm volatile(

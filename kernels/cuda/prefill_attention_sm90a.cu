@@ -18,16 +18,18 @@
 //       mask, online softmax   fp32 in the accumulator registers (a quad of lanes per row);
 //                              O's rescale once the P V MMAs are done
 //     The two consumers take turns to issue their MMAs (two named barriers), so one's
-//     softmax runs while the other's MMAs keep the tensor cores busy. (The source waits for
-//     S alone before the softmax, but ptxas 13.0 moves the wait for P V up to it: the softmax
-//     overlaps the other consumer's MMAs, not its own P V. Issuing P V only once S is done
-//     gets that overlap in the SASS and measured 6% slower.)
+//     softmax runs while the other's MMAs keep the tensor cores busy, and its own P V too:
+//     ptxas 13.0 would move the wait for P V up to before the exponentials, so K's release,
+//     an mbarrier arrival it keeps the wait below, comes after the row sums and depends on
+//     them. (With that and 32-bit descriptors, see wgmma.cuh, the kernel measured 4-8% faster
+//     at the three benchmark shapes; each alone, within noise.)
 //
 // Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
 // within that rounding, not bit for bit: ex2.approx, other tile sizes).
 //
-// Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data): 510-575
-// TFLOP/s from run to run, SDPA 622-655. Variants built only to measure: the producer's
+// Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
+// before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
+// from run to run, then 510-575; SDPA 622-655). Variants built only to measure: the producer's
 // copies turned into zero fills (no reads, same instructions) 566; half the tiles' reads
 // skipped 569; no copies at all 590; no exp2 +1%; no P V MMAs 671 (at the full flop
 // count). So the K/V gather costs ~8% (at 128 rows per tile read the kernel streams ~4 TB/s
@@ -295,18 +297,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only
 
-    constexpr uint32_t kSbo = 8 * kRowBytes;
     constexpr uint32_t kHalfQ = kRows * kRowBytes;
     constexpr uint32_t kHalfTile = kKeys * kRowBytes;
-    // Descriptors of this warpgroup's Q rows and of stage 0's K and V tiles, in uniform
-    // registers (the shuffle tells the compiler the warpgroup is the same across the warp);
-    // every k-step's descriptor is one of these advanced (AdvanceDescriptor).
+    // Descriptors (low words) of this warpgroup's Q rows and of stage 0's K and V tiles, in
+    // uniform registers where ptxas can (the shuffle tells the compiler the warpgroup is the
+    // same across the warp); every k-step's descriptor is one of these advanced
+    // (AdvanceDescriptor).
     const int uniform_warpgroup = __shfl_sync(0xffffffffu, warpgroup, 0);
-    const uint64_t q_desc =
-        SwizzledDescriptor(q_address + uniform_warpgroup * kGroupRows * kRowBytes, 16, kSbo);
-    const uint64_t k_desc0 = SwizzledDescriptor(q_address + tiles_offset, 16, kSbo);
-    const uint64_t v_desc0 =
-        SwizzledDescriptor(q_address + tiles_offset + kTileBytes, kHalfTile, kSbo);
+    const uint32_t q_desc =
+        SwizzledDescriptor(q_address + uniform_warpgroup * kGroupRows * kRowBytes, 16);
+    const uint32_t k_desc0 = SwizzledDescriptor(q_address + tiles_offset, 16);
+    const uint32_t v_desc0 = SwizzledDescriptor(q_address + tiles_offset + kTileBytes, kHalfTile);
     auto stage_of = [&](int kt) { return (tile_count + kt) % kStages; };
     // Tile kt's K (x = 0) or V (x = 1) has landed. A FenceProxyAsyncShared after the waits
     // makes the producer's copies (generic proxy) visible to this warpgroup's wgmma reads
@@ -314,10 +315,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto wait_full = [&](int kt, int x) {
       MbarrierWait(&full[x][stage_of(kt)], ((tile_count + kt) / kStages) & 1);
     };
-    // One arrival a warp (each is an atomic on one shared word: 32 lanes would queue).
-    auto release = [&](int kt, int x) {
+    // One arrival a warp (each is an atomic on one shared word: 32 lanes would queue), by
+    // lane 0. An arrival that must come after a value is computed passes it as `after`: the
+    // arrival's predicate reads it (`!(after < -1)` holds for any sum of exponentials, NaN
+    // included, but the compiler cannot know that).
+    auto release = [&](int kt, int x, float after = 0.0f) {
       __syncwarp();
-      if (lane == 0) MbarrierArrive(&empty[x][stage_of(kt)]);
+      MbarrierArriveIf(&empty[x][stage_of(kt)], lane == 0 && !(after < -1.0f));
     };
     // A tile this warpgroup does not compute: waited for (so its ring phases stay in step)
     // and handed back.
@@ -329,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // S = Q K^T over eight 16-dim steps: 64-dim half kk / 4, 32 bytes per step within it.
     auto issue_s = [&](int kt) {
-      const uint64_t k_desc = AdvanceDescriptor(k_desc0, 2 * stage_of(kt) * kTileBytes);
+      const uint32_t k_desc = AdvanceDescriptor(k_desc0, 2 * stage_of(kt) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t step = (kk & 3) * 32;
@@ -339,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // O += P V over 16-key steps; V's two 64-dim halves are LBO apart.
     auto issue_pv = [&](int kt) {
-      const uint64_t v_desc = AdvanceDescriptor(v_desc0, 2 * stage_of(kt) * kTileBytes);
+      const uint32_t v_desc = AdvanceDescriptor(v_desc0, 2 * stage_of(kt) * kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
         WgmmaM64N128K16RS(o, pa[kk], AdvanceDescriptor(v_desc, kk * 16 * kRowBytes), true);
@@ -434,9 +438,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaCommit();
         NamedBarrierArrive(other_turn, kConsumerThreads);
         WgmmaWait<1>();  // S (committed first); the P V MMAs run on during the softmax
-        release(turn, 0);
         PinRegisters(sc);
         softmax(turn, rescale);
+        // K's buffer goes back once the row sums exist. ptxas 13.0 keeps the wait for P V
+        // below an mbarrier arrival, and otherwise moves it up to before the exponentials.
+        release(turn, 0, row_sum[0] + row_sum[1]);
         WgmmaWait<0>();
         PinRegisters(o);
         PinRegisters(pa);
