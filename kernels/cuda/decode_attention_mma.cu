@@ -3,7 +3,6 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/async_copy.cuh"

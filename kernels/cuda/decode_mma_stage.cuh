@@ -66,7 +66,7 @@ struct MmaDecodeShape {
 };
 
 // Stages a warp's iterations: K and V of 16 keys into one of its pipeline buffers, as TMA
-// boxes where they can go (Cfg::kTma; see MmaDecodeShape) and by cp.async otherwise.
+// boxes where they can go (Cfg::kTma; see the file comment) and by cp.async otherwise.
 template <int kHeadDim, typename Cfg>
 struct MmaStageLoader {
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;

@@ -47,7 +47,8 @@ __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
 }
 
 // MbarrierArrive where `arrive` holds, as a predicated instruction rather than a branch around
-// one.
+// one: the arrival then depends on whatever computes `arrive`, which orders it after that
+// (the Hopper prefill kernel relies on it).
 __device__ __forceinline__ void MbarrierArriveIf(uint64_t* bar, bool arrive) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 state;\nsetp.ne.b32 p, %1, 0;\n"

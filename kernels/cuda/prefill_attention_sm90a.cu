@@ -9,8 +9,8 @@
 //     cp.async into rings of kStages buffers, in wgmma's 128-byte swizzled layout, K running a
 //     tile ahead of V (K kt+1 is issued before V kt); `full[x][stage]` (an mbarrier, x = K or
 //     V) completes when a tile has landed, `empty[x][stage]` when both consumers are done with
-//     it. K buffers turn over as soon as S is computed, so K gets further ahead of the math
-//     than whole K+V tiles could.
+//     it. K buffers turn over once S's softmax has its row sums (see below), before V's, so K
+//     gets further ahead of the math than whole K+V tiles could.
 //   consumers (warpgroups 0 and 1, 64 packed rows each): their Q rows -> bf16 in shared
 //     memory (scaled to base-2 logits), then per key tile kt
 //       S_kt = Q K_kt^T        8 wgmma m64n128k16, A and B from shared memory
@@ -21,15 +21,16 @@
 //     softmax runs while the other's MMAs keep the tensor cores busy, and its own P V too:
 //     ptxas 13.0 would move the wait for P V up to before the exponentials, so K's release,
 //     an mbarrier arrival it keeps the wait below, comes after the row sums and depends on
-//     them. (With that and 32-bit descriptors, see wgmma.cuh, the kernel measured 4-8% faster
-//     at the three benchmark shapes; each alone, within noise.)
+//     them. (With that and 32-bit descriptors, see wgmma.cuh, the kernel measured 9% faster at
+//     1 x 16k, 5% at 1 x 4k and 3% at 8 x 2k, alternating with the old build in one run; each
+//     change alone measured within the run-to-run noise.)
 //
 // Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
 // within that rounding, not bit for bit: ex2.approx, other tile sizes).
 //
 // Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
 // before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
-// from run to run, then 510-575; SDPA 622-655). Variants built only to measure: the producer's
+// from run to run, before it 510-575; SDPA 622-655). Variants built only to measure: the producer's
 // copies turned into zero fills (no reads, same instructions) 566; half the tiles' reads
 // skipped 569; no copies at all 590; no exp2 +1%; no P V MMAs 671 (at the full flop
 // count). So the K/V gather costs ~8% (at 128 rows per tile read the kernel streams ~4 TB/s
@@ -299,10 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     constexpr uint32_t kHalfQ = kRows * kRowBytes;
     constexpr uint32_t kHalfTile = kKeys * kRowBytes;
-    // Descriptors (low words) of this warpgroup's Q rows and of stage 0's K and V tiles, in
-    // uniform registers where ptxas can (the shuffle tells the compiler the warpgroup is the
-    // same across the warp); every k-step's descriptor is one of these advanced
-    // (AdvanceDescriptor).
+    // Descriptors (low words) of this warpgroup's Q rows and of stage 0's K and V tiles; every
+    // k-step's descriptor is one of these advanced (AdvanceDescriptor). The shuffle shows the
+    // compiler that the warpgroup is the same across the warp (ptxas 13.0 still copies each
+    // descriptor into uniform registers before its MMA).
     const int uniform_warpgroup = __shfl_sync(0xffffffffu, warpgroup, 0);
     const uint32_t q_desc =
         SwizzledDescriptor(q_address + uniform_warpgroup * kGroupRows * kRowBytes, 16);
@@ -318,7 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // One arrival a warp (each is an atomic on one shared word: 32 lanes would queue), by
     // lane 0. An arrival that must come after a value is computed passes it as `after`: the
     // arrival's predicate reads it (`!(after < -1)` holds for any sum of exponentials, NaN
-    // included, but the compiler cannot know that).
+    // included, but the compiler cannot know that while FastExp2 is inline asm; were it to
+    // fold the test, only the overlap described at the top would be lost).
     auto release = [&](int kt, int x, float after = 0.0f) {
       __syncwarp();
       MbarrierArriveIf(&empty[x][stage_of(kt)], lane == 0 && !(after < -1.0f));
