@@ -14,9 +14,10 @@
 // by every lane (otherwise).
 //
 // Files: the split and TMA policies and the dispatch here (decode_attention.cu); the kernels
-// in decode_attention_mma.cu (tensor cores) and decode_attention_simt.cu (CUDA cores), with
-// their shared device and launch code (split plan, a warp's keys and copy pipeline, the
-// grid launch, warp combine, merge) in decode_common.cuh.
+// in decode_attention_mma.cu (tensor cores, its K/V staging in decode_mma_stage.cuh) and
+// decode_attention_simt.cu (CUDA cores), with their shared device and launch code (split
+// plan, a warp's keys and copy pipeline, the grid launch, warp combine, merge) in
+// decode_common.cuh.
 //
 // bf16 KV runs on tensor cores: the group's query heads are rows 0-7 of an m16n8k16 tile,
 // S = Q K^T and O += P V are MMAs over the staged K/V tiles (ldmatrix from a swizzled

@@ -229,6 +229,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     if constexpr (Cfg::kTma) {
       MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
     } else {
+      CpAsyncWait<kStages - 1>();
       __syncwarp();  // other lanes' copies of this stage have landed too
     }
     math.Consume(loader.Tile(read_stage), keys.start(it), cta.key_end);

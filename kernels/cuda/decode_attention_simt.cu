@@ -194,6 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   // Each lane reads back only its own copies: no __syncwarp before consuming.
   RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
+    CpAsyncWait<kStages - 1>();
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_src = k_src + kStageBytes / 2;
     const int start = keys.start(it);

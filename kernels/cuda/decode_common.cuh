@@ -140,11 +140,11 @@ class WarpKeys {
 
 // A warp's software pipeline over its iterations (WarpKeys), kStages - 1 iterations' copies
 // in flight while one is consumed: issue(it, block_ptrs, stage) enqueues iteration it's copies
-// into buffer `stage`. Two ways to complete a stage: issue commits a cp.async group (an
-// empty one past the warp's last iteration) and consume(it, stage) runs once this lane's
-// copies of iteration it have landed (another lane's copies need a __syncwarp first); or
-// issue commits nothing and consume waits for the stage's own barrier (TMA). The block
-// table is read an iteration ahead.
+// into buffer `stage`, consume(it, stage) waits for them and uses them. The callers own how a
+// stage completes: issue commits a cp.async group (an empty one past the warp's last
+// iteration) and consume starts with CpAsyncWait<kStages - 1>() (this lane's copies; another
+// lane's need a __syncwarp too); or issue commits nothing and consume waits for the stage's
+// own barrier (TMA). The block table is read an iteration ahead.
 template <int kStages, typename Keys, typename Issue, typename Consume>
 __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Consume&& consume) {
   const char* ptrs[kStages - 1];
@@ -159,7 +159,6 @@ __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, 
     __syncwarp();  // every lane is done with write_stage's previous iteration
     issue(it + kStages - 1, pending, write_stage);
     pending = keys.BlockPtrs(it + kStages);
-    CpAsyncWait<kStages - 1>();
     consume(it, read_stage);
     read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
   }

@@ -37,15 +37,6 @@ __device__ __forceinline__ void MbarrierInit(uint64_t* bar, int count) {
                : "memory");
 }
 
-// One arrival (release: this thread's prior memory accesses happen before the phase
-// completes for any waiter).
-__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
-  asm volatile(
-      "{\n.reg .b64 state;\nmbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(
-          SharedAddress(bar))
-      : "memory");
-}
-
 // MbarrierArrive where `arrive` holds, as a predicated instruction rather than a branch around
 // one: the arrival then depends on whatever computes `arrive`, which orders it after that
 // (the Hopper prefill kernel relies on it).
@@ -56,6 +47,10 @@ __device__ __forceinline__ void MbarrierArriveIf(uint64_t* bar, bool arrive) {
       "r"(static_cast<int>(arrive))
       : "memory");
 }
+
+// One arrival (release: this thread's prior memory accesses happen before the phase
+// completes for any waiter).
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) { MbarrierArriveIf(bar, true); }
 
 // Waits until the phase of parity `parity` (0 or 1) has completed (acquire).
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {

@@ -30,7 +30,7 @@
 //
 // Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
 // before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
-// from run to run, before it 510-575; SDPA 622-655). Variants built only to measure: the producer's
+// from run to run, before it 510-575; SDPA 591-655). Variants built only to measure: the producer's
 // copies turned into zero fills (no reads, same instructions) 566; half the tiles' reads
 // skipped 569; no copies at all 590; no exp2 +1%; no P V MMAs 671 (at the full flop
 // count). So the K/V gather costs ~8% (at 128 rows per tile read the kernel streams ~4 TB/s
