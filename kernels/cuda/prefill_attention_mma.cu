@@ -101,17 +101,26 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // Q as A fragments (scaled to base-2 logits): the bf16 high parts in registers, the
-    // residuals in this thread's own shared-memory slots, read back per k-step.
+    // residuals in this thread's own shared-memory slots, read back per k-step. All loads go
+    // out before the first store (see StageScaledQ).
+    float q_in[kDimSteps][4][2];
+#pragma unroll
+    for (int kk = 0; kk < kDimSteps; ++kk) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const float* src = q_rows[reg & 1] + 16 * kk + 2 * t + 8 * (reg >> 1);
+        q_in[kk][reg][0] = src[0];
+        q_in[kk][reg][1] = src[1];
+      }
+    }
     uint32_t q_hi[kDimSteps][4];
 #pragma unroll
     for (int kk = 0; kk < kDimSteps; ++kk) {
       uint32_t lo[4];
 #pragma unroll
       for (int reg = 0; reg < 4; ++reg) {
-        const float* src = q_rows[reg & 1] + 16 * kk + 2 * t + 8 * (reg >> 1);
-        const float x0 = src[0] * q_scale;
-        const float x1 = src[1] * q_scale;
-        SplitBf16x2(x0, x1, q_hi[kk][reg], lo[reg]);
+        SplitBf16x2(q_in[kk][reg][0] * q_scale, q_in[kk][reg][1] * q_scale, q_hi[kk][reg],
+                    lo[reg]);
       }
       s_q_lo[kk * kThreads + threadIdx.x] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }

@@ -73,6 +73,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int g = lane / 4;  // fragment row
   const int t = lane % 4;  // fragment column pair
   const float q_scale = p.sm_scale * kLog2e;
+  // Q chunks as 16-byte loads where every row start is 16-byte aligned.
+  const bool q_aligned =
+      p.q_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % sizeof(float4) == 0;
   const int block_mask = c.block_size - 1;
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
   // ldmatrix row/chunk offsets of this lane: A operand (Q, 16x16), K as B (two 8-key
@@ -128,20 +131,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
 
     // Q tile -> bf16, scaled to base-2 logits; rows past the end are zeros (never written
-    // out). Ordinary stores, read by ldmatrix after the first tile's barrier.
-#pragma unroll 4
-    for (int round = 0; round < Shape::kQRounds; ++round) {
-      const int index = round * kThreads + threadIdx.x;
-      const int r = index / kChunks;
-      const int chunk = index % kChunks;
-      const int packed = tile_row0 + r;
-      uint4 bits = make_uint4(0, 0, 0, 0);
-      if (packed < packed_rows) {
-        const float* src =
-            p.q + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.q_stride);
-        bits = PackScaledBf16x8(src + chunk * 8, q_scale);
-      }
-      *reinterpret_cast<uint4*>(s_q + Swizzled<kHeadDim>(r, chunk)) = bits;
+    // out). Ordinary stores, read by ldmatrix after the first tile's barrier. Two batches of
+    // eight rounds, not unrolled (the whole loop unrolled spills registers).
+    constexpr int kQPart = 8;
+    static_assert(Shape::kQRounds % kQPart == 0);
+#pragma unroll 1
+    for (int part = 0; part < Shape::kQRounds / kQPart; ++part) {
+      StageScaledQ<kQPart>(
+          q_aligned, q_scale,
+          [&](int round) -> const float* {
+            const int index = (part * kQPart + round) * kThreads + threadIdx.x;
+            const int packed = tile_row0 + index / kChunks;
+            if (packed >= packed_rows) return nullptr;
+            return p.q + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.q_stride) +
+                   index % kChunks * 8;
+          },
+          [&](int round, uint4 bits) {
+            const int index = (part * kQPart + round) * kThreads + threadIdx.x;
+            *reinterpret_cast<uint4*>(s_q + Swizzled<kHeadDim>(index / kChunks, index % kChunks)) =
+                bits;
+          });
     }
 
     const int num_key_tiles = CeilDiv(key_end, kKeys);

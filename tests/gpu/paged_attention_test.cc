@@ -362,6 +362,11 @@ std::vector<AttentionCase> Cases() {
     cases.back().bf16_qp = true;
     cases.back().no_wgmma = true;
   }
+  // Q rows that are not 16-byte aligned take the wide kernel's scalar Q loads.
+  add("bf16qp_prefill_d128_wide_odd_strides", prefills, DType::kBF16, 128, 16, 2, 4);
+  cases.back().bf16_qp = true;
+  cases.back().no_wgmma = true;
+  cases.back().odd_strides = true;
   const std::vector<SeqShape> long_prefills = {{300, 5000}, {129, 129}, {1000, 1000}, {17, 2100}};
   add("bf16qp_long_prefill_d128_bs16_g4", long_prefills, DType::kBF16, 128, 16, 2, 4);
   cases.back().bf16_qp = true;
