@@ -57,6 +57,11 @@ __device__ __forceinline__ void CpAsync16Prefetch(void* shared_dst, const void* 
   }
 }
 
+// Asks L2 to fetch the line holding `global_address` from memory; no registers, no waiting.
+__device__ __forceinline__ void PrefetchL2(const void* global_address) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global_address));
+}
+
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

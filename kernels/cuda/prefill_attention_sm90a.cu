@@ -28,10 +28,22 @@
 // Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
 // within that rounding, not bit for bit: ex2.approx, other tile sizes).
 //
-// Q staging loads every chunk of a thread before its first shared store (StageScaledQ). A
-// %clock64 trace per item showed the interleaved rounds taking 11-12k cycles an item, 5% of
-// 1 x 16k's time, 19% of 1 x 4k's and 30% of 8 x 2k's; batched, 6-7k. Alternating builds in one
-// run: 1 x 4k +9%, 8 x 2k +15%; 1 x 16k within the run-to-run noise.
+// Between items. The producer takes the next work item from the counter as soon as it has
+// issued this one's loads, a few tiles before the consumers finish, and issues its first K tile
+// and an L2 prefetch of its Q rows (the atomic's round trip and K 0's are then off the
+// consumers' path). The consumers stage their Q rows at the start of each item, every load
+// before the first shared store (StageScaledQ), through L2 only.
+//
+// Measured per item with a %clock64 trace (a diagnostic build, H200): with Q's rounds
+// interleaved with their stores, the Q staging took 11-12k cycles, 5% of causal 1 x 16k's
+// time, 19% of 1 x 4k's and 30% of 8 x 2k's; batched, 6k (alternating builds in one run:
+// 1 x 4k +9%, 8 x 2k +15%); branchless, through L2 only and with the next item taken early,
+// 5.4k at 1 x 16k and 6.0k at 8 x 2k (8 x 2k +2% more). Without any Q loads it is 2.2k: the
+// rest is the loads' latency while the K/V stream keeps L2 busy. Staging the next item's Q at
+// the end of the item before, the loads among the output's stores (registers allow no more),
+// only moved that latency there.
+// The same trace, against %globaltimer, put the SM clock during this kernel at 1.67-1.79 GHz
+// (nvidia-smi reads 1980 MHz throughout); the run-to-run spread at 1 x 16k follows the clock.
 //
 // Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
 // before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
@@ -85,7 +97,8 @@ constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;  // + alig
 // consumer w's Q rows to its own warpgroup.
 constexpr int kTurnBarrier = 1;
 constexpr int kQBarrier = 3;
-constexpr int kItemBarrier = 5;  // all threads: the next work item
+constexpr int kItemBarrier = 5;      // all threads: the next work item
+constexpr int kProducerBarrier = 6;  // the producer warpgroup: the next work item
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
 
 // What every role derives from a work item.
@@ -126,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     PrefillHopperKernel(PagedAttentionParams p, int32_t* tile_indptr, int block_shift) {
 #if KVD_HAVE_WGMMA
   extern __shared__ unsigned char smem_raw[];
-  __shared__ int s_item;
+  __shared__ int s_item[2];
   __shared__ uint64_t full[2][kStages];  // [K or V][stage]
   __shared__ uint64_t empty[2][kStages];
   // Swizzled regions must be 1024-byte aligned in the shared address space.
@@ -157,14 +170,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* work_counter = tile_indptr;  // [0]: offset 0 by definition, never read as one
 
   uint32_t tile_count = 0;  // key tiles so far, over all items: ring stage and phase
-  // The next work item for every thread: thread 0 takes it from the counter, the item
-  // barrier (all three warpgroups, in both roles' loops) publishes it.
+  // Work items come from the counter. The producer's first thread takes each one once it has
+  // issued the loads of the one before (the consumers are then a few tiles from its end), so
+  // that the next item's first K tile and its Q rows can be fetched early; the item barrier
+  // (all three warpgroups, in both roles' loops) publishes it. Slots alternate by item: a
+  // slot is written again only after everyone has passed the barrier that published it.
+  const bool taker = threadIdx.x == kConsumerThreads;
+  if (taker) s_item[0] = atomicAdd(work_counter, 1);
+  int items_done = 0;
   auto next_item = [&]() -> int {
-    if (threadIdx.x == 0) s_item = atomicAdd(work_counter, 1);
     NamedBarrierSync(kItemBarrier, kThreads);
-    const int index = s_item;
-    NamedBarrierSync(kItemBarrier, kThreads);  // read before anyone takes the next one
-    return index;
+    return s_item[items_done++ & 1];
   };
 
   // The two roles run separate loops (register budgets differ: setmaxnreg applies to the code
@@ -220,12 +236,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       // full[x][stage] counts this thread once its copies have landed; no waiting here.
       CpAsyncArriveOnMbarrier(&full[x][stage]);
     };
+    // The item's K 0 and its lane rows, issued at the end of the item before it. (A flag, not
+    // a test of `rows`: the compiler must see the branch as the same for the whole warp, or it
+    // adds a divergent path to every copy round.)
+    const char* rows = nullptr;
+    bool k0_issued = false;
     for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
       const Item item = DecodeItem(p, tile_indptr, item_index, group);
       // K 0, then K kt+1 before V kt: the order the consumers need them in.
-      if (item.num_key_tiles == 0) continue;
-      const char* rows = lane_row(item, 0);
-      load(item, 0, 0, rows);
+      if (item.num_key_tiles > 0 && !k0_issued) {
+        rows = lane_row(item, 0);
+        load(item, 0, 0, rows);
+      }
       for (int kt = 0; kt < item.num_key_tiles; ++kt) {
         const bool more = kt + 1 < item.num_key_tiles;
         const char* next_rows = more ? lane_row(item, kt + 1) : nullptr;
@@ -234,6 +256,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         rows = next_rows;
       }
       tile_count += item.num_key_tiles;
+      // The next item, its K 0 and (into L2, a row a thread) its Q rows for the consumers.
+      if (taker) s_item[items_done & 1] = atomicAdd(work_counter, 1);
+      NamedBarrierSync(kProducerBarrier, kProducerThreads);
+      const int next_index = s_item[items_done & 1];
+      k0_issued = false;
+      if (next_index < total_items) {
+        const Item next = DecodeItem(p, tile_indptr, next_index, group);
+        if (next.num_key_tiles > 0) {
+          rows = lane_row(next, 0);
+          load(next, 0, 0, rows);
+          k0_issued = true;
+        }
+        const int packed = next.tile_row0 + (threadIdx.x - kConsumerThreads);
+        if (packed < next.packed_rows) {
+          const float* row = p.q + PackedRowOffset<kHeadDim>(next.q_begin, packed, group,
+                                                             next.kv_head, p.q_stride);
+#pragma unroll
+          for (int line = 0; line < kHeadDim * 4 / 128; ++line) PrefetchL2(row + line * 32);
+        }
+      }
     }
     // No copy outlives its thread (the consumers' waits cover them already).
     CpAsyncCommit();
@@ -282,12 +324,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // out).
     StageScaledQ<kGroupRows * kChunks / 128>(
         q_aligned, p.sm_scale * kLog2e,
-        [&](int round) -> const float* {
+        [&](int round, bool& live) -> const float* {
           const int index = round * 128 + threadIdx.x % 128;
           const int packed = item.tile_row0 + warpgroup * kGroupRows + index / kChunks;
-          if (packed >= item.packed_rows) return nullptr;
-          return p.q + PackedRowOffset<kHeadDim>(item.q_begin, packed, group, item.kv_head,
-                                                 p.q_stride) +
+          live = packed < item.packed_rows;
+          return p.q +
+                 PackedRowOffset<kHeadDim>(item.q_begin, min(packed, item.packed_rows - 1), group,
+                                           item.kv_head, p.q_stride) +
                  index % kChunks * 8;
         },
         [&](int round, uint4 bits) {

@@ -139,11 +139,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     for (int part = 0; part < Shape::kQRounds / kQPart; ++part) {
       StageScaledQ<kQPart>(
           q_aligned, q_scale,
-          [&](int round) -> const float* {
+          [&](int round, bool& live) -> const float* {
             const int index = (part * kQPart + round) * kThreads + threadIdx.x;
             const int packed = tile_row0 + index / kChunks;
-            if (packed >= packed_rows) return nullptr;
-            return p.q + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.q_stride) +
+            live = packed < packed_rows;
+            return p.q +
+                   PackedRowOffset<kHeadDim>(q_begin, min(packed, packed_rows - 1), group, kv_head,
+                                             p.q_stride) +
                    index % kChunks * 8;
           },
           [&](int round, uint4 bits) {
