@@ -30,20 +30,24 @@
 //
 // Between items. The producer takes the next work item from the counter as soon as it has
 // issued this one's loads, a few tiles before the consumers finish, and issues its first K tile
-// and an L2 prefetch of its Q rows (the atomic's round trip and K 0's are then off the
-// consumers' path). The consumers stage their Q rows at the start of each item, every load
-// before the first shared store (StageScaledQ), through L2 only.
+// and an L2 prefetch of its Q rows: the atomic's round trip and K 0's are then off the
+// consumers' path (they still decode the item themselves, from cached lines). The consumers
+// stage their Q rows at the start of each item with StageScaledQ: every load issued before
+// the first shared store and no branch between them.
 //
-// Measured per item with a %clock64 trace (a diagnostic build, H200): with Q's rounds
-// interleaved with their stores, the Q staging took 11-12k cycles, 5% of causal 1 x 16k's
-// time, 19% of 1 x 4k's and 30% of 8 x 2k's; batched, 6k (alternating builds in one run:
-// 1 x 4k +9%, 8 x 2k +15%); branchless, through L2 only and with the next item taken early,
-// 5.4k at 1 x 16k and 6.0k at 8 x 2k (8 x 2k +2% more). Without any Q loads it is 2.2k: the
-// rest is the loads' latency while the K/V stream keeps L2 busy. Staging the next item's Q at
-// the end of the item before, the loads among the output's stores (registers allow no more),
-// only moved that latency there.
-// The same trace, against %globaltimer, put the SM clock during this kernel at 1.67-1.79 GHz
-// (nvidia-smi reads 1980 MHz throughout); the run-to-run spread at 1 x 16k follows the clock.
+// Measured per item with a %clock64 trace (a diagnostic build, H200), the Q staging took:
+// 11-12k cycles with each round's store next to its load (5% of causal 1 x 16k's time, 19% of
+// 1 x 4k's and 30% of 8 x 2k's); 6k with the loads batched but a branch per round (the
+// compiler converted inside each branch), which measured 1 x 4k +9% and 8 x 2k +15% against
+// the first, alternating builds in one run; 5.4k at 1 x 16k and 6.0k at 8 x 2k branchless,
+// through L2 only and with the next item taken early (8 x 2k +2% more). Without any Q loads
+// it is 2.2k: the rest is the loads' latency while the K/V stream keeps L2 busy. Staging the
+// next item's Q at the end of the item before, its loads among the output's stores (registers
+// allow no more), only moved that latency there.
+//
+// When comparing runs: the same trace against %globaltimer put the SM clock during this kernel
+// at 1.64-1.79 GHz while nvidia-smi read 1980 MHz, and the spread of 1 x 16k's TFLOP/s from
+// one run to the next (535-620) follows that clock.
 //
 // Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
 // before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
@@ -173,14 +177,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Work items come from the counter. The producer's first thread takes each one once it has
   // issued the loads of the one before (the consumers are then a few tiles from its end), so
   // that the next item's first K tile and its Q rows can be fetched early; the item barrier
-  // (all three warpgroups, in both roles' loops) publishes it. Slots alternate by item: a
-  // slot is written again only after everyone has passed the barrier that published it.
+  // (all three warpgroups, in both roles' loops) publishes it. Slots alternate by item: item
+  // k + 2 goes into item k's slot only after the taker has passed the barrier that publishes
+  // item k + 1, where every thread arrives after reading item k.
   const bool taker = threadIdx.x == kConsumerThreads;
   if (taker) s_item[0] = atomicAdd(work_counter, 1);
-  int items_done = 0;
+  int num_items_taken = 0;  // published by the item barrier so far, the same in every thread
   auto next_item = [&]() -> int {
     NamedBarrierSync(kItemBarrier, kThreads);
-    return s_item[items_done++ & 1];
+    return s_item[num_items_taken++ & 1];
   };
 
   // The two roles run separate loops (register budgets differ: setmaxnreg applies to the code
@@ -257,9 +262,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       tile_count += item.num_key_tiles;
       // The next item, its K 0 and (into L2, a row a thread) its Q rows for the consumers.
-      if (taker) s_item[items_done & 1] = atomicAdd(work_counter, 1);
+      if (taker) s_item[num_items_taken & 1] = atomicAdd(work_counter, 1);
       NamedBarrierSync(kProducerBarrier, kProducerThreads);
-      const int next_index = s_item[items_done & 1];
+      const int next_index = s_item[num_items_taken & 1];
       k0_issued = false;
       if (next_index < total_items) {
         const Item next = DecodeItem(p, tile_indptr, next_index, group);
@@ -272,8 +277,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (packed < next.packed_rows) {
           const float* row = p.q + PackedRowOffset<kHeadDim>(next.q_begin, packed, group,
                                                              next.kv_head, p.q_stride);
+          // Its four 128-byte lines, and the fifth a row not 128-byte aligned reaches into.
 #pragma unroll
           for (int line = 0; line < kHeadDim * 4 / 128; ++line) PrefetchL2(row + line * 32);
+          PrefetchL2(row + kHeadDim - 1);
         }
       }
     }

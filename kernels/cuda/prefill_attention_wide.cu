@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
 
     // Q tile -> bf16, scaled to base-2 logits; rows past the end are zeros (never written
-    // out). Ordinary stores, read by ldmatrix after the first tile's barrier. Two batches of
-    // eight rounds, not unrolled (the whole loop unrolled spills registers).
+    // out). Ordinary stores, read by ldmatrix after the first tile's barrier. In batches of
+    // eight rounds, a loop not unrolled (unrolled, at head_dim 128, it spills registers).
     constexpr int kQPart = 8;
     static_assert(Shape::kQRounds % kQPart == 0);
 #pragma unroll 1

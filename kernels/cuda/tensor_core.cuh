@@ -1,8 +1,9 @@
 #ifndef KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
 #define KVD_KERNELS_CUDA_TENSOR_CORE_CUH_
 
-// Warp-level bf16 tensor-core helpers (sm_80+ `mma.sync` and `ldmatrix`), fragment layouts
-// as in the PTX ISA for mma.m16n8k16 with g = lane / 4 and t = lane % 4:
+// Warp-level bf16 tensor-core helpers (sm_80+ `mma.sync` and `ldmatrix`), and the staging of
+// fp32 Q rows as bf16 operands (StageScaledQ). Fragment layouts as in the PTX ISA for
+// mma.m16n8k16 with g = lane / 4 and t = lane % 4:
 //
 //   A (16x16, row-major), 4 regs of bf16x2:  a0 (g, 2t..2t+1)   a1 (g+8, 2t..2t+1)
 //                                            a2 (g, 2t+8..2t+9) a3 (g+8, 2t+8..2t+9)
@@ -74,18 +75,15 @@ __device__ __forceinline__ uint4 PackScaledBf16x8(const float (&v)[8], float sca
 }
 
 // Q rows into shared memory as scaled bf16, kRounds chunks of eight floats a thread:
-// `source(round, live)` gives a chunk's floats, always readable (a row past the end may give
-// any real row's), and sets `live` false for a chunk that must be zeros; `store(round, bits)`
-// puts its bf16. `aligned`: every chunk 16-byte aligned (two 16-byte loads, else eight scalar
-// ones). All loads are issued before any use, without branches between them, and read through
-// L2 only (ld.global.cg: each is read once, and the kernels' L1 is the few KB their shared
-// memory leaves).
-//
-// Measured on the Hopper prefill with a per-item %clock64 trace (H200): each round's
-// conversion and store next to its load, or a branch per round (the compiler then converts
-// inside each branch), makes every round wait out a memory round trip: 11-12k cycles of each
-// 128-row item, 5% of causal 1 x 16k's time, 19% of 1 x 4k's and 30% of 8 x 2k's. Batched and
-// branchless, 5.4k, of which ~2.2k is not the loads.
+// `source(round, live)` gives a chunk's floats, always readable (a row past the end gives a
+// real row's, loaded and dropped), and sets `live` false for a chunk that must be zeros;
+// `store(round, bits)` puts its bf16. `aligned`: every chunk 16-byte aligned (two 16-byte
+// loads, else eight scalar ones). Every load is issued before the first store, with no branch
+// between them: the compiler cannot move a load above a shared store it cannot tell apart from
+// it, and it converts inside a branch, so either way each round would wait out a memory round
+// trip (prefill_attention_sm90a.cu has the measurements). Loads go through L2 only
+// (ld.global.cg): Q is read once, and the Hopper prefill's L1 is the few KB its shared memory
+// leaves.
 template <int kRounds, typename SourceFn, typename StoreFn>
 __device__ __forceinline__ void StageScaledQ(bool aligned, float scale, SourceFn&& source,
                                              StoreFn&& store) {
