@@ -46,8 +46,9 @@
 // allow no more), only moved that latency there.
 //
 // When comparing runs: the same trace against %globaltimer put the SM clock during this kernel
-// at 1.64-1.79 GHz while nvidia-smi read 1980 MHz, and the spread of 1 x 16k's TFLOP/s from
-// one run to the next (535-620) follows that clock.
+// at 1.64-1.79 GHz while nvidia-smi read 1980 MHz. Over those runs a 1 x 16k call took 6.1-6.3M
+// cycles per CTA and 3.42-3.79 ms: its time followed the clock. (A probe kernel right after a
+// row cannot see this: after 1 x 4k rows whose kernels ran at 1.72 GHz it read 1.97.)
 //
 // Where the time goes (H200, `gpu_bench prefill`, causal 1 x 16k, random data), measured
 // before the P V wait and descriptor change above (the kernel now measures 535-603 TFLOP/s
