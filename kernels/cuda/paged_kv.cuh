@@ -113,6 +113,28 @@ __device__ __forceinline__ int64_t PackedRowOffset(int first_token, int packed, 
          int64_t{kv_head * group + packed % group} * kHeadDim;
 }
 
+// Chunk `chunk` (eight floats) of packed Q row `packed` of a prefill tile whose rows end at
+// `packed_rows` (>= 1), for StageScaledQ: a row past the end reads the last real row and is
+// not `live`.
+template <int kHeadDim>
+__device__ __forceinline__ const float* PackedQChunk(const PagedAttentionParams& p, int q_begin,
+                                                     int packed, int packed_rows, int group,
+                                                     int kv_head, int chunk, bool& live) {
+  live = packed < packed_rows;
+  return p.q +
+         PackedRowOffset<kHeadDim>(q_begin, min(packed, packed_rows - 1), group, kv_head,
+                                   p.q_stride) +
+         chunk * 8;
+}
+
+// Whether every row of a float array (`stride` floats apart from `base`) starts on a
+// sizeof(V) boundary, so that V-wide loads or stores may cover it.
+template <typename V>
+__device__ __forceinline__ bool RowsAligned(const float* base, int stride) {
+  constexpr int kFloats = sizeof(V) / sizeof(float);
+  return stride % kFloats == 0 && reinterpret_cast<uintptr_t>(base) % sizeof(V) == 0;
+}
+
 // Last s with item_indptr[s] <= item, over num_seqs + 1 nondecreasing entries (the sequence
 // a work item of a CSR work list belongs to). REQUIRES: item < item_indptr[num_seqs].
 __device__ __forceinline__ int FindSequence(const int32_t* item_indptr, int num_seqs, int item) {

@@ -292,12 +292,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   IncreaseMaxRegisters<kConsumerRegisters>();
-  // Q chunks as 16-byte loads where every row start is 16-byte aligned.
-  const bool q_aligned =
-      p.q_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % sizeof(float4) == 0;
-  // Output pairs as one 8-byte store where every row start is 8-byte aligned.
-  const bool out_pairs =
-      p.out_stride % 2 == 0 && reinterpret_cast<uintptr_t>(p.out) % sizeof(float2) == 0;
+  const bool q_aligned = RowsAligned<float4>(p.q, p.q_stride);  // Q chunks as 16-byte loads
+  const bool out_pairs = RowsAligned<float2>(p.out, p.out_stride);  // output pairs as 8-byte stores
   // Consumer 0 issues first: its turn barrier starts with consumer 1's arrival.
   if (warpgroup == 1) NamedBarrierArrive(kTurnBarrier + 0, kConsumerThreads);
   for (int item_index = next_item(); item_index < total_items; item_index = next_item()) {
@@ -332,14 +328,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // out).
     StageScaledQ<kGroupRows * kChunks / 128>(
         q_aligned, p.sm_scale * kLog2e,
-        [&](int round, bool& live) -> const float* {
+        [&](int round, bool& live) {
           const int index = round * 128 + threadIdx.x % 128;
-          const int packed = item.tile_row0 + warpgroup * kGroupRows + index / kChunks;
-          live = packed < item.packed_rows;
-          return p.q +
-                 PackedRowOffset<kHeadDim>(item.q_begin, min(packed, item.packed_rows - 1), group,
-                                           item.kv_head, p.q_stride) +
-                 index % kChunks * 8;
+          return PackedQChunk<kHeadDim>(p, item.q_begin,
+                                        item.tile_row0 + warpgroup * kGroupRows + index / kChunks,
+                                        item.packed_rows, group, item.kv_head, index % kChunks,
+                                        live);
         },
         [&](int round, uint4 bits) {
           const int index = round * 128 + threadIdx.x % 128;

@@ -73,9 +73,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int g = lane / 4;  // fragment row
   const int t = lane % 4;  // fragment column pair
   const float q_scale = p.sm_scale * kLog2e;
-  // Q chunks as 16-byte loads where every row start is 16-byte aligned.
-  const bool q_aligned =
-      p.q_stride % 4 == 0 && reinterpret_cast<uintptr_t>(p.q) % sizeof(float4) == 0;
+  const bool q_aligned = RowsAligned<float4>(p.q, p.q_stride);  // Q chunks as 16-byte loads
   const int block_mask = c.block_size - 1;
   const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
   // ldmatrix row/chunk offsets of this lane: A operand (Q, 16x16), K as B (two 8-key
@@ -139,14 +137,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     for (int part = 0; part < Shape::kQRounds / kQPart; ++part) {
       StageScaledQ<kQPart>(
           q_aligned, q_scale,
-          [&](int round, bool& live) -> const float* {
+          [&](int round, bool& live) {
             const int index = (part * kQPart + round) * kThreads + threadIdx.x;
-            const int packed = tile_row0 + index / kChunks;
-            live = packed < packed_rows;
-            return p.q +
-                   PackedRowOffset<kHeadDim>(q_begin, min(packed, packed_rows - 1), group, kv_head,
-                                             p.q_stride) +
-                   index % kChunks * 8;
+            return PackedQChunk<kHeadDim>(p, q_begin, tile_row0 + index / kChunks, packed_rows,
+                                          group, kv_head, index % kChunks, live);
           },
           [&](int round, uint4 bits) {
             const int index = (part * kQPart + round) * kThreads + threadIdx.x;
