@@ -3,7 +3,8 @@
 
 // Device-side helpers shared by the KV and attention kernels: 16-byte vector loads that
 // widen the storage type to fp32, scalar conversions, a pointer shuffle, log2(e) for base-2
-// logits, and paged-arena addressing (kernels/params.h, KvCacheView):
+// logits, packed prefill Q rows and row alignment (for StageScaledQ), the work-item lookup,
+// and paged-arena addressing (kernels/params.h, KvCacheView):
 //
 //   chunks[b >> chunk_shift] + region_offset + (b & (blocks_per_chunk - 1)) * block_bytes
 //     -> [num_kv_heads][block_size][head_dim] of T      (one block of one region)
