@@ -1,5 +1,8 @@
 #include "kernels/dtype.h"
 
+#include <cmath>
+#include <cstring>
+
 namespace kvd {
 
 std::string_view DTypeName(DType t) {
@@ -28,6 +31,14 @@ std::optional<DType> ParseDType(std::string_view name) {
   if (name == "int8") return DType::kInt8;
   if (name == "int4") return DType::kInt4;
   return std::nullopt;
+}
+
+uint16_t Bf16Bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stay quiet NaN
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 }  // namespace kvd

@@ -43,6 +43,10 @@ std::string_view DTypeName(DType t);
 // Inverse of DTypeName; also accepts "fp32", "float32", "float16", "f16", "fp8_e4m3".
 std::optional<DType> ParseDType(std::string_view name);
 
+// `x` rounded to the nearest bf16 (ties to even, as CUDA's __float2bfloat16_rn), as its bits;
+// a NaN stays a (quiet) NaN.
+uint16_t Bf16Bits(float x);
+
 }  // namespace kvd
 
 #endif  // KVD_KERNELS_DTYPE_H_

@@ -18,14 +18,6 @@ namespace {
 // Host staging per FillRandom round on backends without a fill kernel (4 MiB of f32).
 constexpr size_t kFillChunkElements = size_t{1} << 20;
 
-uint16_t Bf16Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN stays NaN
-  bits += 0x7FFFu + ((bits >> 16) & 1u);                  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 #if defined(KVD_HAVE_CUDA)
 CudaBackend* AsCuda(Backend* backend) { return dynamic_cast<CudaBackend*>(backend); }
 

@@ -17,14 +17,6 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float hi) {
   return v;
 }
 
-uint16_t Bf16Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stay quiet NaN
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
 float Bf16ToFloat(uint16_t bits) {
   const uint32_t wide = uint32_t{bits} << 16;
   float x;

@@ -28,8 +28,7 @@ constexpr uint8_t kPoisonByte = 0xFF;
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f);
 
-// Round to nearest even, as __float2bfloat16_rn; NaN stays NaN.
-uint16_t Bf16Bits(float x);
+// bf16 bits -> float, and a float rounded as __float2bfloat16_rn (kvd::Bf16Bits, dtype.h).
 float Bf16ToFloat(uint16_t bits);
 float RoundBf16(float x);
 std::vector<float> RoundBf16(std::vector<float> v);
