@@ -60,6 +60,10 @@ class Backend {
   virtual DType weight_dtype() const = 0;
   // Uploads `count` fp32 host values as weight_dtype(), converting as needed.
   virtual absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) = 0;
+  // Whether PagedAttention reads PagedAttentionParams::q_bf16 for prefill rows over a bf16 KV
+  // cache of this head_dim when given (so a model should have Rope write it), rather than
+  // ignoring it.
+  virtual bool ReadsBf16Q(int32_t /*head_dim*/) const { return false; }
 
   // --- ops ---
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;

@@ -128,6 +128,10 @@ absl::Status CpuRope(const RopeParams& p, ThreadPool& pool) {
       return Invalid(kOp, absl::StrCat("k_stride ", p.k_stride, " < num_kv_heads * head_dim"));
     }
   }
+  if (p.q_bf16 != nullptr && p.q_bf16_stride < int64_t{p.num_q_heads} * p.head_dim) {
+    return Invalid(kOp,
+                   absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads * head_dim"));
+  }
 
   const int32_t half = p.head_dim / 2;
   std::vector<float> freq(half);
@@ -160,8 +164,16 @@ absl::Status CpuRope(const RopeParams& p, ThreadPool& pool) {
         cos_v[i] = std::cos(val);
         sin_v[i] = std::sin(val);
       }
-      if (p.num_q_heads > 0)
-        rotate_heads(p.q + t * p.q_stride, p.num_q_heads, cos_v.data(), sin_v.data());
+      if (p.num_q_heads > 0) {
+        float* q = p.q + t * p.q_stride;
+        rotate_heads(q, p.num_q_heads, cos_v.data(), sin_v.data());
+        if (p.q_bf16 != nullptr) {
+          uint16_t* q_bf16 = static_cast<uint16_t*>(p.q_bf16) + t * p.q_bf16_stride;
+          for (int64_t i = 0; i < int64_t{p.num_q_heads} * p.head_dim; ++i) {
+            q_bf16[i] = Bf16Bits(q[i]);
+          }
+        }
+      }
       if (p.num_kv_heads > 0)
         rotate_heads(p.k + t * p.k_stride, p.num_kv_heads, cos_v.data(), sin_v.data());
     }

@@ -90,6 +90,10 @@ struct RopeParams {
   int32_t k_stride = 0;
   float theta = 10000.0f;
   RopeStyle style = RopeStyle::kInterleaved;
+  // Optional: also the rotated q rows rounded to bf16, [num_tokens][q_bf16_stride]
+  // (PagedAttentionParams::q_bf16).
+  void* q_bf16 = nullptr;
+  int32_t q_bf16_stride = 0;
 };
 
 // out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)).
@@ -133,6 +137,11 @@ struct AppendKvParams {
 struct PagedAttentionParams {
   float* out = nullptr;               // [q_indptr[num_seqs]][out_stride]
   const float* q = nullptr;           // [q_indptr[num_seqs]][q_stride], head-major
+  // Optional: q's rows again as bf16 (each value rounded to nearest), [rows][q_bf16_stride].
+  // Kernels that round Q to bf16 anyway (the CUDA tensor-core prefill) may read these
+  // instead, half the bytes and no conversion; every other reader uses q.
+  const void* q_bf16 = nullptr;
+  int32_t q_bf16_stride = 0;
   const int32_t* q_indptr = nullptr;  // [num_seqs + 1]
   KvCacheView cache;
   BlockTableView blocks;

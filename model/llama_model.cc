@@ -150,6 +150,9 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
     KVD_RETURN_IF_ERROR(alloc(&attn_, t * q_dim));
     KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
     KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
+    if (backend_->ReadsBf16Q(s.head_dim)) {
+      KVD_RETURN_IF_ERROR(alloc(&q_bf16_, (t * q_dim + 1) / 2));  // t * q_dim bf16
+    }
     scratch_tokens_ = num_tokens;
     ++scratch_epoch_;
   }
@@ -312,6 +315,10 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
   float* attn = attn_.as<float>();
   float* h13 = h13_.as<float>();
   float* h = h_.as<float>();
+  // Prefill rows over a bf16 cache may read Q as bf16 (the backend's choice): RoPE writes it.
+  void* q_bf16 = b.max_q_len > 1 && !layers.empty() && layers[0].dtype == DType::kBF16
+                     ? q_bf16_.data()
+                     : nullptr;
 
   KVD_RETURN_IF_ERROR(backend_->Embedding({.out = x,
                                            .table = token_embedding_.data(),
@@ -349,7 +356,9 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                         .q_stride = qkv_dim,
                                         .k_stride = qkv_dim,
                                         .theta = s.rope_theta,
-                                        .style = s.rope_style}));
+                                        .style = s.rope_style,
+                                        .q_bf16 = q_bf16,
+                                        .q_bf16_stride = q_dim}));
     KVD_RETURN_IF_ERROR(backend_->AppendKv({.cache = layers[l],
                                             .k = k,
                                             .v = v,
@@ -360,6 +369,8 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
     KVD_RETURN_IF_ERROR(
         backend_->PagedAttention({.out = attn,
                                   .q = q,
+                                  .q_bf16 = q_bf16,
+                                  .q_bf16_stride = q_dim,
                                   .q_indptr = q_indptr,
                                   .cache = layers[l],
                                   .blocks = {.indptr = kv_indptr,

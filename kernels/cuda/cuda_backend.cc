@@ -342,9 +342,17 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
       p.num_kv_heads < 0) {
     return Invalid(kOp, "bad shape (head_dim must be even)");
   }
+  if (p.q_bf16 != nullptr && p.q_bf16_stride < int64_t{p.num_q_heads} * p.head_dim) {
+    return Invalid(kOp, absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads (",
+                                     p.num_q_heads, ") * head_dim (", p.head_dim, ")"));
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
+}
+
+bool CudaBackend::ReadsBf16Q(int32_t head_dim) const {
+  return head_dim == cuda::kHopperPrefillHeadDim && hopper_prefill_;
 }
 
 absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
@@ -389,6 +397,10 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   const int64_t row = int64_t{p.num_q_heads} * c.head_dim;
   if (p.q_stride < row || p.out_stride < row) return Invalid(kOp, "q/out stride < heads*dim");
+  if (p.q_bf16 != nullptr && p.q_bf16_stride < row) {
+    return Invalid(kOp, absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads (",
+                                     p.num_q_heads, ") * head_dim (", c.head_dim, ")"));
+  }
   if (p.blocks.num_seqs < 0) return Invalid(kOp, "negative num_seqs");
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");

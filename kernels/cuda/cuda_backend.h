@@ -103,6 +103,8 @@ class CudaBackend final : public Backend {
   // REQUIRES: weight_dtype is kBF16.
   absl::Status Matmul(const MatmulParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
+  // The Hopper prefill kernel (head_dim 128 on compute capability 9.0).
+  bool ReadsBf16Q(int32_t head_dim) const override;
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status AppendKv(const AppendKvParams& p) override;
   // Decode rows (q_len 1) go to the split-KV decode kernel, longer chunks to the prefill

@@ -144,8 +144,16 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
                       : p.k + int64_t{t} * p.k_stride + int64_t{h - p.num_q_heads} * p.head_dim;
     const float x0 = head[i0];
     const float x1 = head[i1];
-    head[i0] = x0 * cos_a - x1 * sin_a;
-    head[i1] = x0 * sin_a + x1 * cos_a;
+    const float y0 = x0 * cos_a - x1 * sin_a;
+    const float y1 = x0 * sin_a + x1 * cos_a;
+    head[i0] = y0;
+    head[i1] = y1;
+    if (p.q_bf16 != nullptr && h < p.num_q_heads) {
+      __nv_bfloat16* copy = static_cast<__nv_bfloat16*>(p.q_bf16) + int64_t{t} * p.q_bf16_stride +
+                            int64_t{h} * p.head_dim;
+      copy[i0] = __float2bfloat16_rn(y0);
+      copy[i1] = __float2bfloat16_rn(y1);
+    }
   }
 }
 

@@ -22,8 +22,9 @@
 //
 // On Hopper (compute capability 9.0) with head_dim 128, kBf16 items run a warpgroup-MMA
 // kernel instead (prefill_attention_sm90a.cu): the same items, rows and numerics; a producer
-// warpgroup gathers 128-key K/V tiles into a ring of shared-memory buffers, two consumer
-// warpgroups of 64 rows take turns on the tensor cores (wgmma) and run the softmax.
+// warpgroup gathers 128-key K/V tiles into a ring of shared-memory buffers (and Q rows too,
+// where PagedAttentionParams::q_bf16 gives them in bf16), two consumer warpgroups of 64 rows
+// take turns on the tensor cores (wgmma) and run the softmax. The other kernels read fp32 Q.
 //
 // kSplit (this file's .cu): 64-row items, 16 rows per warp with Q in registers; Q and P are
 // each rounded to a bf16 high part plus a bf16 residual and every product is two MMAs,

@@ -11,8 +11,8 @@
 //     V) completes when a tile has landed, `empty[x][stage]` when both consumers are done with
 //     it. K buffers turn over once S's softmax has its row sums (see below), before V's, so K
 //     gets further ahead of the math than whole K+V tiles could.
-//   consumers (warpgroups 0 and 1, 64 packed rows each): their Q rows -> bf16 in shared
-//     memory (scaled to base-2 logits), then per key tile kt
+//   consumers (warpgroups 0 and 1, 64 packed rows each): their Q rows in bf16 in shared
+//     memory (see Q below), then per key tile kt
 //       S_kt = Q K_kt^T        8 wgmma m64n128k16, A and B from shared memory
 //       O += P_kt-1 V_kt-1     8 wgmma m64n128k16, P from registers, V MN-major
 //       mask, online softmax   fp32 in the accumulator registers (a quad of lanes per row);
@@ -28,15 +28,22 @@
 // Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
 // within that rounding, not bit for bit: ex2.approx, other tile sizes).
 //
-// Between items. The producer takes and decodes the next work item as soon as it has issued
-// this one's loads, a few tiles before the consumers finish, and issues its first K tile and an
-// L2 prefetch of its Q rows: the atomic's round trip, the decoding's dependent loads (~0.9k
-// cycles) and K 0's are then off the consumers' path (decoded once, not by each thread: 8 x 2k
-// +4% over decoding in every thread, alternating builds in one run). The consumers stage
-// their Q rows at the start of each item with StageScaledQ: every load issued before the
-// first shared store and no branch between them.
+// Q. Where the caller gives Q in bf16 too (PagedAttentionParams::q_bf16, which the model's RoPE
+// writes for prefills), the producer copies each item's rows like K, into the Q buffer as each
+// consumer is done with the last item's (after its last S: an mbarrier pair a consumer), and
+// the softmax scales the raw logits (an FFMA where it subtracted the base). Else each consumer
+// converts its own fp32 rows at the start of the item (StageScaledQ: every load issued before
+// the first shared store, no branch between them), scaled to base-2 logits.
 //
-// Measured per item with a %clock64 trace (a diagnostic build, H200), the Q staging took:
+// Between items. The producer takes and decodes the next work item as soon as it has issued
+// this one's loads, a few tiles before the consumers finish, and issues its first two turns'
+// tiles (K 0, K 1, V 0; their ring buffers are all released within the current item) and
+// its Q (bf16: copied; fp32: an L2 prefetch): the atomic's round trip, the decoding's
+// dependent loads (~0.9k cycles) and the first tiles' latency are then off the consumers'
+// path (decoded once, not by each thread: 8 x 2k +4% over decoding in every thread,
+// alternating builds in one run).
+//
+// Measured per item with a %clock64 trace (a diagnostic build, H200), the fp32 Q staging took:
 // 11-12k cycles with each round's store next to its load (5% of causal 1 x 16k's time, 19% of
 // 1 x 4k's and 30% of 8 x 2k's); 6k with the loads batched but a branch per round (the
 // compiler converted inside each branch), which measured 1 x 4k +9% and 8 x 2k +15% against
@@ -44,7 +51,10 @@
 // through L2 only and with the next item taken early (8 x 2k +2% more). Without any Q loads
 // it is 2.2k: the rest is the loads' latency while the K/V stream keeps L2 busy. Staging the
 // next item's Q at the end of the item before, its loads among the output's stores (registers
-// allow no more), only moved that latency there.
+// allow no more), only moved that latency there. The bf16 copy removes the phase: cycles per
+// call (the slowest CTA's %clock64 span, median of 23 calls, clock-independent) against fp32
+// Q in the same build: 1 x 16k 6.07M vs 6.26M (-3%), 1 x 4k 0.436M vs 0.470M (-7%), 8 x 2k
+// 0.985M vs 1.107M (-11%), 1 x 512 / 4096 0.105M vs 0.112M (-6%).
 //
 // When comparing runs: the same trace against %globaltimer put the SM clock during this kernel
 // at 1.64-1.79 GHz while nvidia-smi read 1980 MHz. Over those runs a 1 x 16k call took 6.1-6.3M
@@ -147,6 +157,9 @@ struct TakenItem {
   Item item;
 };
 
+// kBf16Q: Q rows from p.q_bf16 (unscaled bf16), copied by the producer like K; else from p.q
+// (fp32), scaled and rounded by the consumers.
+template <bool kBf16Q>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillHopperKernel(PagedAttentionParams p, int32_t* tile_indptr, int block_shift) {
 #if KVD_HAVE_WGMMA
@@ -154,6 +167,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ TakenItem s_taken[2];  // by item parity
   __shared__ uint64_t full[2][kStages];  // [K or V][stage]
   __shared__ uint64_t empty[2][kStages];
+  // kBf16Q: consumer w's Q rows have landed (q_full[w]) / are no longer read (q_empty[w]); one
+  // phase an item.
+  __shared__ uint64_t q_full[2];
+  __shared__ uint64_t q_empty[2];
   // Swizzled regions must be 1024-byte aligned in the shared address space.
   const uint32_t raw_address = SharedAddress(smem_raw);
   const uint32_t pad = PadTo1024(raw_address);
@@ -173,6 +190,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         MbarrierInit(&full[x][stage], kProducerThreads);
         MbarrierInit(&empty[x][stage], kConsumerThreads / 32);  // one arrival a warp
       }
+      MbarrierInit(&q_full[x], kProducerThreads);
+      MbarrierInit(&q_empty[x], kGroupRows / 16);  // one arrival a warp of its warpgroup
     }
   }
   cudaGridDependencySynchronize();  // tile_indptr is written by the planning kernel
@@ -258,38 +277,56 @@ __global__ void __launch_bounds__(kThreads, 1)
       // full[x][stage] counts this thread once its copies have landed; no waiting here.
       CpAsyncArriveOnMbarrier(&full[x][stage]);
     };
-    // The item's K 0 and its lane rows, issued at the end of the item before it. (A flag, not
-    // a test of `rows`: the compiler must see the branch as the same for the whole warp, or it
-    // adds a divergent path to every copy round.)
-    const char* rows = nullptr;
-    bool k0_issued = false;
-    for (Item item; next_item(item);) {
-      // K 0, then K kt+1 before V kt: the order the consumers need them in.
-      if (item.num_key_tiles > 0 && !k0_issued) {
-        rows = lane_row(item, 0);
-        load(item, 0, 0, rows);
-      }
-      for (int kt = 0; kt < item.num_key_tiles; ++kt) {
-        const bool more = kt + 1 < item.num_key_tiles;
-        const char* next_rows = more ? lane_row(item, kt + 1) : nullptr;
-        if (more) load(item, kt + 1, 0, next_rows);
-        load(item, kt, 1, rows);
-        rows = next_rows;
-      }
-      tile_count += item.num_key_tiles;
-      // The next item, its K 0 and (into L2, a row a thread) its Q rows for the consumers.
-      if (taker) take(s_taken[num_items_taken & 1]);
-      NamedBarrierSync(kProducerBarrier, kProducerThreads);
-      k0_issued = false;
-      if (s_taken[num_items_taken & 1].index < total_items) {
-        const Item next = s_taken[num_items_taken & 1].item;
-        if (next.num_key_tiles > 0) {
-          rows = lane_row(next, 0);
-          load(next, 0, 0, rows);
-          k0_issued = true;
+    // kBf16Q: the item's Q rows into the Q buffer, as K's (row = packed row within the tile;
+    // rows past the end zeros), consumer w's 64 rows counted on q_full[w]. Item n's rows go in
+    // once item n - 1's are no longer read (q_empty's phase n - 1).
+    auto load_q = [&](const Item& item, int n) {
+      const int lane_packed = min(item.tile_row0 + lane_key, item.packed_rows - 1);
+      const char* q_rows = reinterpret_cast<const char*>(
+          static_cast<const __nv_bfloat16*>(p.q_bf16) +
+          PackedRowOffset<kHeadDim>(item.q_begin, lane_packed, group, item.kv_head,
+                                    p.q_bf16_stride));
+      const uint32_t dst = q_address + Swizzle128Offset(warp_key0 + half, load_chunk, kRows);
+      constexpr int kGroupRounds = kGroupRows * kChunks / kProducerThreads;
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        if (n > 0) MbarrierWait(&q_empty[w], (n - 1) & 1);
+#pragma unroll
+        for (int r = 0; r < kGroupRounds; ++r) {
+          const int round = w * kGroupRounds + r;
+          CpAsync16(dst + round * 8 * kRowBytes,
+                    ShflPtr(q_rows, 2 * round + half) + load_chunk * 16,
+                    item.tile_row0 + 8 * round + warp_key0 + half < item.packed_rows);
         }
+        CpAsyncArriveOnMbarrier(&q_full[w]);
+      }
+    };
+    // The item's first two turns' tiles in the order the consumers need them: K 0, K 1 (when
+    // there is one), V 0. `rows` becomes tile 1's lane rows (V 1 goes out with K 2).
+    const char* rows = nullptr;
+    auto load_first = [&](const Item& item) {
+      const char* rows0 = lane_row(item, 0);
+      load(item, 0, 0, rows0);
+      const bool second = item.num_key_tiles > 1;
+      rows = second ? lane_row(item, 1) : nullptr;
+      if (second) load(item, 1, 0, rows);
+      load(item, 0, 1, rows0);
+    };
+    // Item n's first tiles and its Q rows (kBf16Q: into the Q buffer as each consumer is done
+    // with item n - 1's; else into L2, a row a thread), issued as soon as the taker has it: for
+    // item 0 at the start, for later ones at the end of the item before, where every ring
+    // buffer they wait for is released within that item, so the consumers never wait on it.
+    for (int n = 0;; ++n) {
+      NamedBarrierSync(kProducerBarrier, kProducerThreads);  // the taker has item n
+      if (s_taken[n & 1].index < total_items) {
+        const Item next = s_taken[n & 1].item;
+        // Q first where nothing is waited for (item 0), else once the ring buffers are issued.
+        if (kBf16Q && n == 0) load_q(next, n);
+        if (next.num_key_tiles > 0) load_first(next);
         const int packed = next.tile_row0 + (threadIdx.x - kConsumerThreads);
-        if (packed < next.packed_rows) {
+        if constexpr (kBf16Q) {
+          if (n > 0) load_q(next, n);
+        } else if (packed < next.packed_rows) {
           const float* row = p.q + PackedRowOffset<kHeadDim>(next.q_begin, packed, group,
                                                              next.kv_head, p.q_stride);
           // Its four 128-byte lines, and the fifth a row not 128-byte aligned reaches into.
@@ -298,6 +335,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           PrefetchL2(row + kHeadDim - 1);
         }
       }
+      Item item;
+      if (!next_item(item)) break;
+      // The rest: K kt+1 before V kt.
+      for (int kt = 1; kt < item.num_key_tiles; ++kt) {
+        const bool more = kt + 1 < item.num_key_tiles;
+        const char* next_rows = more ? lane_row(item, kt + 1) : nullptr;
+        if (more) load(item, kt + 1, 0, next_rows);
+        load(item, kt, 1, rows);
+        rows = next_rows;
+      }
+      tile_count += item.num_key_tiles;
+      if (taker) take(s_taken[(n + 1) & 1]);
     }
     // No copy outlives its thread (the consumers' waits cover them already).
     CpAsyncCommit();
@@ -337,8 +386,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Key tiles this warpgroup computes; it takes num_key_tiles + 1 turns regardless.
     const int num_compute = group_live ? min(item.num_key_tiles, CeilDiv(group_key_end, kKeys)) : 0;
 
-    // This warpgroup's Q rows -> bf16, scaled; rows past the end are zeros (never written
-    // out).
+    // This warpgroup's Q rows (rows past the end are zeros, never written out). kBf16Q: as the
+    // producer copied them, unscaled (the softmax scales the logits); else -> bf16, scaled.
+    const int item_number = num_items_taken - 1;
+    // The Q buffer goes back to the producer (for the next item) once this warpgroup's last S
+    // has been computed.
+    auto release_q = [&] {
+      if constexpr (kBf16Q) {
+        __syncwarp();
+        MbarrierArriveIf(&q_empty[warpgroup], lane == 0);
+      }
+    };
+    if constexpr (kBf16Q) {
+      MbarrierWait(&q_full[warpgroup], item_number & 1);
+      if (num_compute == 0) release_q();
+    } else {
     StageScaledQ<kGroupRows * kChunks / 128>(
         q_aligned, p.sm_scale * kLog2e,
         [&](int round, bool& live) {
@@ -355,6 +417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         });
     FenceProxyAsyncShared();
     NamedBarrierSync(kQBarrier + warpgroup, 128);
+    }
+    // Logits are S times this (base 2).
+    const float logit_scale = kBf16Q ? p.sm_scale * kLog2e : 1.0f;
 
     float o[64];
 #pragma unroll
@@ -442,13 +507,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           part[n % 4] = fmaxf(part[n % 4], fmaxf(sc[4 * n + 2 * half], sc[4 * n + 2 * half + 1]));
         }
         base[half] = OnlineSoftmaxStep</*kFastExp2=*/true>(
-            fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3])), row_max[half], row_sum[half],
-            rescale[half]);
+            fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3])) * logit_scale, row_max[half],
+            row_sum[half], rescale[half]);
       }
       float sum[2][4] = {};
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) {
-        sc[i] = FastExp2(sc[i] - base[(i >> 1) & 1]);
+        sc[i] = FastExp2(fmaf(sc[i], logit_scale, -base[(i >> 1) & 1]));
         sum[(i >> 1) & 1][(i >> 2) % 4] += sc[i];
       }
 #pragma unroll
@@ -489,6 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       NamedBarrierArrive(other_turn, kConsumerThreads);
       WgmmaWait<0>();
       release(0, 0);
+      if (num_compute == 1) release_q();
       PinRegisters(sc);
       softmax(0, rescale);
       rescale_and_pack(rescale);
@@ -506,6 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaCommit();
         NamedBarrierArrive(other_turn, kConsumerThreads);
         WgmmaWait<1>();  // S (committed first); the P V MMAs run on during the softmax
+        if (turn == num_compute - 1) release_q();
         PinRegisters(sc);
         softmax(turn, rescale);
         // K's buffer goes back once the row sums exist. ptxas 13.0 keeps the wait for P V
@@ -577,17 +644,21 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
   if (p.cache.dtype != DType::kBF16 || p.cache.head_dim != kHeadDim || max_ctas < 1) {
     return cudaErrorInvalidValue;
   }
-  auto* kernel = PrefillHopperKernel;
+  // The bf16 Q rows when given and fit for 16-byte copies (and a scale the softmax can apply
+  // to raw logits: positive, finite); else the fp32 ones.
+  const bool bf16_q = p.q_bf16 != nullptr && reinterpret_cast<uintptr_t>(p.q_bf16) % 16 == 0 &&
+                      p.q_bf16_stride % 8 == 0 && p.sm_scale > 0.0f && std::isfinite(p.sm_scale);
+  auto* kernel = bf16_q ? PrefillHopperKernel<true> : PrefillHopperKernel<false>;
   // setmaxnreg moves registers within what the launch gave the CTA: with fewer per thread
   // than kLaunchRegisters (another compiler's choice) the consumers would wait forever.
-  static const cudaError_t registers_checked = [&] {
+  auto check_registers = [](auto* k) {
     cudaFuncAttributes attributes;
-    if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
-      return err;
-    }
+    if (cudaError_t err = cudaFuncGetAttributes(&attributes, k); err != cudaSuccess) return err;
     return attributes.numRegs >= kLaunchRegisters ? cudaSuccess : cudaErrorNotSupported;
-  }();
-  if (registers_checked != cudaSuccess) return registers_checked;
+  };
+  static const cudaError_t registers_checked[2] = {check_registers(PrefillHopperKernel<false>),
+                                                   check_registers(PrefillHopperKernel<true>)};
+  if (registers_checked[bf16_q] != cudaSuccess) return registers_checked[bf16_q];
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       err != cudaSuccess) {

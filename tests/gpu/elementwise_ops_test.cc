@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -145,8 +146,28 @@ TEST_F(ElementwiseOpsTest, RopeMatchesReferenceInBothStyles) {
       p.q = gpu_qkv.as<float>();
       p.k = gpu_qkv.as<float>() + q_heads * head_dim;
       p.positions = gpu_pos.as<int32_t>();
+      // On the GPU also the bf16 copy of q (rows with padding after them).
+      const int copy_stride = q_heads * head_dim + 8;
+      DeviceBuffer gpu_copy = Poisoned(gpu(), size_t(tokens) * copy_stride * 2);
+      p.q_bf16 = gpu_copy.data();
+      p.q_bf16_stride = copy_stride;
       const absl::Status s = gpu().Rope(p);
       ASSERT_TRUE(s.ok()) << s;
+      // The copy is the GPU's own rotated q rounded to nearest, bit for bit; padding untouched.
+      const std::vector<float> gpu_q = DownloadFloats(gpu(), gpu_qkv.data(), qkv.size());
+      const std::vector<uint8_t> copy =
+          DownloadBytes(gpu(), gpu_copy.data(), size_t(tokens) * copy_stride * 2);
+      int mismatches = 0;
+      for (int t = 0; t < tokens; ++t) {
+        for (int i = 0; i < copy_stride; ++i) {
+          uint16_t got;
+          std::memcpy(&got, &copy[2 * (size_t(t) * copy_stride + i)], 2);
+          const uint16_t want =
+              i < q_heads * head_dim ? Bf16Bits(gpu_q[size_t(t) * stride + i]) : 0xffff;
+          mismatches += got != want;
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
       // Same fp32 angle formula; a frequency one ulp apart (libm's powf is not always
       // correctly rounded) moves the angle by up to pos * 6e-8 = 2.5e-4 at position 4096,
       // and sin/cos differ by a few ulps. A wrong pairing or style errs by O(1). The V

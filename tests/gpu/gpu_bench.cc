@@ -339,9 +339,9 @@ constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},   {1, 32768},  {8, 4
 // the max_q_len hint the model gives. Blocks are handed out shuffled (a fragmented pool)
 // unless `shuffled` is false. The params point into the buffers held here.
 struct AttentionSetup {
-  DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, out;
+  DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, q_bf16, out;
   PagedAttentionParams p;
-  double bytes = 0;  // KV read plus q and out, per call
+  double bytes = 0;  // KV read plus q (bf16 for prefills) and out, per call
 };
 
 AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, int block_size,
@@ -385,10 +385,17 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   a.out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
   BENCH_CHECK(bench.gpu().FillRandom(a.q.data(), DType::kF32, a.q.bytes() / 4,
                                      RandomFill{22, kUnitVarianceScale, 0}));
+  if (q_len > 1) {  // prefills also get Q in bf16, as the model's RoPE writes it for them
+    a.q_bf16 = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 2));
+    BENCH_CHECK(bench.gpu().FillRandom(a.q_bf16.data(), DType::kBF16, a.q_bf16.bytes() / 2,
+                                       RandomFill{22, kUnitVarianceScale, 0}));
+  }
 
   PagedAttentionParams& p = a.p;
   p.out = a.out.as<float>();
   p.q = a.q.as<float>();
+  p.q_bf16 = a.q_bf16.data();
+  p.q_bf16_stride = kQHeads * kHeadDim;
   p.q_indptr = a.q_indptr.as<int32_t>();
   p.cache.chunks = a.table.as<void*>();
   p.cache.num_chunks = 1;
@@ -406,8 +413,8 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   p.sm_scale = 1.0f / std::sqrt(float(kHeadDim));
   p.causal = true;
   p.max_q_len = q_len;
-  a.bytes =
-      double(batch) * context * kKvHeads * kHeadDim * 2 * 2 + 2.0 * rows * kQHeads * kHeadDim * 4;
+  a.bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2 +
+            (q_len > 1 ? 6.0 : 8.0) * rows * kQHeads * kHeadDim;
   return a;
 }
 
@@ -438,18 +445,23 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     // The split-QP and mma.sync kernels launched directly, for comparison with the row above
     // (the backend's pick: on Hopper at head_dim 128, the wgmma kernel).
     DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
-    auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma) {
+    auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma,
+                          bool bf16_q = true) {
+      PagedAttentionParams direct = p;
+      if (!bf16_q) direct.q_bf16 = nullptr;
       const double direct_ms = bench.TimeMs([&] {
-        CudaCheck(
-            cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4,
-                                         bench.gpu().stream(), precision, allow_wgmma),
-            "LaunchPrefillAttention");
+        CudaCheck(cuda::LaunchPrefillAttention(direct, tile_indptr.as<int32_t>(),
+                                               bench.gpu().num_sms() * 4, bench.gpu().stream(),
+                                               precision, allow_wgmma),
+                  "LaunchPrefillAttention");
       });
       const double direct_tflops = flops / (direct_ms * 1e9);
       bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " ", label),
                 direct_ms, a.bytes / (direct_ms * 1e6), direct_tflops,
                 direct_tflops / gemm_tflops, "gemm");
     };
+    // The backend's kernel reading Q in fp32 (what it does when no bf16 copy is given).
+    direct_row("fp32 Q", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/true, /*bf16_q=*/false);
     // The 64-row kernel with Q and P split into bf16 pairs (two MMAs each instead of one,
     // fp32-close results).
     direct_row("split QP", cuda::MmaPrecision::kSplit, /*allow_wgmma=*/true);

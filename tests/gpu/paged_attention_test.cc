@@ -49,6 +49,12 @@ struct AttentionCase {
   bool no_wgmma = false;
   // Odd Q and output row strides (q_stride and out_stride need no alignment).
   bool odd_strides = false;
+  // Also give the GPU Q as bf16 (PagedAttentionParams::q_bf16, the fp32 rows rounded), rows
+  // q_bf16_stride apart. With bf16_qp, whichever copy the kernel must not read is poisoned
+  // (NaN): on Hopper at head_dim 128 with 16-byte aligned rows the fp32 rows, else the bf16
+  // ones. Through the backend (mixed batches, where decodes read fp32 Q) neither is.
+  bool bf16_q = false;
+  int q_bf16_pad = 8;  // q_bf16_stride = num_q_heads * head_dim + this
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
@@ -138,15 +144,29 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
   const int q_stride = num_q_heads * c.head_dim + (c.odd_strides ? 17 : 16);
   const int out_stride = num_q_heads * c.head_dim + (c.odd_strides ? 9 : 8);
   const std::vector<float> q = RandomFloats(size_t(total_q) * q_stride, 3, -3, 3);
+  const int q_bf16_stride = num_q_heads * c.head_dim + c.q_bf16_pad;
+  std::vector<uint16_t> q_bf16(size_t(total_q) * q_bf16_stride, 0xffff);
+  for (int r = 0; r < total_q; ++r) {
+    for (int i = 0; i < num_q_heads * c.head_dim; ++i) {
+      q_bf16[size_t(r) * q_bf16_stride + i] = Bf16Bits(q[size_t(r) * q_stride + i]);
+    }
+  }
+  // Which copy a direct launch reads (the other is poisoned on the GPU).
+  const bool reads_bf16_q = c.bf16_q && c.bf16_qp && c.head_dim == 128 && !c.no_wgmma &&
+                            cuda::HopperPrefillSupported() && q_bf16_stride % 8 == 0;
 
   struct Side {
-    DeviceBuffer k, v, slots, q, q_indptr, indptr, indices, last_block_len, out;
+    DeviceBuffer k, v, slots, q, q_bf16, q_indptr, indptr, indices, last_block_len, out;
   };
   auto make_side = [&](Backend& b) {
+    const bool gpu_side = &b == &gpu();
+    const bool poison_q = gpu_side && reads_bf16_q;
+    const bool poison_q_bf16 = c.bf16_qp && !reads_bf16_q;
     return Side{Upload(b, k),
                 Upload(b, v),
                 Upload(b, slots),
-                Upload(b, q),
+                poison_q ? Poisoned(b, q.size() * 4) : Upload(b, q),
+                poison_q_bf16 ? Poisoned(b, q_bf16.size() * 2) : Upload(b, q_bf16),
                 Upload(b, q_indptr),
                 Upload(b, indptr),
                 Upload(b, indices),
@@ -169,6 +189,10 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     PagedAttentionParams p;
     p.out = side.out.as<float>();
     p.q = side.q.as<float>();
+    if (c.bf16_q && &b == &gpu()) {
+      p.q_bf16 = side.q_bf16.data();
+      p.q_bf16_stride = q_bf16_stride;
+    }
     p.q_indptr = side.q_indptr.as<int32_t>();
     p.cache = view;
     p.blocks.indptr = side.indptr.as<int32_t>();
@@ -380,6 +404,36 @@ std::vector<AttentionCase> Cases() {
   add("bf16qp_long_prefill_d128_bs16_g4_odd_strides", long_prefills, DType::kBF16, 128, 16, 2, 4);
   cases.back().bf16_qp = true;
   cases.back().odd_strides = true;
+  // Q in bf16 (PagedAttentionParams::q_bf16): the Hopper kernel copies it like K and must read
+  // nothing else (the fp32 rows are NaN), over long and short prefills, groups of 1, 4 and 7,
+  // one or two CTAs taking every item in turn (the Q buffer handed back and refilled each
+  // time); rows whose stride is not a multiple of eight, and the mma.sync kernel, read the
+  // fp32 rows (the bf16 ones are NaN).
+  auto add_bf16_q = [&](const std::string& name, const std::vector<SeqShape>& seqs, int block_size,
+                        int num_kv_heads, int group, bool causal = true) {
+    add(absl::StrCat("bf16q_", name), seqs, DType::kBF16, 128, block_size, num_kv_heads, group,
+        causal);
+    cases.back().bf16_qp = true;
+    cases.back().bf16_q = true;
+  };
+  add_bf16_q("long_prefill_d128_bs16_g4", long_prefills, 16, 2, 4);
+  add_bf16_q("long_prefill_d128_bs64_g7", long_prefills, 64, 1, 7);
+  add_bf16_q("long_prefill_d128_bs16_g1_noncausal", long_prefills, 16, 3, 1, false);
+  add_bf16_q("prefill_d128_1cta", prefills, 16, 2, 4);
+  cases.back().direct_ctas = 1;
+  add_bf16_q("long_prefill_d128_bs8_g4_2ctas", long_prefills, 8, 2, 4);
+  cases.back().direct_ctas = 2;
+  add_bf16_q("prefill_d128_noncausal_2ctas", prefills, 16, 2, 4, false);
+  cases.back().direct_ctas = 2;
+  add_bf16_q("prefill_d128_odd_strides", prefills, 16, 2, 4);
+  cases.back().odd_strides = true;
+  add_bf16_q("prefill_d128_unaligned_bf16_rows", prefills, 16, 2, 4);
+  cases.back().q_bf16_pad = 3;
+  add_bf16_q("prefill_d128_wide", prefills, 16, 2, 4);
+  cases.back().no_wgmma = true;
+  // Through the backend, decodes and prefills in one batch.
+  add("bf16q_mixed_bf16_d128_bs16_g4", mixed, DType::kBF16, 128, 16, 2, 4);
+  cases.back().bf16_q = true;
   add("mixed_bf16_d128_bs16_g4_odd_strides", mixed, DType::kBF16, 128, 16, 2, 4);
   cases.back().odd_strides = true;
   // Two CTAs for ~20 work items (128-row tiles of several sequences and KV heads): every

@@ -131,6 +131,37 @@ TEST(RopeTest, BothStylesMatchFloat64RotationOfTheSpecifiedAngle) {
   }
 }
 
+TEST(RopeTest, Bf16CopyOfQIsTheRotatedRowsRoundedAndNothingElse) {
+  CpuBackend backend(2);
+  const int tokens = 5, q_heads = 4, kv_heads = 2, head_dim = 16;
+  const int q_stride = (q_heads + 2 * kv_heads) * head_dim;
+  const int copy_stride = q_heads * head_dim + 5;  // padding after each row: left alone
+  std::vector<float> qkv = RandomFloats(tokens * q_stride, 21);
+  std::vector<uint16_t> copy(tokens * copy_stride, 0xabcd);
+  std::vector<int32_t> pos = {0, 7, 300, 4000, 12};
+  RopeParams p{qkv.data(), qkv.data() + q_heads * head_dim,
+               pos.data(), tokens,
+               q_heads,    kv_heads,
+               head_dim,   q_stride,
+               q_stride,   10000.0f};
+  p.q_bf16 = copy.data();
+  p.q_bf16_stride = copy_stride;
+  ASSERT_TRUE(backend.Rope(p).ok());
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < copy_stride; ++i) {
+      const uint16_t want = i < q_heads * head_dim ? Bf16Bits(qkv[t * q_stride + i]) : 0xabcd;
+      ASSERT_EQ(copy[t * copy_stride + i], want) << "token " << t << " element " << i;
+    }
+  }
+  // Round to nearest, ties to even; NaN stays NaN.
+  EXPECT_EQ(Bf16Bits(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f), 0x3f80);             // tie: down to even
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);   // tie: up to even
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above the tie
+  EXPECT_EQ(Bf16Bits(-2.5f), 0xc020);
+  EXPECT_EQ(Bf16Bits(std::nanf("")) & 0x7fc0, 0x7fc0);
+}
+
 TEST(RopeTest, PositionZeroIsIdentityAndStylesDiffer) {
   CpuBackend backend(1);
   const std::vector<float> orig = RandomFloats(8, 5);
@@ -232,6 +263,10 @@ TEST(ElementwiseOpsTest, BadParamsAreInvalidArgumentNamingOpAndField) {
     p = rope;
     p.k = nullptr;
     expect_invalid(backend.Rope(p), "Rope", "k");
+    p = rope;
+    p.q_bf16 = buf.data();
+    p.q_bf16_stride = 7;
+    expect_invalid(backend.Rope(p), "Rope", "q_bf16_stride");
   }
   {
     SiluMulParams p = silu;

@@ -1,12 +1,14 @@
 // The device-side helpers of the engine tools on CUDA (tools/device.h, tools/random_model.h):
 // seeded random fills equal their host definition bit for bit, and a random model made on the
-// device computes the same logits as the same model made on the CPU, to bf16 accuracy.
+// device computes the same logits as the same model made on the CPU, to bf16 accuracy (at
+// head_dim 64, and at 128, where a Hopper GPU's prefill reads the bf16 Q rows RoPE writes).
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cache/clock.h"
@@ -45,14 +47,17 @@ TEST_F(DeviceHelpersTest, RandomFillOnTheDeviceEqualsTheHostDefinition) {
   EXPECT_EQ(bf16_mismatch, 0u);
 }
 
-TEST_F(DeviceHelpersTest, RandomModelOnTheDeviceMatchesTheSameModelOnTheCpu) {
-  // head_dim 64 so the fast attention kernels run, small enough for the CPU.
+class RandomModelTest : public DeviceHelpersTest, public ::testing::WithParamInterface<int32_t> {};
+
+TEST_P(RandomModelTest, OnTheDeviceMatchesTheSameModelOnTheCpu) {
+  // head_dim 64 or 128 so the fast attention kernels run (at 128 on Hopper the prefill reads
+  // the bf16 Q rows RoPE writes for it), small enough for the CPU.
   ModelSpec spec = *SyntheticSpec("tiny");
-  spec.dim = 256;
   spec.num_heads = 4;
   spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.hidden_dim = 512;
+  spec.head_dim = GetParam();
+  spec.dim = spec.num_heads * spec.head_dim;
+  spec.hidden_dim = 2 * spec.dim;
   auto on_gpu = CreateRandomModel(spec, 11, &gpu());
   auto on_cpu = CreateRandomModel(spec, 11, &cpu());
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
@@ -78,6 +83,11 @@ TEST_F(DeviceHelpersTest, RandomModelOnTheDeviceMatchesTheSameModelOnTheCpu) {
   // bf16 weights (the CPU ones are the same values before rounding) and bf16 KV.
   EXPECT_TRUE(AllClose(logits[0], logits[1], 0.05, 0.05));
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, RandomModelTest, ::testing::Values(64, 128),
+                         [](const ::testing::TestParamInfo<int32_t>& info) {
+                           return "head_dim_" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace kvd::gpu_test
