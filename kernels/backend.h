@@ -60,10 +60,6 @@ class Backend {
   virtual DType weight_dtype() const = 0;
   // Uploads `count` fp32 host values as weight_dtype(), converting as needed.
   virtual absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) = 0;
-  // Whether PagedAttention reads PagedAttentionParams::q_bf16 for prefill rows over a bf16 KV
-  // cache of this head_dim when given (so a model should have Rope write it), rather than
-  // ignoring it.
-  virtual bool ReadsBf16Q(int32_t /*head_dim*/) const { return false; }
 
   // --- ops ---
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
@@ -73,6 +69,10 @@ class Backend {
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
   virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
+  // Whether PagedAttention reads PagedAttentionParams::q_bf16 for prefill rows over a bf16 KV
+  // cache of this head_dim when given (so a model should have Rope write it), rather than
+  // ignoring it.
+  virtual bool ReadsBf16Q(int32_t /*head_dim*/) const { return false; }
   virtual absl::Status CopyBlocks(const CopyBlocksParams& p) = 0;
   // Samples one token per row (SampleParams). Greedy rows are exact on every backend;
   // sampled rows follow kernels/cpu_sampling.h, which the CPU backend runs exactly and a

@@ -135,11 +135,12 @@ struct AppendKvParams {
 // position kv_len - q_len + j and sees keys 0..that position. GQA: query head h reads
 // KV head h / (num_q_heads / num_kv_heads).
 struct PagedAttentionParams {
-  float* out = nullptr;               // [q_indptr[num_seqs]][out_stride]
-  const float* q = nullptr;           // [q_indptr[num_seqs]][q_stride], head-major
-  // Optional: q's rows again as bf16 (each value rounded to nearest), [rows][q_bf16_stride].
-  // Kernels that round Q to bf16 anyway (the CUDA tensor-core prefill) may read these
-  // instead, half the bytes and no conversion; every other reader uses q.
+  float* out = nullptr;      // [q_indptr[num_seqs]][out_stride]
+  const float* q = nullptr;  // [q_indptr[num_seqs]][q_stride], head-major
+  // Optional: q's rows again as bf16, each value q's rounded to nearest, [rows][q_bf16_stride].
+  // A kernel that rounds Q to bf16 anyway may read these for prefill rows instead (half the
+  // bytes, no conversion): the CUDA backend's Hopper prefill, where they are 16-byte aligned
+  // (prefill_attention_mma.h); every other reader uses q.
   const void* q_bf16 = nullptr;
   int32_t q_bf16_stride = 0;
   const int32_t* q_indptr = nullptr;  // [num_seqs + 1]

@@ -150,9 +150,6 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
     KVD_RETURN_IF_ERROR(alloc(&attn_, t * q_dim));
     KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
     KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
-    if (backend_->ReadsBf16Q(s.head_dim)) {
-      KVD_RETURN_IF_ERROR(alloc(&q_bf16_, (t * q_dim + 1) / 2));  // t * q_dim bf16
-    }
     scratch_tokens_ = num_tokens;
     ++scratch_epoch_;
   }
@@ -315,10 +312,18 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
   float* attn = attn_.as<float>();
   float* h13 = h13_.as<float>();
   float* h = h_.as<float>();
-  // Prefill rows over a bf16 cache may read Q as bf16 (the backend's choice): RoPE writes it.
-  void* q_bf16 = b.max_q_len > 1 && !layers.empty() && layers[0].dtype == DType::kBF16
-                     ? q_bf16_.data()
-                     : nullptr;
+  // Prefill rows over a bf16 cache read Q in bf16 where the backend can: RoPE writes it.
+  void* q_bf16 = nullptr;
+  if (b.max_q_len > 1 && !layers.empty() && layers[0].dtype == DType::kBF16 &&
+      backend_->ReadsBf16Q(s.head_dim)) {
+    if (t > q_bf16_tokens_) {
+      auto buf = backend_->Allocate(size_t{2} * t * q_dim);
+      if (!buf.ok()) return buf.status();
+      q_bf16_ = *std::move(buf);
+      q_bf16_tokens_ = t;
+    }
+    q_bf16 = q_bf16_.data();
+  }
 
   KVD_RETURN_IF_ERROR(backend_->Embedding({.out = x,
                                            .table = token_embedding_.data(),

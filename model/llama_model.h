@@ -161,8 +161,11 @@ class LlamaModel {
   int32_t scratch_tokens_ = 0;
   int32_t scratch_logit_rows_ = 0;
   DeviceBuffer x_, xb_, qkv_, attn_, h13_, h_, logit_in_, logits_;
-  // Q rows in bf16 for prefill attention, where the backend reads them (ReadsBf16Q); else empty.
+  // Q rows in bf16 for prefill attention over a bf16 cache, where the backend reads them
+  // (Backend::ReadsBf16Q), for q_bf16_tokens_ tokens; empty until a prefill needs it. Never
+  // read by decode graphs.
   DeviceBuffer q_bf16_;
+  int32_t q_bf16_tokens_ = 0;
   DeviceBuffer batch_ints_;  // token ids, positions, indptrs, indices, ... packed
   DeviceBuffer sample_io_;   // ForwardAndSample: [rows] SamplingRow, then [rows] token ids
   size_t sample_io_capacity_ = 0;

@@ -103,8 +103,6 @@ class CudaBackend final : public Backend {
   // REQUIRES: weight_dtype is kBF16.
   absl::Status Matmul(const MatmulParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
-  // The Hopper prefill kernel (head_dim 128 on compute capability 9.0).
-  bool ReadsBf16Q(int32_t head_dim) const override;
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status AppendKv(const AppendKvParams& p) override;
   // Decode rows (q_len 1) go to the split-KV decode kernel, longer chunks to the prefill
@@ -113,6 +111,8 @@ class CudaBackend final : public Backend {
   // (generic_attention.h). REQUIRES: block_size a power of two, num_q_heads a multiple of
   // num_kv_heads.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
+  // The Hopper prefill kernel (head_dim 128 on compute capability 9.0).
+  bool ReadsBf16Q(int32_t head_dim) const override;
   absl::Status CopyBlocks(const CopyBlocksParams& p) override;
   // One kernel launch, a cluster of CTAs per row (sampling_kernels.h); no scratch, no host
   // round trip, capturable. Rows are device memory and are not validated on the host.

@@ -21,7 +21,7 @@
 //     O += P V              P packed from the S registers, V through ldmatrix.trans
 //
 // On Hopper (compute capability 9.0) with head_dim 128, kBf16 items run a warpgroup-MMA
-// kernel instead (prefill_attention_sm90a.cu): the same items, rows and numerics; a producer
+// kernel instead (prefill_attention_sm90a.cu): the same items, rows and precision; a producer
 // warpgroup gathers 128-key K/V tiles into a ring of shared-memory buffers (and Q rows too,
 // where PagedAttentionParams::q_bf16 gives them in bf16), two consumer warpgroups of 64 rows
 // take turns on the tensor cores (wgmma) and run the softmax. The other kernels read fp32 Q.
@@ -65,7 +65,9 @@ cudaError_t LaunchPrefillAttentionWide(const PagedAttentionParams& p, int32_t* t
                                        int max_ctas, cudaStream_t stream);
 
 // The kBf16 kernel for Hopper (prefill_attention_sm90a.cu), a programmatic dependent of the
-// planning kernel; at most one CTA per multiprocessor. REQUIRES: as LaunchPrefillAttentionMma,
+// planning kernel; at most one CTA per multiprocessor. Reads p.q_bf16 in place of p.q when it
+// is given, 16-byte aligned, with q_bf16_stride a multiple of 8 (and >= num_q_heads * 128),
+// and sm_scale is positive and finite. REQUIRES: as LaunchPrefillAttentionMma,
 // head_dim 128, HopperPrefillSupported() (elsewhere the launch fails: no kernel image).
 // cudaErrorNotSupported, launching nothing, where the compiled kernel holds fewer registers
 // than its warpgroups' budgets need (LaunchPrefillAttentionMma then runs the wide kernel).

@@ -26,7 +26,8 @@
 //     change alone measured within the run-to-run noise.)
 //
 // Numerics as the wide kernel's: Q and P rounded to bf16, fp32 accumulation (results agree
-// within that rounding, not bit for bit: ex2.approx, other tile sizes).
+// within that rounding, not bit for bit: ex2.approx, other tile sizes). From a bf16 copy of
+// Q the rounding comes before the scale, not after: the same precision.
 //
 // Q. Where the caller gives Q in bf16 too (PagedAttentionParams::q_bf16, which the model's RoPE
 // writes for prefills), the producer copies each item's rows like K, into the Q buffer as each
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         MbarrierInit(&empty[x][stage], kConsumerThreads / 32);  // one arrival a warp
       }
       MbarrierInit(&q_full[x], kProducerThreads);
-      MbarrierInit(&q_empty[x], kGroupRows / 16);  // one arrival a warp of its warpgroup
+      MbarrierInit(&q_empty[x], 128 / 32);  // one arrival a warp of its warpgroup
     }
   }
   cudaGridDependencySynchronize();  // tile_indptr is written by the planning kernel
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t tile_count = 0;  // key tiles so far, over all items: ring stage and phase
   // Work items come from the counter. The producer's first thread takes and decodes each one
   // once it has issued the loads of the one before (the consumers are then a few tiles from
-  // its end), so that the next item's first K tile and its Q rows can be fetched early and
+  // its end), so that the next item's first tiles and its Q rows can be fetched early and
   // nobody waits for the counter or decodes on the consumers' path; the item barrier (all three
   // warpgroups, in both roles' loops) publishes it. Slots alternate by item: item k + 2 goes
   // into item k's slot only after the taker has passed the barrier that publishes item k + 1,
@@ -282,10 +283,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // once item n - 1's are no longer read (q_empty's phase n - 1).
     auto load_q = [&](const Item& item, int n) {
       const int lane_packed = min(item.tile_row0 + lane_key, item.packed_rows - 1);
-      const char* q_rows = reinterpret_cast<const char*>(
-          static_cast<const __nv_bfloat16*>(p.q_bf16) +
-          PackedRowOffset<kHeadDim>(item.q_begin, lane_packed, group, item.kv_head,
-                                    p.q_bf16_stride));
+      const __nv_bfloat16* q_row = static_cast<const __nv_bfloat16*>(p.q_bf16) +
+                                   PackedRowOffset<kHeadDim>(item.q_begin, lane_packed, group,
+                                                             item.kv_head, p.q_bf16_stride);
+      const char* q_rows = reinterpret_cast<const char*>(q_row);
       const uint32_t dst = q_address + Swizzle128Offset(warp_key0 + half, load_chunk, kRows);
       constexpr int kGroupRounds = kGroupRows * kChunks / kProducerThreads;
 #pragma unroll
@@ -321,7 +322,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (s_taken[n & 1].index < total_items) {
         const Item next = s_taken[n & 1].item;
         // Q first where nothing is waited for (item 0), else once the ring buffers are issued.
-        if (kBf16Q && n == 0) load_q(next, n);
+        if constexpr (kBf16Q) {
+          if (n == 0) load_q(next, n);
+        }
         if (next.num_key_tiles > 0) load_first(next);
         const int packed = next.tile_row0 + (threadIdx.x - kConsumerThreads);
         if constexpr (kBf16Q) {
@@ -398,25 +401,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     if constexpr (kBf16Q) {
+      // (The FenceProxyAsyncShared after K 0's wait, before the first S, covers these copies
+      // too.)
       MbarrierWait(&q_full[warpgroup], item_number & 1);
       if (num_compute == 0) release_q();
     } else {
-    StageScaledQ<kGroupRows * kChunks / 128>(
-        q_aligned, p.sm_scale * kLog2e,
-        [&](int round, bool& live) {
-          const int index = round * 128 + threadIdx.x % 128;
-          return PackedQChunk<kHeadDim>(p, item.q_begin,
-                                        item.tile_row0 + warpgroup * kGroupRows + index / kChunks,
-                                        item.packed_rows, group, item.kv_head, index % kChunks,
-                                        live);
-        },
-        [&](int round, uint4 bits) {
-          const int index = round * 128 + threadIdx.x % 128;
-          const int r = warpgroup * kGroupRows + index / kChunks;
-          *reinterpret_cast<uint4*>(smem + Swizzle128Offset(r, index % kChunks, kRows)) = bits;
-        });
-    FenceProxyAsyncShared();
-    NamedBarrierSync(kQBarrier + warpgroup, 128);
+      StageScaledQ<kGroupRows * kChunks / 128>(
+          q_aligned, p.sm_scale * kLog2e,
+          [&](int round, bool& live) {
+            const int index = round * 128 + threadIdx.x % 128;
+            return PackedQChunk<kHeadDim>(p, item.q_begin,
+                                          item.tile_row0 + warpgroup * kGroupRows + index / kChunks,
+                                          item.packed_rows, group, item.kv_head, index % kChunks,
+                                          live);
+          },
+          [&](int round, uint4 bits) {
+            const int index = round * 128 + threadIdx.x % 128;
+            const int r = warpgroup * kGroupRows + index / kChunks;
+            *reinterpret_cast<uint4*>(smem + Swizzle128Offset(r, index % kChunks, kRows)) = bits;
+          });
+      FenceProxyAsyncShared();
+      NamedBarrierSync(kQBarrier + warpgroup, 128);
     }
     // Logits are S times this (base 2).
     const float logit_scale = kBf16Q ? p.sm_scale * kLog2e : 1.0f;
@@ -646,9 +651,10 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
   }
   // The bf16 Q rows when given and fit for 16-byte copies (and a scale the softmax can apply
   // to raw logits: positive, finite); else the fp32 ones.
-  const bool bf16_q = p.q_bf16 != nullptr && reinterpret_cast<uintptr_t>(p.q_bf16) % 16 == 0 &&
-                      p.q_bf16_stride % 8 == 0 && p.sm_scale > 0.0f && std::isfinite(p.sm_scale);
-  auto* kernel = bf16_q ? PrefillHopperKernel<true> : PrefillHopperKernel<false>;
+  const float logit_scale = p.sm_scale * kLog2e;
+  bool bf16_q = p.q_bf16 != nullptr && reinterpret_cast<uintptr_t>(p.q_bf16) % 16 == 0 &&
+                p.q_bf16_stride % 8 == 0 && p.q_bf16_stride >= p.num_q_heads * kHeadDim &&
+                logit_scale > 0.0f && std::isfinite(logit_scale);
   // setmaxnreg moves registers within what the launch gave the CTA: with fewer per thread
   // than kLaunchRegisters (another compiler's choice) the consumers would wait forever.
   auto check_registers = [](auto* k) {
@@ -658,7 +664,9 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
   };
   static const cudaError_t registers_checked[2] = {check_registers(PrefillHopperKernel<false>),
                                                    check_registers(PrefillHopperKernel<true>)};
+  if (registers_checked[1] != cudaSuccess) bf16_q = false;  // the fp32 build may still run
   if (registers_checked[bf16_q] != cudaSuccess) return registers_checked[bf16_q];
+  auto* kernel = bf16_q ? PrefillHopperKernel<true> : PrefillHopperKernel<false>;
   if (cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       err != cudaSuccess) {

@@ -178,6 +178,25 @@ TEST_F(ElementwiseOpsTest, RopeMatchesReferenceInBothStyles) {
   }
 }
 
+TEST_F(ElementwiseOpsTest, RopeRejectsABf16CopyWithShortRows) {
+  DeviceBuffer buf = Poisoned(gpu(), 4096);
+  RopeParams p;
+  p.num_tokens = 1;
+  p.num_q_heads = 2;
+  p.num_kv_heads = 1;
+  p.head_dim = 8;
+  p.q_stride = p.k_stride = 32;
+  p.q = buf.as<float>();
+  p.k = buf.as<float>() + 16;
+  p.positions = buf.as<int32_t>() + 512;
+  p.q_bf16 = buf.as<float>() + 256;
+  p.q_bf16_stride = 15;  // < 2 heads * 8
+  const absl::Status s = gpu().Rope(p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("q_bf16_stride"), std::string::npos) << s;
+  EXPECT_TRUE(gpu().Synchronize().ok());
+}
+
 TEST_F(ElementwiseOpsTest, SiluMulMatchesReferenceWithStrides) {
   const int rows = 19;
   const int dim = 1000;

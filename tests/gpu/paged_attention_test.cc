@@ -4,7 +4,9 @@
 // With bf16 KV the backend's prefill runs the tensor-core kernel in its plain-bf16 mode (Q and
 // P rounded to bf16, as FlashAttention does): those rows are held to a bf16-sized tolerance,
 // every other row (f32 KV, decodes) to fp32 accumulation-order error. The kernel's split mode
-// (Q and P as bf16 pairs) is also launched directly and must meet the tight tolerance.
+// (Q and P as bf16 pairs) is also launched directly and must meet the tight tolerance. The
+// Hopper kernel reading the optional bf16 copy of Q (PagedAttentionParams::q_bf16) runs with
+// the fp32 rows poisoned, held to the bf16 tolerance.
 
 #include <algorithm>
 #include <cmath>
@@ -50,11 +52,13 @@ struct AttentionCase {
   // Odd Q and output row strides (q_stride and out_stride need no alignment).
   bool odd_strides = false;
   // Also give the GPU Q as bf16 (PagedAttentionParams::q_bf16, the fp32 rows rounded), rows
-  // q_bf16_stride apart. With bf16_qp, whichever copy the kernel must not read is poisoned
-  // (NaN): on Hopper at head_dim 128 with 16-byte aligned rows the fp32 rows, else the bf16
-  // ones. Through the backend (mixed batches, where decodes read fp32 Q) neither is.
+  // q_bf16_stride apart, from q_bf16_offset elements into its buffer. In prefill-only batches
+  // whichever copy the kernels must not read is poisoned (NaN): on Hopper at head_dim 128 with
+  // 16-byte aligned rows the fp32 rows, else the bf16 ones. In mixed batches (decodes read
+  // fp32 Q) neither is.
   bool bf16_q = false;
   int q_bf16_pad = 8;  // q_bf16_stride = num_q_heads * head_dim + this
+  int q_bf16_offset = 0;
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
@@ -145,15 +149,21 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
   const int out_stride = num_q_heads * c.head_dim + (c.odd_strides ? 9 : 8);
   const std::vector<float> q = RandomFloats(size_t(total_q) * q_stride, 3, -3, 3);
   const int q_bf16_stride = num_q_heads * c.head_dim + c.q_bf16_pad;
-  std::vector<uint16_t> q_bf16(size_t(total_q) * q_bf16_stride, 0xffff);
+  std::vector<uint16_t> q_bf16(c.q_bf16_offset + size_t(total_q) * q_bf16_stride, 0xffff);
   for (int r = 0; r < total_q; ++r) {
     for (int i = 0; i < num_q_heads * c.head_dim; ++i) {
-      q_bf16[size_t(r) * q_bf16_stride + i] = Bf16Bits(q[size_t(r) * q_stride + i]);
+      q_bf16[c.q_bf16_offset + size_t(r) * q_bf16_stride + i] =
+          Bf16Bits(q[size_t(r) * q_stride + i]);
     }
   }
-  // Which copy a direct launch reads (the other is poisoned on the GPU).
-  const bool reads_bf16_q = c.bf16_q && c.bf16_qp && c.head_dim == 128 && !c.no_wgmma &&
-                            cuda::HopperPrefillSupported() && q_bf16_stride % 8 == 0;
+  // In prefill-only batches (launched directly or through the backend) one copy is read and
+  // the other poisoned on the GPU.
+  const bool prefill_only =
+      std::all_of(c.seqs.begin(), c.seqs.end(), [](const SeqShape& seq) { return seq.q_len > 1; });
+  const bool one_q_copy = c.bf16_qp || (c.bf16_q && prefill_only);
+  const bool reads_bf16_q = c.bf16_q && one_q_copy && c.head_dim == 128 && !c.no_wgmma &&
+                            cuda::HopperPrefillSupported() && q_bf16_stride % 8 == 0 &&
+                            c.q_bf16_offset % 8 == 0;
 
   struct Side {
     DeviceBuffer k, v, slots, q, q_bf16, q_indptr, indptr, indices, last_block_len, out;
@@ -161,7 +171,7 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
   auto make_side = [&](Backend& b) {
     const bool gpu_side = &b == &gpu();
     const bool poison_q = gpu_side && reads_bf16_q;
-    const bool poison_q_bf16 = c.bf16_qp && !reads_bf16_q;
+    const bool poison_q_bf16 = one_q_copy && !reads_bf16_q;
     return Side{Upload(b, k),
                 Upload(b, v),
                 Upload(b, slots),
@@ -190,7 +200,7 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.out = side.out.as<float>();
     p.q = side.q.as<float>();
     if (c.bf16_q && &b == &gpu()) {
-      p.q_bf16 = side.q_bf16.data();
+      p.q_bf16 = side.q_bf16.as<uint16_t>() + c.q_bf16_offset;
       p.q_bf16_stride = q_bf16_stride;
     }
     p.q_indptr = side.q_indptr.as<int32_t>();
@@ -429,9 +439,15 @@ std::vector<AttentionCase> Cases() {
   cases.back().odd_strides = true;
   add_bf16_q("prefill_d128_unaligned_bf16_rows", prefills, 16, 2, 4);
   cases.back().q_bf16_pad = 3;
+  add_bf16_q("prefill_d128_unaligned_bf16_base", prefills, 16, 2, 4);
+  cases.back().q_bf16_offset = 1;
   add_bf16_q("prefill_d128_wide", prefills, 16, 2, 4);
   cases.back().no_wgmma = true;
-  // Through the backend, decodes and prefills in one batch.
+  // Through the backend: prefills alone (the fp32 rows poisoned on Hopper), and decodes and
+  // prefills in one batch.
+  add("bf16q_backend_prefill_d128_bs16_g4", long_prefills, DType::kBF16, 128, 16, 2, 4);
+  cases.back().bf16_q = true;
+  cases.back().hint_max_q_len = true;
   add("bf16q_mixed_bf16_d128_bs16_g4", mixed, DType::kBF16, 128, 16, 2, 4);
   cases.back().bf16_q = true;
   add("mixed_bf16_d128_bs16_g4_odd_strides", mixed, DType::kBF16, 128, 16, 2, 4);
@@ -498,7 +514,23 @@ TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
   EXPECT_EQ(gpu().PagedAttention(p).code(), absl::StatusCode::kInvalidArgument);
   p.cache.dtype = DType::kInt4;
   EXPECT_EQ(gpu().PagedAttention(p).code(), absl::StatusCode::kUnimplemented);
+  // A bf16 copy of Q with rows shorter than num_q_heads * head_dim.
+  p.cache.dtype = DType::kBF16;
+  p.cache.block_size = 16;
+  p.cache.block_bytes = 16 * 64 * 2;
+  p.q_bf16 = chunk_table;
+  p.q_bf16_stride = 63;
+  const absl::Status short_rows = gpu().PagedAttention(p);
+  EXPECT_EQ(short_rows.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_rows.message().find("q_bf16_stride"), std::string::npos) << short_rows;
   EXPECT_TRUE(gpu().Synchronize().ok());
+}
+
+// The backend reads a bf16 copy of Q where its Hopper prefill runs, and only there.
+TEST_F(PagedAttentionLimitsTest, ReadsBf16QOnlyWhereTheHopperPrefillRuns) {
+  EXPECT_EQ(gpu().ReadsBf16Q(128), cuda::HopperPrefillSupported());
+  EXPECT_FALSE(gpu().ReadsBf16Q(64));
+  EXPECT_FALSE(cpu().ReadsBf16Q(128));
 }
 
 }  // namespace

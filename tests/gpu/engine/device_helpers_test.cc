@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cache/clock.h"
+#include "kernels/cuda/prefill_attention_mma.h"
 #include "model/synthetic_model.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tools/device.h"
@@ -58,12 +59,17 @@ TEST_P(RandomModelTest, OnTheDeviceMatchesTheSameModelOnTheCpu) {
   spec.head_dim = GetParam();
   spec.dim = spec.num_heads * spec.head_dim;
   spec.hidden_dim = 2 * spec.dim;
+  spec.max_context_tokens = 512;
   auto on_gpu = CreateRandomModel(spec, 11, &gpu());
   auto on_cpu = CreateRandomModel(spec, 11, &cpu());
   ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  // On Hopper at head_dim 128 the device's prefill reads Q in bf16 (RoPE writes it).
+  EXPECT_EQ(gpu().ReadsBf16Q(spec.head_dim),
+            spec.head_dim == 128 && cuda::HopperPrefillSupported());
+  // 300 tokens: several 128-key tiles and query tiles.
   std::vector<int32_t> tokens;
-  for (int32_t i = 0; i < 40; ++i) tokens.push_back((i * 37 + 5) % spec.vocab_size);
+  for (int32_t i = 0; i < 300; ++i) tokens.push_back((i * 37 + 5) % spec.vocab_size);
   std::vector<std::vector<float>> logits;
   for (auto [model, backend] : {std::pair{on_gpu->get(), static_cast<Backend*>(&gpu())},
                                 std::pair{on_cpu->get(), static_cast<Backend*>(&cpu())}}) {
