@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests (and, when present, gpu_bench, the engine tests gpu_engine_test, the
 # daemon check serve_check.sh (`kvd serve --device cuda` driven by `kvd client`), the
-# end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py) on a GPU
-# machine, writing logs and JSON under $OUT (default: ./gpu-out beside this script).
+# end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py, then
+# compare_peers.py: kvd's attention rows beside SDPA's) on a GPU machine, writing logs and JSON
+# under $OUT (default: ./gpu-out beside this script).
 #
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
@@ -22,6 +23,7 @@ if [[ -f "$here/env.sh" ]]; then
   bench_bin="$here/bin"
   kvd_bin="$here/bin/kvd"
   peers="$here/shared/peers/torch_peers.py"
+  compare_peers="$here/compare_peers.py"
 else
   root="$(cd "$here/../.." && pwd)"
   build="${BUILD:-build}"
@@ -30,6 +32,7 @@ else
   bench_bin="$build/bench"
   kvd_bin="$build/server/kvd"
   peers="$root/../shared/peers/torch_peers.py"
+  compare_peers="$root/tests/gpu/compare_peers.py"
 fi
 export OUT="${OUT:-$here/gpu-out}"
 mkdir -p "$OUT"
@@ -107,6 +110,12 @@ fi
 if [[ "${RUN_PEERS:-1}" != 0 && -f "$peers" ]] && python3 -c 'import torch' 2> /dev/null; then
   echo "== torch_peers.py"
   python3 "$peers" 2>&1 | tee "$OUT/torch_peers.log"
+fi
+# kvd's attention rows beside SDPA's at the same shapes (informational: never a failure).
+if [[ -f "$OUT/gpu_bench.json" && -f "$OUT/torch_peers.json" ]]; then
+  echo "== kvd vs SDPA"
+  python3 "$compare_peers" "$OUT/gpu_bench.json" "$OUT/torch_peers.json" 2>&1 |
+    tee "$OUT/compare_peers.txt"
 fi
 echo "== summary"
 for part in "${parts[@]}"; do

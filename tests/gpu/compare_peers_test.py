@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Specification of tests/gpu/compare_peers.py on made-up benchmark files (no GPU needed)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_peers.py")
+
+
+def run(bench_rows, peer_rows):
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = os.path.join(tmp, "gpu_bench.json")
+        peers = os.path.join(tmp, "torch_peers.json")
+        if bench_rows is not None:
+            with open(bench, "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in bench_rows))
+        if peer_rows is not None:
+            with open(peers, "w") as f:
+                json.dump(peer_rows, f)
+        done = subprocess.run([sys.executable, SCRIPT, bench, peers], capture_output=True,
+                              text=True)
+        return done.returncode, done.stdout, done.stderr
+
+
+BENCH = [
+    {"name": "copy d2d 2 GiB (ceiling)", "ms": 1.0, "GB/s": 4200.0},
+    {"name": "decode attention 64 x 4096", "ms": 0.25, "GB/s": 4000.0},
+    {"name": "decode attention 64 x 4096 (graph)", "ms": 0.24, "GB/s": 4100.0},
+    {"name": "decode attention 1 x 4096", "ms": 0.02, "GB/s": 900.0},
+    {"name": "prefill attention 1 x 16384 / 16384", "ms": 4.0, "TFLOP/s": 540.0},
+]
+PEERS = [
+    {"name": "sdpa decode B=64 L=4096", "ms": 0.30},
+    {"name": "sdpa[cudnn] decode B=64 L=4096", "ms": 0.20},
+    {"name": "sdpa[efficient] decode B=64 L=4096", "ms": -1, "note": "No available kernel"},
+    {"name": "sdpa decode B=1 L=4096", "ms": 0.04},
+    {"name": "sdpa decode B=8 L=4096", "ms": 0.05},
+    {"name": "sdpa prefill causal B=1 L=16384", "ms": 3.4, "TFLOP/s": 600.0},
+]
+
+
+class ComparePeersTest(unittest.TestCase):
+    def test_ratios_per_shape_against_default_and_fastest_sdpa(self):
+        code, out, err = run(BENCH, PEERS)
+        self.assertEqual(code, 0, err)
+        lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+        # 64 x 4k: default SDPA 0.30 ms / kvd 0.25 per call = 1.20; cuDNN 0.20 / 0.25 = 0.80.
+        row = lines["decode 64 x 4096"].split()
+        self.assertEqual(row[4:9], ["0.2500", "0.2400", "0.3000", "1.20", "0.2000"])
+        self.assertEqual(row[9:], ["0.80", "cudnn"])
+        # No graph row: a dash; the failed backend (ms -1) is not a candidate.
+        self.assertIn("-", lines["decode 1 x 4096"].split())
+        self.assertTrue(lines["decode 1 x 4096"].rstrip().endswith("default"))
+        self.assertIn("missing on the kvd side", lines["decode 8 x 4096"])
+        self.assertIn("540.0 vs 600.0  ratio 0.90", lines["prefill 1 x 16384"])
+
+    def test_no_shape_in_both_files_fails(self):
+        code, _, err = run(BENCH[:1], PEERS)
+        self.assertEqual(code, 1)
+        self.assertIn("no shape in both files", err)
+
+    def test_missing_or_broken_files_fail_with_the_reason(self):
+        code, _, err = run(BENCH, None)
+        self.assertEqual(code, 1)
+        self.assertIn("torch_peers.json", err)
+        with tempfile.TemporaryDirectory() as tmp:
+            broken = os.path.join(tmp, "gpu_bench.json")
+            with open(broken, "w") as f:
+                f.write("{not json\n")
+            done = subprocess.run([sys.executable, SCRIPT, broken, broken], capture_output=True,
+                                  text=True)
+            self.assertEqual(done.returncode, 1)
+            self.assertIn("compare_peers:", done.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
