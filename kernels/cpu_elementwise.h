@@ -28,7 +28,8 @@ absl::Status CpuRmsNorm(const RmsNormParams& p, ThreadPool& pool);
 // freq_i = 1.0f / powf(theta, 2i / (float)head_dim), cos/sin by cosf/sinf: pair
 // (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos). kInterleaved pairs are (2i, 2i+1),
 // kHalf pairs are (i, i + head_dim/2). REQUIRES for OK: head_dim even, theta > 0; either
-// head count may be 0 (that tensor is then not read), not both.
+// head count may be 0 (that tensor is then not read), not both. With q_bf16 also writes the
+// rotated q rows rounded to bf16 there (q_bf16_stride >= num_q_heads * head_dim).
 absl::Status CpuRope(const RopeParams& p, ThreadPool& pool);
 
 // out = (gate * (1 / (1 + expf(-gate)))) * up. `out` may alias gate or up.

@@ -2,7 +2,8 @@
 #define KVD_KERNELS_CUDA_ASYNC_COPY_CUH_
 
 // Asynchronous 16-byte global -> shared copies (sm_80+ `cp.async`), used by the attention
-// kernels to keep many loads in flight without holding registers for them.
+// kernels to keep many loads in flight without holding registers for them, and an L2
+// prefetch (PrefetchL2) that holds nothing at all.
 //
 // Ordering: a thread's copies are grouped by CpAsyncCommit(); CpAsyncWait<N>() returns once
 // at most N of the thread's groups are still pending, and then the completed copies are

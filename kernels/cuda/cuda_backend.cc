@@ -44,6 +44,16 @@ absl::Status Invalid(absl::string_view op, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
 }
 
+// The bf16 copy of Q (RopeParams, PagedAttentionParams), when given, must hold whole rows.
+absl::Status ValidateQBf16(absl::string_view op, const void* q_bf16, int32_t q_bf16_stride,
+                           int32_t num_q_heads, int32_t head_dim) {
+  if (q_bf16 == nullptr || q_bf16_stride >= int64_t{num_q_heads} * head_dim) {
+    return absl::OkStatus();
+  }
+  return Invalid(op, absl::StrCat("q_bf16_stride ", q_bf16_stride, " < num_q_heads (", num_q_heads,
+                                  ") * head_dim (", head_dim, ")"));
+}
+
 // The KV view checks shared by AppendKv and PagedAttention.
 absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
   if (!IsStorageDtype(c.dtype)) return Unsupported(op, "KV dtype", c.dtype);
@@ -342,10 +352,7 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
       p.num_kv_heads < 0) {
     return Invalid(kOp, "bad shape (head_dim must be even)");
   }
-  if (p.q_bf16 != nullptr && p.q_bf16_stride < int64_t{p.num_q_heads} * p.head_dim) {
-    return Invalid(kOp, absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads (",
-                                     p.num_q_heads, ") * head_dim (", p.head_dim, ")"));
-  }
+  KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, p.head_dim));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
@@ -397,10 +404,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   const int64_t row = int64_t{p.num_q_heads} * c.head_dim;
   if (p.q_stride < row || p.out_stride < row) return Invalid(kOp, "q/out stride < heads*dim");
-  if (p.q_bf16 != nullptr && p.q_bf16_stride < row) {
-    return Invalid(kOp, absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads (",
-                                     p.num_q_heads, ") * head_dim (", c.head_dim, ")"));
-  }
+  KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, c.head_dim));
   if (p.blocks.num_seqs < 0) return Invalid(kOp, "negative num_seqs");
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");

@@ -302,6 +302,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         CpAsyncArriveOnMbarrier(&q_full[w]);
       }
     };
+    // fp32 Q: the item's Q rows into L2, a row a thread (its four 128-byte lines, and the fifth
+    // a row not 128-byte aligned reaches into), for the consumers' StageScaledQ.
+    auto prefetch_q = [&](const Item& item) {
+      const int packed = item.tile_row0 + (threadIdx.x - kConsumerThreads);
+      if (packed >= item.packed_rows) return;
+      const float* row =
+          p.q + PackedRowOffset<kHeadDim>(item.q_begin, packed, group, item.kv_head, p.q_stride);
+#pragma unroll
+      for (int line = 0; line < kHeadDim * 4 / 128; ++line) PrefetchL2(row + line * 32);
+      PrefetchL2(row + kHeadDim - 1);
+    };
     // The item's first two turns' tiles in the order the consumers need them: K 0, K 1 (when
     // there is one), V 0. `rows` becomes tile 1's lane rows (V 1 goes out with K 2).
     const char* rows = nullptr;
@@ -326,16 +337,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (n == 0) load_q(next, n);
         }
         if (next.num_key_tiles > 0) load_first(next);
-        const int packed = next.tile_row0 + (threadIdx.x - kConsumerThreads);
         if constexpr (kBf16Q) {
           if (n > 0) load_q(next, n);
-        } else if (packed < next.packed_rows) {
-          const float* row = p.q + PackedRowOffset<kHeadDim>(next.q_begin, packed, group,
-                                                             next.kv_head, p.q_stride);
-          // Its four 128-byte lines, and the fifth a row not 128-byte aligned reaches into.
-#pragma unroll
-          for (int line = 0; line < kHeadDim * 4 / 128; ++line) PrefetchL2(row + line * 32);
-          PrefetchL2(row + kHeadDim - 1);
+        } else {
+          prefetch_q(next);
         }
       }
       Item item;

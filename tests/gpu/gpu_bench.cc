@@ -385,7 +385,7 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   a.out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
   BENCH_CHECK(bench.gpu().FillRandom(a.q.data(), DType::kF32, a.q.bytes() / 4,
                                      RandomFill{22, kUnitVarianceScale, 0}));
-  if (q_len > 1) {  // prefills also get Q in bf16, as the model's RoPE writes it for them
+  if (q_len > 1) {  // prefills also get a bf16 Q (random like q), as the model's RoPE gives them
     a.q_bf16 = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 2));
     BENCH_CHECK(bench.gpu().FillRandom(a.q_bf16.data(), DType::kBF16, a.q_bf16.bytes() / 2,
                                        RandomFill{22, kUnitVarianceScale, 0}));
@@ -446,8 +446,9 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
     const double tflops = flops / (ms * 1e9);
     bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
               tflops, tflops / gemm_tflops, "gemm");
-    // The split-QP and mma.sync kernels launched directly, for comparison with the row above
-    // (the backend's pick: on Hopper at head_dim 128, the wgmma kernel).
+    // The backend's kernel reading fp32 Q, and the split-QP and mma.sync kernels, launched
+    // directly for comparison with the row above (the backend's pick: on Hopper at head_dim
+    // 128, the wgmma kernel reading the bf16 Q).
     DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
     auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma,
                           bool bf16_q = true) {
