@@ -175,7 +175,7 @@ struct MmaWarpMath {
   __device__ __forceinline__ void Store(const Slots& slots, int warp) const {
 #pragma unroll
     for (int n = 0; n < Shape::kDimTiles; ++n) {
-      float* dst = slots.acc + (warp * kMaxGroupPerCta + g) * kHeadDim + 8 * n + 2 * t;
+      float* dst = slots.Row(warp, g) + 8 * n + 2 * t;
       dst[0] = o[n][0] + o[n][2];  // rows g and g + 8: the high parts' and residuals' products
       dst[1] = o[n][1] + o[n][3];
     }

@@ -65,9 +65,8 @@ struct DecodeShape {
   static constexpr int kSplitGranule = kWarps * kKeysPerIter;
   static constexpr int kStageBytes = 2 * kKeysPerIter * kRowBytes;
   static constexpr int kPipelineBytes = kWarps * kStages * kStageBytes;
-  // Combine area, reusing the pipeline: [kWarps][kGroup][kHeadDim] outputs, then
-  // [kWarps][kGroup] maxima and sums.
-  static constexpr int kCombineBytes = kWarps * kGroup * (kHeadDim + 2) * 4;
+  // Combine area (CombineSlots), reusing the pipeline.
+  static constexpr int kCombineBytes = CombineSlots<kHeadDim, kGroup, Cfg>::kBytes;
   static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes);
   static_assert(kDims % kVec == 0 && kDims >= kVec);
   static_assert(kLanesPerKey * kDims == kHeadDim && 32 % kLanesPerKey == 0);
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          slots.acc[(warp * kGroup + h) * kHeadDim + dim_of(j, i)] = acc[h][j * kVec + i];
+          slots.Row(warp, h)[dim_of(j, i)] = acc[h][j * kVec + i];
         }
       }
     }

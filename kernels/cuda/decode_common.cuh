@@ -289,15 +289,24 @@ __device__ __forceinline__ int ArriveAcqRel(int* counter) {
 }
 
 // Where the warps of a decode CTA leave their results for FinishCta, in the (then free)
-// pipeline buffers: acc [kWarps][kGroup][kHeadDim] outputs normalized by nothing yet, then max
-// and sum [kWarps][kGroup] (base-2 softmax bases, the running maxima or a little below, and
-// the sums relative to them; -inf and 0 for a warp that saw no key).
+// pipeline buffers: acc [kWarps][kGroup] rows of kHeadDim outputs normalized by nothing yet,
+// kRowStride floats apart, then max and sum [kWarps][kGroup] (base-2 softmax bases, the
+// running maxima or a little below, and the sums relative to them; -inf and 0 for a warp that
+// saw no key). The 8 floats between rows put the rows of 4 heads on distinct banks: a warp's
+// 8-byte stores of 8 heads' rows (the tensor-core kernel's fragments) take the 2 wavefronts
+// they need, where rows kHeadDim apart would all start on bank 0.
 template <int kHeadDim, int kGroup, typename Cfg>
 struct CombineSlots {
+  static constexpr int kRowStride = kHeadDim + 8;
+  static constexpr int kBytes = Cfg::kWarps * kGroup * (kRowStride + 2) * 4;
   __device__ __forceinline__ explicit CombineSlots(void* smem)
       : acc(static_cast<float*>(smem)),
-        max(acc + Cfg::kWarps * kGroup * kHeadDim),
+        max(acc + Cfg::kWarps * kGroup * kRowStride),
         sum(max + Cfg::kWarps * kGroup) {}
+  // Warp w's row for head h.
+  __device__ __forceinline__ float* Row(int w, int h) const {
+    return acc + (w * kGroup + h) * kRowStride;
+  }
   float* acc;
   float* max;
   float* sum;
@@ -351,7 +360,7 @@ __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& 
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < Cfg::kWarps; ++w) {
-      o = fmaf(s_weight[w * kGroup + h], s_acc[(w * kGroup + h) * kHeadDim + d], o);
+      o = fmaf(s_weight[w * kGroup + h], slots.Row(w, h)[d], o);
     }
     const int head = head_base + h;
     if (plan.num_splits == 1) {

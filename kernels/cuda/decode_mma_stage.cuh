@@ -46,7 +46,7 @@ struct MmaDecodeShape {
   static constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of P V
   static constexpr int kSplitGranule = Cfg::kWarps * kKeysPerIter;
   static constexpr int kPipelineBytes = Cfg::kWarps * Cfg::kStages * kStageBytes;
-  static constexpr int kCombineBytes = Cfg::kWarps * kMaxGroupPerCta * (kHeadDim + 2) * 4;
+  static constexpr int kCombineBytes = CombineSlots<kHeadDim, kMaxGroupPerCta, Cfg>::kBytes;
   // TMA boxes land at 1024-byte aligned addresses (the swizzle's period): room to align.
   static constexpr int kAlignSlack = Cfg::kTma ? 1024 : 0;
   static constexpr int kSmemBytes = std::max(kPipelineBytes, kCombineBytes) + kAlignSlack;
