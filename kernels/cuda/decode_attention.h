@@ -6,12 +6,12 @@
 //
 // One CTA of four warps serves one (KV head, sequence, split) and every query head of its
 // GQA group (up to 8; larger groups take several CTAs), so each K/V byte is read once per
-// group. The warps stream different runs of 16 keys through a three-stage pipeline (two
-// runs in flight per warp while a third is scored), each keeping an online softmax for the
-// whole group in registers; the warps are combined through shared memory at the end. The
-// block table is read once per block, an iteration ahead. A run's K and V come as four TMA
-// boxes (bf16, head_dim 128, given a KvRowMap that holds them) or as 16-byte cp.async copies
-// by every lane (otherwise).
+// group. The warps stream different runs of 16 keys through a pipeline of three stages (two
+// runs in flight per warp while a third is scored; two stages with TMA boxes), each keeping
+// an online softmax for the whole group in registers; the warps are combined through shared
+// memory at the end. The block table is read once per block, an iteration ahead. A run's K
+// and V come as four TMA boxes (bf16, head_dim 128, given a KvRowMap that holds them) or as
+// 16-byte cp.async copies by every lane (otherwise).
 //
 // Files: the split and TMA policies and the dispatch here (decode_attention.cu); the kernels
 // in decode_attention_mma.cu (tensor cores, its K/V staging in decode_mma_stage.cuh) and

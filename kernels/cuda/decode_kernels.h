@@ -24,7 +24,7 @@ cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace
 
 // Benchmark only: the tensor-core kernel at head_dim 128 under launch shape `shape`:
 // 0 4 warps, 3 stages, 2 CTAs per SM, cp.async; 1 8 warps and 1 CTA per SM; 2 shape 0 with
-// an L2::128B prefetch hint; 3 shape 0 with TMA boxes (needs a non-empty rows_map). Sets
+// an L2::128B prefetch hint; 3 TMA boxes (needs a non-empty rows_map), 2 stages. Sets
 // *name; cudaErrorInvalidValue otherwise.
 cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                  int shape, const KvRowMap* rows_map, cudaStream_t stream,
