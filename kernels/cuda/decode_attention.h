@@ -35,9 +35,10 @@
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
-// `min_split_granules` granules; DecodeMaxSplits sizes them so that the grid fills one wave
-// of resident CTAs (a 4k context at batch 1 makes 32 splits per KV head of 128 keys; 32
-// sequences x 8 KV heads, none).
+// `min_split_granules` granules, and more than 16 only where each holds 512 keys or more (the
+// merge reads 16 a round trip); DecodeMaxSplits sizes them so that the grid fills one wave
+// of resident CTAs (at batch 1 a 4k context makes 16 splits per KV head of 256 keys, a 32k
+// one 32 of 1024; 32 sequences x 8 KV heads, none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
@@ -75,8 +76,8 @@ struct DecodeWorkspace {
 };
 
 // Splits per sequence worth launching so that the decode grid fills about one wave of
-// resident CTAs on `num_sms` multiprocessors (rounded down); 1 when the batch alone fills
-// the device. In [1, 128].
+// resident CTAs on `num_sms` multiprocessors (rounded down, and at least one slot short of
+// it); 1 when the batch alone fills the device. In [1, 128].
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms);
 
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.

@@ -42,12 +42,22 @@ struct SplitPlan {
   int split_len;  // keys, a multiple of the granule
 };
 
+// Splits the merge reads per L2 round trip (MergeGroup).
+inline constexpr int kMergeBatch = 16;
+// Keys a split holds at least when a context is cut into more than kMergeBatch splits: more
+// splits cost the merge another round trip, worth it only for long splits. On an H200
+// (gpu_bench sweep, back to back in a graph) 1 x 4k read 0.389 of copy in 16 splits of 256
+// keys and 0.353 in 32 of 128; 1 x 32k 0.71 in 32 splits of 1024 and 0.65 in 16 of 2048.
+inline constexpr int kManySplitKeys = 512;
+
 // Shared by every CTA of a sequence so all see the same cut: splits start at
 // multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
-// CTA) and hold at least `min_granules` granules unless the context is shorter.
+// CTA) and hold at least `min_granules` granules unless the context is shorter; more than
+// kMergeBatch splits only where each holds kManySplitKeys keys.
 __device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule,
                                                 int min_granules) {
-  const int wanted = max(1, min(max_splits, CeilDiv(kv_len, max(1, min_granules) * granule)));
+  const int cap = min(max_splits, max(kMergeBatch, kv_len / kManySplitKeys));
+  const int wanted = max(1, min(cap, CeilDiv(kv_len, max(1, min_granules) * granule)));
   const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), granule)) * granule;
   return {max(1, CeilDiv(kv_len, len)), len};
 }
@@ -194,7 +204,6 @@ cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspac
 // at a time; its first item's first batch is loaded before the weights are known, so that
 // with up to kMergeBatch splits the merge waits on L2 once (H200, 8 x 4k in 4 splits: the
 // merging CTA's merge took 1.18 us, against 1.31 with the loads after the weights).
-inline constexpr int kMergeBatch = 16;
 template <int kHeadDim, int kGroup, typename Cfg>
 __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace& ws, int s,
                            int q_row, int head_base, int heads, int num_splits, float* scratch) {
