@@ -16,11 +16,15 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
   if (ctas <= 0) return 1;
   // Rounded down: a second, partial wave costs more than the splits gain (measured by
   // gpu_bench sweep on an H200: 32 x 4k reads 0.83 of copy bandwidth unsplit and
-  // 0.79 in two splits). And short of a full wave: where the split plan uses fewer splits
-  // than the grid has (PlanSplits), a grid of every resident slot ran slower, for a cause not
-  // found (H200, 264 slots, batch 1 x 4k in 16 splits of 256 keys, back to back in a graph:
-  // 0.31 of copy with 33 splits' CTAs launched, 0.39 with 32).
-  const int64_t wanted = (int64_t{decode::DefaultConfig::kCtasPerSm} * num_sms - 1) / ctas;
+  // 0.79 in two splits).
+  const int64_t slots = int64_t{decode::DefaultConfig::kCtasPerSm} * num_sms;
+  int64_t wanted = slots / ctas;
+  // More than kMergeBatch splits leave slices of the grid empty for short contexts
+  // (PlanSplits); such a grid is kept one CTA short of a full wave, which ran faster for a
+  // cause not found (H200, 264 slots, batch 1 x 4k in 16 splits of 256 keys, back to back in
+  // a graph: 0.31 of copy with 33 splits' CTAs launched, 0.39 with 32; with 32 of the 33
+  // splits used, 0.351 against 0.353).
+  if (wanted > decode::kMergeBatch && wanted * ctas == slots) --wanted;
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, decode::kMaxSplits));
 }
 

@@ -35,8 +35,8 @@
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
-// `min_split_granules` granules, and more than 16 only where each holds 512 keys or more (the
-// merge reads 16 a round trip); DecodeMaxSplits sizes them so that the grid fills one wave
+// `min_split_granules` granules, and more than 16 only where they average 512 keys or more
+// (the merge reads 16 a round trip); DecodeMaxSplits sizes them so that the grid fills one wave
 // of resident CTAs (at batch 1 a 4k context makes 16 splits per KV head of 256 keys, a 32k
 // one 32 of 1024; 32 sequences x 8 KV heads, none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
@@ -68,7 +68,8 @@ struct DecodeWorkspace {
   // Granules a split holds at least (unless the context is shorter). One: with the split
   // count at one wave (DecodeMaxSplits) longer minimums only cost short contexts
   // (gpu_bench sweep, H200, back to back in a graph: 1 x 512 7.6 us with 8 splits
-  // of one granule, 11.0 us with 2 of four; 1 x 4k 0.305 vs 0.313 of copy bandwidth).
+  // of one granule, 11.0 us with 2 of four; 1 x 4k 0.305 vs 0.313 of copy bandwidth, before
+  // the 16-split cap of short contexts made its plan the same with 1 or 2).
   int32_t min_split_granules = 1;
   // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
   // before a launch and left zero by it.
@@ -76,8 +77,9 @@ struct DecodeWorkspace {
 };
 
 // Splits per sequence worth launching so that the decode grid fills about one wave of
-// resident CTAs on `num_sms` multiprocessors (rounded down, and at least one slot short of
-// it); 1 when the batch alone fills the device. In [1, 128].
+// resident CTAs on `num_sms` multiprocessors (rounded down; one CTA short of a full wave
+// where more than 16 splits are wanted); 1 when the batch alone fills the device. In
+// [1, 128].
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms);
 
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.

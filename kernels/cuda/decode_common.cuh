@@ -53,7 +53,7 @@ inline constexpr int kManySplitKeys = 512;
 // Shared by every CTA of a sequence so all see the same cut: splits start at
 // multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
 // CTA) and hold at least `min_granules` granules unless the context is shorter; more than
-// kMergeBatch splits only where each holds kManySplitKeys keys.
+// kMergeBatch splits only where they average kManySplitKeys keys or more.
 __device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule,
                                                 int min_granules) {
   const int cap = min(max_splits, max(kMergeBatch, kv_len / kManySplitKeys));
@@ -290,7 +290,7 @@ __device__ void MergeGroup(const PagedAttentionParams& p, const DecodeWorkspace&
 // __threadfence() in every thread around a relaxed atomicAdd.)
 __device__ __forceinline__ int ArriveAcqRel(int* counter) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+  asm volatile("atom.acq_rel.gpu.add.s32 %0, [%1], 1;\n"  // generic address
                : "=r"(old)
                : "l"(counter)
                : "memory");

@@ -477,7 +477,8 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
 
 // `gpu_bench sweep`: decode attention under every launch-shape variant of the kernel
 // (LaunchDecodeAttentionVariant), split count and, for one sequence, smallest split, to set
-// DecodeMaxSplits' policy from measurements. Two rows each: one call between events (as
+// DecodeMaxSplits' policy from measurements ("s" is the grid's split slices, max_splits; the
+// plan may use fewer, see PlanSplits). Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
 // run it). "auto" marks what the backend would launch. KVD_SWEEP_SHAPE=64x4096
 // and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1

@@ -347,6 +347,8 @@ std::vector<AttentionCase> Cases() {
   add("long_bf16_d128_bs16_g4", {{1, 32768}}, DType::kBF16, 128, 16, 2, 4);
   add("long_f32_d128_bs64_g8", {{1, 32768}, {1, 20000}}, DType::kF32, 128, 64, 2, 8);
   add("long_bf16_d64_bs1_g1", {{1, 32768}}, DType::kBF16, 64, 1, 4, 1);
+  // CUDA cores at head_dim 64 past one merge batch (23 splits of about 512 keys).
+  add("long_f32_d64_bs16_g4", {{1, 12000}}, DType::kF32, 64, 16, 2, 4);
   add("long_prefill_bf16_d128_bs16_g8", {{64, 16384}, {1, 16000}}, DType::kBF16, 128, 16, 1, 8);
   // Big batches: the grid fills the device without splitting.
   std::vector<SeqShape> batch;
