@@ -535,5 +535,26 @@ TEST_F(PagedAttentionLimitsTest, ReadsBf16QOnlyWhereTheHopperPrefillRuns) {
   EXPECT_FALSE(cpu().ReadsBf16Q(128));
 }
 
+// The decode split policy is host code: these run without a GPU too (ctest's
+// gpu.decode_split_policy_test). Shapes: an H200's 132 SMs, 2 decode CTAs each (264 slots).
+TEST(DecodeSplitPolicyTest, FillsOneWaveOfResidentCtasRoundedDown) {
+  EXPECT_EQ(cuda::DecodeMaxSplits(8, 8, 4, 132), 4);   // 64 CTAs a split
+  EXPECT_EQ(cuda::DecodeMaxSplits(11, 8, 4, 132), 3);  // 88 CTAs: 3 fill the slots exactly
+  EXPECT_EQ(cuda::DecodeMaxSplits(2, 8, 4, 132), 16);  // 16 CTAs: 16.5 rounded down
+  EXPECT_EQ(cuda::DecodeMaxSplits(1, 8, 4, 101), 25);  // 202 slots: 25.25 rounded down
+}
+
+TEST(DecodeSplitPolicyTest, BeyondOneMergeBatchStaysOneCtaShortOfAFullWave) {
+  EXPECT_EQ(cuda::DecodeMaxSplits(1, 8, 4, 132), 32);  // 33 would fill all 264 slots
+  EXPECT_EQ(cuda::DecodeMaxSplits(1, 4, 4, 132), 65);  // not 66
+}
+
+TEST(DecodeSplitPolicyTest, CountsHeadSubgroupsAndClamps) {
+  EXPECT_EQ(cuda::DecodeMaxSplits(1, 1, 12, 132), 128);  // 2 subgroups of 8 heads: 131 -> 128
+  EXPECT_EQ(cuda::DecodeMaxSplits(32, 8, 4, 132), 1);    // the batch fills the device alone
+  EXPECT_EQ(cuda::DecodeMaxSplits(300, 8, 4, 132), 1);
+  EXPECT_EQ(cuda::DecodeMaxSplits(0, 8, 4, 132), 1);
+}
+
 }  // namespace
 }  // namespace kvd::gpu_test
