@@ -44,8 +44,8 @@ struct SplitPlan {
 
 // Splits the merge reads per L2 round trip (MergeGroup).
 inline constexpr int kMergeBatch = 16;
-// Keys a split holds at least when a context is cut into more than kMergeBatch splits: more
-// splits cost the merge another round trip, worth it only for long splits. On an H200
+// Keys the splits of a context cut into more than kMergeBatch of them hold on average, at
+// least: more splits cost the merge another round trip, worth it only for long splits. On an H200
 // (gpu_bench sweep, back to back in a graph) 1 x 4k read 0.389 of copy in 16 splits of 256
 // keys and 0.353 in 32 of 128; 1 x 32k 0.71 in 32 splits of 1024 and 0.65 in 16 of 2048.
 inline constexpr int kManySplitKeys = 512;
