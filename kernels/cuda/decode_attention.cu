@@ -11,8 +11,8 @@
 namespace kvd::cuda {
 
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms) {
-  const int subgroups = (group_size + decode::kMaxGroupPerCta - 1) / decode::kMaxGroupPerCta;
-  const int64_t ctas = int64_t{num_seqs} * num_kv_heads * subgroups;
+  // CTAs a split takes: one per (sequence, head subgroup), as many as the merge counters.
+  const int64_t ctas = DecodeArrivalCount(num_seqs, num_kv_heads, group_size);
   if (ctas <= 0) return 1;
   // Rounded down: a second, partial wave costs more than the splits gain (measured by
   // gpu_bench sweep on an H200: 32 x 4k reads 0.83 of copy bandwidth unsplit and
