@@ -7,11 +7,13 @@
 //
 // Modes: `gpu_bench` runs everything below; `gpu_bench gemv` only the copy ceiling and the
 // decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
-// `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows.
+// `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
+// `gpu_bench decode` only the copy ceiling and the decode attention rows.
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -440,6 +442,20 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
                 graph_gbps, 0, graph_gbps / copy_gbps, "copy");
     }
+    // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
+    // enqueued back to back. A call between events pays it where it exceeds the time the GPU
+    // takes to start the kernel. Its ratio is to the per-call time above.
+    constexpr int kHostCalls = 200;
+    BENCH_CHECK(bench.gpu().Synchronize());
+    const auto host_start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kHostCalls; ++i) BENCH_CHECK(bench.gpu().PagedAttention(p));
+    const double host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
+            .count() /
+        kHostCalls;
+    BENCH_CHECK(bench.gpu().Synchronize());
+    bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (host)"), host_ms, 0, 0,
+              host_ms / ms, "call");
   } else {
     // Causal: the chunk's rows see on average (context - q_len/2) keys.
     const double flops = 4.0 * batch * q_len * (context - q_len / 2.0) * kQHeads * kHeadDim;
@@ -610,8 +626,8 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
 
 int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!mode.empty() && mode != "gemv" && mode != "sweep" && mode != "prefill") {
-    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep|prefill]\n");
+  if (!mode.empty() && mode != "gemv" && mode != "sweep" && mode != "prefill" && mode != "decode") {
+    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep|prefill|decode]\n");
     return 2;
   }
   if (CudaDeviceCount() == 0) {
@@ -626,6 +642,10 @@ int Main(int argc, char** argv) {
   Bench bench(*gpu);
   const double copy = CopyBandwidth(bench);
   if (mode == "sweep") return SweepMain(bench, copy);
+  if (mode == "decode") {  // decode attention rows only
+    for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
+    return 0;
+  }
   if (mode != "prefill") SkinnyGemmRates(bench, copy);
   if (mode == "gemv") return 0;
   const double gemm = GemmRate(bench, 8192, 8192, 8192, copy, 0);
