@@ -11,9 +11,20 @@ JSON list, written by ../shared/peers/torch_peers.py) from one GPU run and print
 
 Usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON. Exit status 1 when a file is missing
 or unreadable, or when no shape appears in both; shapes one side lacks are listed as such.
+
+Rounds: compare_peers.py --rounds DIR, where each subdirectory of DIR is one round of kvd's and
+SDPA's measurements taken back to back (run.sh alternates `gpu_bench decode`, `gpu_bench
+prefill` and sdpa_shapes.py): its gpu_bench*.json files (JSON lines) and its sdpa.json (a JSON
+list as torch_peers.py writes). Prints per shape the median over rounds of kvd's and SDPA's
+times and of the rounds' ratios, and the ratios' range: a comparison less exposed to the
+machine's drift (clock, SDPA's own spread) over a run than one figure from each side. Exit
+status 1 when DIR has no round, a round's files are unreadable, or no shape is in any round.
 """
+import glob
 import json
+import os
 import re
+import statistics
 import sys
 
 
@@ -28,9 +39,75 @@ def load_bench(path):
     return rows
 
 
+def parse_peers(peers):
+    """SDPA rows ("sdpa decode B=1 L=4096", "sdpa[cudnn] decode B=...", "sdpa prefill causal
+    B=...") as ({(B, L): {backend: ms}}, {(B, L): TFLOP/s})."""
+    decode = {}
+    prefill = {}
+    for row in peers:
+        name, ms = row.get("name", ""), row.get("ms", -1)
+        m = re.fullmatch(r"sdpa(?:\[(\w+)\])? decode B=(\d+) L=(\d+)", name)
+        if m and ms > 0:
+            decode.setdefault((int(m[2]), int(m[3])), {})[m[1] or "default"] = ms
+        m = re.fullmatch(r"sdpa prefill causal B=(\d+) L=(\d+)", name)
+        if m and row.get("TFLOP/s"):
+            prefill[(int(m[1]), int(m[2]))] = row["TFLOP/s"]
+    return decode, prefill
+
+
+def rounds_main(root):
+    rounds = sorted(d for d in glob.glob(os.path.join(root, "*")) if os.path.isdir(d))
+    if not rounds:
+        print(f"compare_peers: no round directories in {root}", file=sys.stderr)
+        return 1
+    decode = {}   # (B, L) -> [(kvd ms per call, SDPA default ms)], one per round with both
+    prefill = {}  # (B, L) -> [(kvd TFLOP/s, SDPA TFLOP/s)]
+    for round_dir in rounds:
+        try:
+            kvd = {}
+            for path in sorted(glob.glob(os.path.join(round_dir, "gpu_bench*.json"))):
+                kvd.update(load_bench(path))
+            with open(os.path.join(round_dir, "sdpa.json")) as f:
+                sdpa_decode, sdpa_prefill = parse_peers(json.load(f))
+        except (OSError, ValueError) as err:
+            print(f"compare_peers: {err}", file=sys.stderr)
+            return 1
+        for (b, l), backends in sdpa_decode.items():
+            call = kvd.get(f"decode attention {b} x {l}")
+            if call is not None and "default" in backends:
+                decode.setdefault((b, l), []).append((call["ms"], backends["default"]))
+        for (b, l), tflops in sdpa_prefill.items():
+            row = kvd.get(f"prefill attention {b} x {l} / {l}")
+            if row is not None and row.get("TFLOP/s"):
+                prefill.setdefault((b, l), []).append((row["TFLOP/s"], tflops))
+    if not decode and not prefill:
+        print("compare_peers: no shape in both sides of any round", file=sys.stderr)
+        return 1
+    median = statistics.median
+    print(f"kvd vs PyTorch SDPA, {len(rounds)} rounds alternating: medians over rounds, and the "
+          "range of the rounds' ratios")
+    print("decode: SDPA ms / kvd ms per call, above 1 = kvd faster")
+    print(f"{'shape':<22}{'kvd ms':>9}{'SDPA ms':>9}{'ratio':>7}  range        rounds")
+    for (b, l), pairs in sorted(decode.items()):
+        ratios = [sdpa / kvd for kvd, sdpa in pairs]
+        print(f"{f'decode {b} x {l}':<22}{median(k for k, _ in pairs):>9.4f}"
+              f"{median(s for _, s in pairs):>9.4f}{median(ratios):>7.2f}"
+              f"  {min(ratios):.2f}-{max(ratios):.2f}{len(pairs):>11}")
+    print("prefill (causal): kvd TFLOP/s / SDPA TFLOP/s")
+    for (b, l), pairs in sorted(prefill.items()):
+        ratios = [kvd / sdpa for kvd, sdpa in pairs]
+        print(f"{f'prefill {b} x {l}':<22}{median(k for k, _ in pairs):>9.1f} vs "
+              f"{median(s for _, s in pairs):.1f}  ratio {median(ratios):.2f}"
+              f"  range {min(ratios):.2f}-{max(ratios):.2f}  rounds {len(pairs)}")
+    return 0
+
+
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--rounds":
+        return rounds_main(argv[2])
     if len(argv) != 3:
-        print("usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON", file=sys.stderr)
+        print("usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON\n"
+              "       compare_peers.py --rounds DIR", file=sys.stderr)
         return 2
     try:
         kvd = load_bench(argv[1])
@@ -40,17 +117,7 @@ def main(argv):
         print(f"compare_peers: {err}", file=sys.stderr)
         return 1
 
-    # SDPA rows: "sdpa decode B=1 L=4096", "sdpa[cudnn] decode B=...", "sdpa prefill causal B=...".
-    decode = {}   # (B, L) -> {backend: ms}
-    prefill = {}  # (B, L) -> TFLOP/s
-    for row in peers:
-        name, ms = row.get("name", ""), row.get("ms", -1)
-        m = re.fullmatch(r"sdpa(?:\[(\w+)\])? decode B=(\d+) L=(\d+)", name)
-        if m and ms > 0:
-            decode.setdefault((int(m[2]), int(m[3])), {})[m[1] or "default"] = ms
-        m = re.fullmatch(r"sdpa prefill causal B=(\d+) L=(\d+)", name)
-        if m and row.get("TFLOP/s"):
-            prefill[(int(m[1]), int(m[2]))] = row["TFLOP/s"]
+    decode, prefill = parse_peers(peers)
 
     matched = 0
     print("kvd vs PyTorch SDPA (same run). decode: SDPA ms / kvd ms, above 1 = kvd faster")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Specification of tests/gpu/compare_peers.py on made-up benchmark files (no GPU needed)."""
+"""Specification of tests/gpu/compare_peers.py on made-up benchmark files (no GPU needed):
+one run's files, and rounds (--rounds)."""
 import json
 import os
 import subprocess
@@ -74,6 +75,78 @@ class ComparePeersTest(unittest.TestCase):
                                   text=True)
             self.assertEqual(done.returncode, 1)
             self.assertIn("compare_peers:", done.stderr)
+
+
+
+def run_rounds(rounds):
+    """rounds: per round, (list of gpu_bench files' rows, sdpa rows or None for no file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (bench_files, sdpa_rows) in enumerate(rounds):
+            round_dir = os.path.join(tmp, str(i + 1))
+            os.makedirs(round_dir)
+            for j, rows in enumerate(bench_files):
+                with open(os.path.join(round_dir, f"gpu_bench_{j}.json"), "w") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in rows))
+            if sdpa_rows is not None:
+                with open(os.path.join(round_dir, "sdpa.json"), "w") as f:
+                    json.dump(sdpa_rows, f)
+        done = subprocess.run([sys.executable, SCRIPT, "--rounds", tmp], capture_output=True,
+                              text=True)
+        return done.returncode, done.stdout, done.stderr
+
+
+def decode_row(ms):
+    return {"name": "decode attention 1 x 4096", "ms": ms}
+
+
+def prefill_row(tflops):
+    return {"name": "prefill attention 1 x 16384 / 16384", "ms": 4.0, "TFLOP/s": tflops}
+
+
+def sdpa_rows(decode_ms, prefill_tflops):
+    return [{"name": "sdpa decode B=1 L=4096", "ms": decode_ms},
+            {"name": "sdpa prefill causal B=1 L=16384", "ms": 3.5, "TFLOP/s": prefill_tflops}]
+
+
+class ComparePeersRoundsTest(unittest.TestCase):
+    def test_medians_over_rounds_of_times_and_ratios(self):
+        # Decode ratios 0.040/0.020 = 2.0, 0.030/0.020 = 1.5, 0.070/0.020 = 3.5 (median 2.0,
+        # mean 2.33); prefill 540/600 = 0.90, 600/600 = 1.00, 400/625 = 0.64 (median 0.90,
+        # mean 0.85). Each round's kvd rows come from two files (decode and prefill modes).
+        code, out, err = run_rounds([
+            ([[decode_row(0.020)], [prefill_row(540.0)]], sdpa_rows(0.040, 600.0)),
+            ([[decode_row(0.020)], [prefill_row(600.0)]], sdpa_rows(0.030, 600.0)),
+            ([[decode_row(0.020)], [prefill_row(400.0)]], sdpa_rows(0.070, 625.0)),
+        ])
+        self.assertEqual(code, 0, err)
+        self.assertIn("3 rounds alternating", out)
+        lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+        self.assertEqual(lines["decode 1 x 4096"].split()[4:],
+                         ["0.0200", "0.0400", "2.00", "1.50-3.50", "3"])
+        self.assertIn("540.0 vs 600.0  ratio 0.90  range 0.64-1.00  rounds 3",
+                      lines["prefill 1 x 16384"])
+
+    def test_rounds_missing_a_side_are_left_out_of_that_shape(self):
+        code, out, err = run_rounds([
+            ([[decode_row(0.020)]], sdpa_rows(0.040, 600.0)),
+            ([[prefill_row(600.0)]], sdpa_rows(0.030, 600.0)),
+        ])
+        self.assertEqual(code, 0, err)
+        lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+        self.assertEqual(lines["decode 1 x 4096"].split()[-1], "1")
+        self.assertIn("rounds 1", lines["prefill 1 x 16384"])
+
+    def test_no_rounds_or_a_round_without_sdpa_fails(self):
+        code, _, err = run_rounds([])
+        self.assertEqual(code, 1)
+        self.assertIn("no round directories", err)
+        code, _, err = run_rounds([([[decode_row(0.020)]], None)])
+        self.assertEqual(code, 1)
+        self.assertIn("sdpa.json", err)
+        code, _, err = run_rounds([([[{"name": "copy d2d 2 GiB (ceiling)", "ms": 1.0}]],
+                                    sdpa_rows(0.040, 600.0))])
+        self.assertEqual(code, 1)
+        self.assertIn("no shape in both sides of any round", err)
 
 
 if __name__ == "__main__":

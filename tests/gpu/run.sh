@@ -9,7 +9,9 @@
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench; RUN_ENGINE=0 skips gpu_engine_test;
-# RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py. Exit status: non-zero
+# RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py and the alternating
+# rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench prefill` and
+# sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). Exit status: non-zero
 # when gpu_test, gpu_engine_test, serve_check.sh or kvd_e2e_bench (engine failure,
 # non-finite logits or graphs never replayed; never a time) failed. The last lines are a
 # PASS/FAIL summary per part.
@@ -24,6 +26,7 @@ if [[ -f "$here/env.sh" ]]; then
   kvd_bin="$here/bin/kvd"
   peers="$here/shared/peers/torch_peers.py"
   compare_peers="$here/compare_peers.py"
+  sdpa_shapes="$here/sdpa_shapes.py"
 else
   root="$(cd "$here/../.." && pwd)"
   build="${BUILD:-build}"
@@ -33,6 +36,7 @@ else
   kvd_bin="$build/server/kvd"
   peers="$root/../shared/peers/torch_peers.py"
   compare_peers="$root/tests/gpu/compare_peers.py"
+  sdpa_shapes="$root/tests/gpu/sdpa_shapes.py"
 fi
 export OUT="${OUT:-$here/gpu-out}"
 mkdir -p "$OUT"
@@ -116,6 +120,25 @@ if [[ -f "$OUT/gpu_bench.json" && -f "$OUT/torch_peers.json" ]]; then
   echo "== kvd vs SDPA"
   python3 "$compare_peers" "$OUT/gpu_bench.json" "$OUT/torch_peers.json" 2>&1 |
     tee "$OUT/compare_peers.txt"
+fi
+# Then PEER_ROUNDS (default 3) rounds of kvd's decode and prefill rows each followed by SDPA's
+# at the same shapes, compared by their medians over rounds (informational too).
+rounds="${PEER_ROUNDS:-3}"
+if [[ "${RUN_BENCH:-1}" != 0 && "${RUN_PEERS:-1}" != 0 && "$rounds" -gt 0 && -x "$bin/gpu_bench" &&
+      -f "$sdpa_shapes" ]] && python3 -c 'import torch' 2> /dev/null; then
+  echo "== kvd vs SDPA, $rounds rounds alternating"
+  rm -rf "$OUT/rounds"
+  for ((round = 1; round <= rounds; round++)); do
+    dir="$OUT/rounds/$round"
+    for mode in decode prefill; do
+      mkdir -p "$dir/$mode"
+      OUT="$dir/$mode" "$bin/gpu_bench" "$mode" > "$dir/gpu_bench_$mode.log" 2>&1
+      mv "$dir/$mode/gpu_bench.json" "$dir/gpu_bench_$mode.json" 2> /dev/null
+      rmdir "$dir/$mode" 2> /dev/null
+    done
+    python3 "$sdpa_shapes" "$dir/sdpa.json" > "$dir/sdpa.log" 2>&1
+  done
+  python3 "$compare_peers" --rounds "$OUT/rounds" 2>&1 | tee "$OUT/compare_peers_rounds.txt"
 fi
 echo "== summary"
 for part in "${parts[@]}"; do
