@@ -94,13 +94,23 @@ __device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t b
       : "memory");
 }
 
+// An L2 cache policy (for TmaLoad2d) whose lines are evicted first: for data read once, such
+// as a decode step's K/V stream.
+__device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // The box at element coordinates (x, y) of the 2D tensor map `map` (a __grid_constant__
-// kernel parameter) into shared memory at `dst`, its bytes counted on `bar` as they land.
-__device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int y, uint64_t* bar) {
+// kernel parameter) into shared memory at `dst`, its bytes counted on `bar` as they land, its
+// lines kept in L2 under the cache policy `l2_policy` (L2EvictFirstPolicy).
+__device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int y, uint64_t* bar,
+                                          uint64_t l2_policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3}], [%4];\n" ::"r"(SharedAddress(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SharedAddress(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SharedAddress(bar)), "l"(l2_policy)
       : "memory");
 }
 
