@@ -8,7 +8,8 @@
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
-# RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench; RUN_ENGINE=0 skips gpu_engine_test;
+# RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
+# skips gpu_engine_test;
 # RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py and the alternating
 # rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench prefill` and
 # sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). Exit status: non-zero
@@ -101,7 +102,7 @@ if [[ "${RUN_SERVE:-1}" != 0 && -x "$kvd_bin" && -f "$here/serve_check.sh" ]]; t
   parts+=("serve_check $serve_status")
   [[ $serve_status != 0 && $status == 0 ]] && status=$serve_status
 fi
-if [[ "${RUN_BENCH:-1}" != 0 && -x "$bench_bin/kvd_e2e_bench" ]]; then
+if [[ "${RUN_BENCH:-1}" != 0 && "${RUN_E2E:-1}" != 0 && -x "$bench_bin/kvd_e2e_bench" ]]; then
   echo "== kvd_e2e_bench"
   # Every case twice: decode steps uncaptured, then replayed as CUDA graphs.
   timeout 480 "$bench_bin/kvd_e2e_bench" --device cuda --graphs both 2>&1 |
