@@ -11,6 +11,7 @@
 #include "kernels/cpu_matmul.h"
 #include "kernels/cpu_paged_attention.h"
 #include "kernels/cpu_sampling.h"
+#include "kernels/status_macros.h"
 
 namespace kvd {
 namespace {
@@ -80,7 +81,27 @@ absl::StatusOr<DeviceBuffer> CpuBackend::UploadWeights(const float* host, size_t
 absl::Status CpuBackend::Embedding(const EmbeddingParams& p) { return CpuEmbedding(p, pool_); }
 absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) { return CpuRmsNorm(p, pool_); }
 absl::Status CpuBackend::Matmul(const MatmulParams& p) { return CpuMatmul(p, pool_); }
-absl::Status CpuBackend::Rope(const RopeParams& p) { return CpuRope(p, pool_); }
+absl::Status CpuBackend::Rope(const RopeParams& p) {
+  if (!p.append_kv) return CpuRope(p, pool_);
+  // Rope, then AppendKv of the rotated k and v; the append's params are checked before the
+  // rotation writes anything.
+  const AppendKvParams append{.cache = p.cache,
+                              .k = p.k,
+                              .v = p.v,
+                              .slot_mapping = p.slot_mapping,
+                              .num_tokens = p.num_tokens,
+                              .k_stride = p.k_stride,
+                              .v_stride = p.v_stride};
+  if (p.num_tokens > 0 &&
+      (p.cache.num_kv_heads != p.num_kv_heads || p.cache.head_dim != p.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: append_kv cache has ", p.cache.num_kv_heads, " KV heads of head_dim ",
+                     p.cache.head_dim, ", the op ", p.num_kv_heads, " of ", p.head_dim));
+  }
+  KVD_RETURN_IF_ERROR(ValidateAppendKv(append));
+  KVD_RETURN_IF_ERROR(CpuRope(p, pool_));
+  return CpuAppendKv(append, pool_);
+}
 absl::Status CpuBackend::SiluMul(const SiluMulParams& p) { return CpuSiluMul(p, pool_); }
 absl::Status CpuBackend::AppendKv(const AppendKvParams& p) { return CpuAppendKv(p, pool_); }
 absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/kv_addressing.h"
+#include "kernels/status_macros.h"
 
 namespace kvd {
 namespace {
@@ -20,7 +21,7 @@ absl::Status Invalid(absl::string_view op, absl::string_view what) {
 
 }  // namespace
 
-absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
+absl::Status ValidateAppendKv(const AppendKvParams& p) {
   constexpr absl::string_view kOp = "AppendKv";
   if (p.num_tokens < 0) return Invalid(kOp, absl::StrCat("num_tokens is ", p.num_tokens));
   if (p.num_tokens == 0) return absl::OkStatus();
@@ -44,6 +45,14 @@ absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
+  KVD_RETURN_IF_ERROR(ValidateAppendKv(p));
+  if (p.num_tokens == 0) return absl::OkStatus();
+  const KvCacheView& c = p.cache;
+  const int64_t width = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t row_bytes = sizeof(float) * int64_t{c.head_dim};
   const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / (2 * width * sizeof(float)));
   pool.ParallelFor(p.num_tokens, grain, [&](int64_t begin, int64_t end) {

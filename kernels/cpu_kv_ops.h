@@ -19,6 +19,9 @@ namespace kvd {
 // view; Unimplemented for a cache dtype other than f32. num_tokens == 0 is a no-op.
 absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool);
 
+// CpuAppendKv's checks alone: OK exactly when CpuAppendKv would accept `p`.
+absl::Status ValidateAppendKv(const AppendKvParams& p);
+
 // Copies block src[i] to dst[i] in every one of num_regions regions (each layer's K and
 // V), block_bytes each. InvalidArgument for null pointers, non-positive sizes, a region
 // that cannot hold (1 << chunk_shift) blocks, or an id outside the arena / in a null chunk.

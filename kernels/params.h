@@ -94,6 +94,15 @@ struct RopeParams {
   // (PagedAttentionParams::q_bf16).
   void* q_bf16 = nullptr;
   int32_t q_bf16_stride = 0;
+  // Optional: also this step's K and V into the KV cache, as AppendKv with these fields, k and
+  // k_stride would do right after this op (the rotated k rows, and v's rows, at
+  // slot_mapping), in the same pass: a decode step's append is then no launch of its own.
+  // cache.num_kv_heads and cache.head_dim must be num_kv_heads and head_dim.
+  bool append_kv = false;
+  KvCacheView cache;
+  const float* v = nullptr;               // [num_tokens][v_stride]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]
+  int32_t v_stride = 0;
 };
 
 // out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)).

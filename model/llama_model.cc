@@ -363,14 +363,13 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                         .theta = s.rope_theta,
                                         .style = s.rope_style,
                                         .q_bf16 = q_bf16,
-                                        .q_bf16_stride = q_dim}));
-    KVD_RETURN_IF_ERROR(backend_->AppendKv({.cache = layers[l],
-                                            .k = k,
-                                            .v = v,
-                                            .slot_mapping = slot_mapping,
-                                            .num_tokens = t,
-                                            .k_stride = qkv_dim,
-                                            .v_stride = qkv_dim}));
+                                        .q_bf16_stride = q_dim,
+                                        // This step's K (rotated) and V into the cache.
+                                        .append_kv = true,
+                                        .cache = layers[l],
+                                        .v = v,
+                                        .slot_mapping = slot_mapping,
+                                        .v_stride = qkv_dim}));
     KVD_RETURN_IF_ERROR(
         backend_->PagedAttention({.out = attn,
                                   .q = q,

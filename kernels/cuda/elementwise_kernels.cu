@@ -121,7 +121,10 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
 
 // One thread per (head, rotated pair) and token: grid (CeilDiv(heads * head_dim / 2,
 // kRowThreads), min(num_tokens, 65535)), tokens strided over grid rows. A decode step's token
-// spreads over many CTAs instead of one thread walking every head in turn.
+// spreads over many CTAs instead of one thread walking every head in turn. With append_kv,
+// a KV head's thread also stores its rotated K pair and the same pair of V into the cache
+// (of T).
+template <typename T>
 __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   const int half = p.head_dim / 2;
@@ -148,6 +151,19 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
     const float y1 = x0 * sin_a + x1 * cos_a;
     head[i0] = y0;
     head[i1] = y1;
+    if (p.append_kv && h >= p.num_q_heads && p.slot_mapping[t] >= 0) {
+      const KvCacheView& c = p.cache;
+      const int kv_head = h - p.num_q_heads;
+      const int64_t block = p.slot_mapping[t] / c.block_size;
+      const int64_t row = (p.slot_mapping[t] % c.block_size) * c.head_dim;
+      T* k_row = BlockHead<T>(c, block, c.k_offset_bytes, kv_head) + row;
+      T* v_row = BlockHead<T>(c, block, c.v_offset_bytes, kv_head) + row;
+      const float* v = p.v + int64_t{t} * p.v_stride + int64_t{kv_head} * p.head_dim;
+      k_row[i0] = FromFloat<T>(y0);
+      k_row[i1] = FromFloat<T>(y1);
+      v_row[i0] = FromFloat<T>(v[i0]);
+      v_row[i1] = FromFloat<T>(v[i1]);
+    }
     if (p.q_bf16 != nullptr && h < p.num_q_heads) {
       __nv_bfloat16* copy = static_cast<__nv_bfloat16*>(p.q_bf16) + int64_t{t} * p.q_bf16_stride +
                             int64_t{h} * p.head_dim;
@@ -210,7 +226,10 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   const int pairs = (p.num_q_heads + p.num_kv_heads) * (p.head_dim / 2);
   if (pairs == 0) return cudaSuccess;
   const dim3 grid((pairs + kRowThreads - 1) / kRowThreads, std::min(p.num_tokens, 65535));
-  return LaunchDependent(RopeKernel, grid, kRowThreads, 0, stream, p);
+  if (!p.append_kv) return LaunchDependent(RopeKernel<float>, grid, kRowThreads, 0, stream, p);
+  return KVD_DISPATCH_STORAGE_DTYPE(p.cache.dtype, T, [&] {
+    return LaunchDependent(RopeKernel<T>, grid, kRowThreads, 0, stream, p);
+  }());
 }
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {

@@ -22,7 +22,8 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 
 // The angle of pair i at position pos is pos * (1 / theta^(2i/head_dim)), each step
 // rounded to fp32 as the CPU reference does (the power in fp64, then rounded, to match a
-// correctly rounded powf). With q_bf16, also the rotated q rows rounded to bf16.
+// correctly rounded powf). With q_bf16, also the rotated q rows rounded to bf16; with
+// append_kv, also what LaunchAppendKv would then write (a negative slot skips its token).
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);

@@ -1,9 +1,10 @@
-// CUDA AppendKv and CopyBlocks against the CPU reference, over a chunked arena with a
-// released chunk and scattered block ids.
+// CUDA AppendKv (alone and fused into Rope) and CopyBlocks against the CPU reference, over a
+// chunked arena with a released chunk and scattered block ids.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -84,6 +85,106 @@ TEST_F(KvCacheOpsTest, AppendKvWritesExactlyTheMappedSlots) {
       EXPECT_TRUE(SameArena(arena.GpuValues(), arena.CpuValues()));
     }
   }
+}
+
+// RopeParams::append_kv: the GPU's one pass (rotation, K and V into the cache) against the
+// CPU's Rope then AppendKv. The rotations agree to 5e-4 (the Rope test's bound: fp32 angles
+// of positions up to 4096); a bf16 cache adds its rounding of each side's value (2^-8 of
+// |x| <= 1.5). A wrong head, slot or pairing errs by O(1) or leaves poison (NaN) behind.
+TEST_F(KvCacheOpsTest, RopeWithAppendKvMatchesRopeThenAppendKv) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const int block_size : {1, 16}) {
+      SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " block_size " << block_size);
+      ArenaShape shape;
+      shape.num_kv_heads = 2;
+      shape.head_dim = 128;
+      shape.block_size = block_size;
+      shape.chunk_shift = 4;
+      shape.num_chunks = 3;
+      shape.released = {1};
+      shape.gpu_dtype = dtype;
+      TwinArena arena(cpu(), gpu(), shape);
+      const int q_heads = 8, tokens = 21;
+      const int stride = (q_heads + 2 * shape.num_kv_heads) * shape.head_dim;
+      const std::vector<float> qkv = RandomFloats(size_t(tokens) * stride, 17);
+      const std::vector<int32_t> ids = arena.ShuffledBlockIds(5);
+      std::vector<int32_t> positions(tokens);
+      std::vector<int64_t> slots(tokens);
+      for (int t = 0; t < tokens; ++t) {
+        positions[t] = 190 * t;
+        slots[t] = int64_t{ids[t % ids.size()]} * block_size + (t / ids.size()) % block_size;
+      }
+      std::sort(slots.begin(), slots.end());
+      ASSERT_EQ(std::unique(slots.begin(), slots.end()), slots.end()) << "distinct slots";
+      auto params = [&](Backend& b, DeviceBuffer& rows, DeviceBuffer& pos, DeviceBuffer& map) {
+        RopeParams p;
+        p.q = rows.as<float>();
+        p.k = rows.as<float>() + q_heads * shape.head_dim;
+        p.positions = pos.as<int32_t>();
+        p.num_tokens = tokens;
+        p.num_q_heads = q_heads;
+        p.num_kv_heads = shape.num_kv_heads;
+        p.head_dim = shape.head_dim;
+        p.q_stride = p.k_stride = stride;
+        p.theta = 500000.0f;
+        p.append_kv = true;
+        p.cache = &b == &gpu() ? arena.GpuView(1) : arena.CpuView(1);
+        p.v = rows.as<float>() + (q_heads + shape.num_kv_heads) * shape.head_dim;
+        p.slot_mapping = map.as<int64_t>();
+        p.v_stride = stride;
+        return p;
+      };
+      DeviceBuffer cpu_rows = Upload(cpu(), qkv), gpu_rows = Upload(gpu(), qkv);
+      DeviceBuffer cpu_pos = Upload(cpu(), positions), gpu_pos = Upload(gpu(), positions);
+      DeviceBuffer cpu_map = Upload(cpu(), slots), gpu_map = Upload(gpu(), slots);
+      ASSERT_TRUE(cpu().Rope(params(cpu(), cpu_rows, cpu_pos, cpu_map)).ok());
+      const absl::Status s = gpu().Rope(params(gpu(), gpu_rows, gpu_pos, gpu_map));
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(AllClose(DownloadFloats(gpu(), gpu_rows.data(), qkv.size()),
+                           DownloadFloats(cpu(), cpu_rows.data(), qkv.size()), 0, 5e-4));
+      const std::vector<float> got = arena.GpuValues();
+      const std::vector<float> want = arena.CpuValues();
+      ASSERT_EQ(got.size(), want.size());
+      const double rtol = dtype == DType::kBF16 ? 1.0 / 128 : 0.0;
+      int64_t written = 0, bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(want[i])) {
+          bad += !std::isnan(got[i]);
+          continue;
+        }
+        ++written;
+        bad += !(std::fabs(got[i] - want[i]) <= 5e-4 + rtol * std::fabs(want[i]));
+      }
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(written, int64_t{2} * tokens * shape.num_kv_heads * shape.head_dim);
+    }
+  }
+}
+
+TEST_F(KvCacheOpsTest, RopeRefusesAnAppendToACacheOfOtherHeads) {
+  ArenaShape shape;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 64;
+  shape.num_chunks = 1;
+  TwinArena arena(cpu(), gpu(), shape);
+  DeviceBuffer buf = Poisoned(gpu(), 8192);
+  RopeParams p;
+  p.num_tokens = 1;
+  p.num_q_heads = 2;
+  p.num_kv_heads = 1;  // the cache has 2
+  p.head_dim = 64;
+  p.q_stride = p.k_stride = p.v_stride = 256;
+  p.q = buf.as<float>();
+  p.k = buf.as<float>() + 128;
+  p.v = buf.as<float>() + 192;
+  p.positions = buf.as<int32_t>() + 1024;
+  p.slot_mapping = reinterpret_cast<const int64_t*>(buf.as<int32_t>() + 1040);
+  p.append_kv = true;
+  p.cache = arena.GpuView(0);
+  const absl::Status s = gpu().Rope(p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("append_kv"), std::string::npos) << s;
+  EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
 TEST_F(KvCacheOpsTest, AppendKvRoundsToNearestEvenBf16) {

@@ -1,6 +1,6 @@
-// Specification of CpuBackend::AppendKv and CpuBackend::CopyBlocks against the arena
-// layout of kernels/params.h: addresses here come from TestArena::At, which follows the
-// layout diagram and shares no code with the backend.
+// Specification of CpuBackend::AppendKv (alone, and fused into Rope) and
+// CpuBackend::CopyBlocks against the arena layout of kernels/params.h: addresses here come
+// from TestArena::At, which follows the layout diagram and shares no code with the backend.
 
 #include <cmath>
 #include <cstdint>
@@ -69,6 +69,75 @@ TEST(AppendKvTest, EveryValueLandsWhereTheLayoutSaysAndNothingElseChanges) {
       for (float x : arena.chunk(c)) non_nan += !std::isnan(x);
     }
     EXPECT_EQ(non_nan, written);
+  }
+}
+
+// RopeParams::append_kv: the same q, k and arena, bit for bit, as Rope followed by AppendKv
+// of the rotated k; bad append params are refused before anything (q, k, arena) is written.
+TEST(RopeAppendKvTest, EqualsRopeThenAppendKvAndChecksTheAppendFirst) {
+  CpuBackend backend(2);
+  const Geometry g{2, 2, 16, 8, 2, 3};
+  const int q_heads = 4, tokens = 9;
+  const int stride = (q_heads + 2 * g.heads) * g.head_dim;  // fused qkv rows
+  const std::vector<float> qkv = RandomFloats(tokens * stride, 5);
+  std::vector<int32_t> positions(tokens);
+  std::vector<int64_t> slots(tokens);
+  for (int t = 0; t < tokens; ++t) {
+    positions[t] = 3 * t + 1;
+    slots[t] = (7 * t + 2) % (int64_t{g.chunks << g.chunk_shift} * g.block_size);
+  }
+  auto rope = [&](float* rows, const KvCacheView& cache, bool append) {
+    RopeParams p;
+    p.q = rows;
+    p.k = rows + q_heads * g.head_dim;
+    p.positions = positions.data();
+    p.num_tokens = tokens;
+    p.num_q_heads = q_heads;
+    p.num_kv_heads = g.heads;
+    p.head_dim = g.head_dim;
+    p.q_stride = p.k_stride = stride;
+    p.append_kv = append;
+    p.cache = cache;
+    p.v = rows + (q_heads + g.heads) * g.head_dim;
+    p.slot_mapping = slots.data();
+    p.v_stride = stride;
+    return p;
+  };
+  TestArena fused_arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  std::vector<float> fused_rows = qkv;
+  ASSERT_TRUE(backend.Rope(rope(fused_rows.data(), fused_arena.View(1), true)).ok());
+  TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  std::vector<float> rows = qkv;
+  const RopeParams separate = rope(rows.data(), arena.View(1), false);
+  ASSERT_TRUE(backend.Rope(separate).ok());
+  ASSERT_TRUE(
+      backend
+          .AppendKv({arena.View(1), separate.k, separate.v, slots.data(), tokens, stride, stride})
+          .ok());
+  EXPECT_EQ(0, std::memcmp(fused_rows.data(), rows.data(), rows.size() * sizeof(float)));
+  for (int c = 0; c < arena.num_chunks(); ++c) {
+    ASSERT_EQ(0, std::memcmp(fused_arena.chunk(c).data(), arena.chunk(c).data(),
+                             arena.chunk(c).size() * sizeof(float)))
+        << "chunk " << c;
+  }
+
+  // A slot past the arena, or a cache of other heads: refused, nothing rotated or written.
+  TestArena untouched(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  std::vector<float> bad_rows = qkv;
+  std::vector<int64_t> good_slots = slots;
+  slots[4] = int64_t{1} << 40;
+  absl::Status s = backend.Rope(rope(bad_rows.data(), untouched.View(1), true));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("slot_mapping[4]"));
+  slots = good_slots;
+  RopeParams other_heads = rope(bad_rows.data(), untouched.View(1), true);
+  other_heads.cache.num_kv_heads = 1;
+  s = backend.Rope(other_heads);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("append_kv"));
+  EXPECT_EQ(bad_rows, qkv);
+  for (int c = 0; c < untouched.num_chunks(); ++c) {
+    for (float x : untouched.chunk(c)) ASSERT_TRUE(std::isnan(x));
   }
 }
 
