@@ -30,18 +30,23 @@ using KvCacheOpsTest = GpuVsCpuTest;
   return ::testing::AssertionSuccess();
 }
 
+// An arena of `chunks` chunks of 2^chunk_shift blocks, chunk 1 released.
+ArenaShape ScatteredArena(int num_kv_heads, int head_dim, int block_size, int chunk_shift,
+                          int chunks, DType gpu_dtype) {
+  return ArenaShape{.num_kv_heads = num_kv_heads,
+                    .head_dim = head_dim,
+                    .block_size = block_size,
+                    .chunk_shift = chunk_shift,
+                    .num_chunks = chunks,
+                    .released = {1},
+                    .gpu_dtype = gpu_dtype};
+}
+
 TEST_F(KvCacheOpsTest, AppendKvWritesExactlyTheMappedSlots) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const int block_size : {1, 16, 64}) {
       SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " block_size " << block_size);
-      ArenaShape shape;
-      shape.num_kv_heads = 4;
-      shape.head_dim = 64;
-      shape.block_size = block_size;
-      shape.chunk_shift = 3;
-      shape.num_chunks = 4;
-      shape.released = {1};
-      shape.gpu_dtype = dtype;
+      const ArenaShape shape = ScatteredArena(4, 64, block_size, /*chunk_shift=*/3, 4, dtype);
       TwinArena arena(cpu(), gpu(), shape);
 
       // 50 tokens into distinct slots all over the arena; rows wider than the heads.
@@ -95,14 +100,7 @@ TEST_F(KvCacheOpsTest, RopeWithAppendKvMatchesRopeThenAppendKv) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const int block_size : {1, 16}) {
       SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " block_size " << block_size);
-      ArenaShape shape;
-      shape.num_kv_heads = 2;
-      shape.head_dim = 128;
-      shape.block_size = block_size;
-      shape.chunk_shift = 4;
-      shape.num_chunks = 3;
-      shape.released = {1};
-      shape.gpu_dtype = dtype;
+      const ArenaShape shape = ScatteredArena(2, 128, block_size, /*chunk_shift=*/4, 3, dtype);
       TwinArena arena(cpu(), gpu(), shape);
       const int q_heads = 8, tokens = 21;
       const int stride = (q_heads + 2 * shape.num_kv_heads) * shape.head_dim;
