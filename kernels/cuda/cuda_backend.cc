@@ -54,7 +54,7 @@ absl::Status ValidateQBf16(absl::string_view op, const void* q_bf16, int32_t q_b
                                   ") * head_dim (", head_dim, ")"));
 }
 
-// The KV view checks shared by AppendKv and PagedAttention.
+// The KV view checks shared by AppendKv, Rope (append_kv) and PagedAttention.
 absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
   if (!IsStorageDtype(c.dtype)) return Unsupported(op, "KV dtype", c.dtype);
   if (c.chunks == nullptr || c.num_chunks <= 0) return Invalid(op, "empty chunk table");
