@@ -151,11 +151,12 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
     const float y1 = x0 * sin_a + x1 * cos_a;
     head[i0] = y0;
     head[i1] = y1;
-    if (p.append_kv && h >= p.num_q_heads && p.slot_mapping[t] >= 0) {
+    const int64_t slot = p.append_kv && h >= p.num_q_heads ? p.slot_mapping[t] : -1;
+    if (slot >= 0) {
       const KvCacheView& c = p.cache;
       const int kv_head = h - p.num_q_heads;
-      const int64_t block = p.slot_mapping[t] / c.block_size;
-      const int64_t row = (p.slot_mapping[t] % c.block_size) * c.head_dim;
+      const int64_t block = slot / c.block_size;
+      const int64_t row = (slot % c.block_size) * c.head_dim;
       T* k_row = BlockHead<T>(c, block, c.k_offset_bytes, kv_head) + row;
       T* v_row = BlockHead<T>(c, block, c.v_offset_bytes, kv_head) + row;
       const float* v = p.v + int64_t{t} * p.v_stride + int64_t{kv_head} * p.head_dim;

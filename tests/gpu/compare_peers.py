@@ -14,8 +14,8 @@ or unreadable, or when no shape appears in both; shapes one side lacks are liste
 
 Rounds: compare_peers.py --rounds DIR, where each subdirectory of DIR is one round of kvd's and
 SDPA's measurements taken back to back (run.sh alternates `gpu_bench decode`, `gpu_bench
-prefill` and sdpa_shapes.py): its gpu_bench*.json files (JSON lines) and its sdpa.json (a JSON
-list as torch_peers.py writes). Prints per shape the median over rounds of kvd's and SDPA's
+prefill` and sdpa_shapes.py): its gpu_bench*.json files (JSON lines, at any depth) and its
+sdpa.json (a JSON list as torch_peers.py writes). Prints per shape the median over rounds of kvd's and SDPA's
 times and of the rounds' ratios, and the ratios' range: a comparison less exposed to the
 machine's drift (clock, SDPA's own spread) over a run than one figure from each side. Exit
 status 1 when DIR has no round, a round's files are unreadable, or no shape is in any round.
@@ -37,6 +37,16 @@ def load_bench(path):
                 row = json.loads(line)
                 rows[row["name"]] = row
     return rows
+
+
+def kvd_decode(kvd, b, l):
+    """kvd's per-call decode row at batch b, context l (None if absent)."""
+    return kvd.get(f"decode attention {b} x {l}")
+
+
+def kvd_prefill(kvd, b, l):
+    """kvd's causal prefill row of b sequences of l tokens (None if absent)."""
+    return kvd.get(f"prefill attention {b} x {l} / {l}")
 
 
 def parse_peers(peers):
@@ -65,7 +75,8 @@ def rounds_main(root):
     for round_dir in rounds:
         try:
             kvd = {}
-            for path in sorted(glob.glob(os.path.join(round_dir, "gpu_bench*.json"))):
+            for path in sorted(glob.glob(os.path.join(round_dir, "**", "gpu_bench*.json"),
+                                         recursive=True)):
                 kvd.update(load_bench(path))
             with open(os.path.join(round_dir, "sdpa.json")) as f:
                 sdpa_decode, sdpa_prefill = parse_peers(json.load(f))
@@ -73,11 +84,11 @@ def rounds_main(root):
             print(f"compare_peers: {err}", file=sys.stderr)
             return 1
         for (b, l), backends in sdpa_decode.items():
-            call = kvd.get(f"decode attention {b} x {l}")
+            call = kvd_decode(kvd, b, l)
             if call is not None and "default" in backends:
                 decode.setdefault((b, l), []).append((call["ms"], backends["default"]))
         for (b, l), tflops in sdpa_prefill.items():
-            row = kvd.get(f"prefill attention {b} x {l} / {l}")
+            row = kvd_prefill(kvd, b, l)
             if row is not None and row.get("TFLOP/s"):
                 prefill.setdefault((b, l), []).append((row["TFLOP/s"], tflops))
     if not decode and not prefill:
@@ -124,7 +135,7 @@ def main(argv):
     print(f"{'shape':<22}{'kvd ms':>9}{'graph ms':>10}{'SDPA ms':>9}{'ratio':>7}"
           f"{'best SDPA ms':>14}{'ratio':>7}  best backend")
     for b, l in sorted(decode):
-        call = kvd.get(f"decode attention {b} x {l}")
+        call = kvd_decode(kvd, b, l)
         graph = kvd.get(f"decode attention {b} x {l} (graph)")
         sdpa = decode[(b, l)]
         shape = f"decode {b} x {l}"
@@ -141,7 +152,7 @@ def main(argv):
               f"  {best_name}")
     print("prefill (causal): kvd TFLOP/s / SDPA TFLOP/s")
     for b, l in sorted(prefill):
-        row = kvd.get(f"prefill attention {b} x {l} / {l}")
+        row = kvd_prefill(kvd, b, l)
         shape = f"prefill {b} x {l}"
         if row is None:
             print(f"{shape:<22}missing on the kvd side")

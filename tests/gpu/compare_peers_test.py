@@ -84,8 +84,9 @@ def run_rounds(rounds):
         for i, (bench_files, sdpa_rows) in enumerate(rounds):
             round_dir = os.path.join(tmp, str(i + 1))
             os.makedirs(round_dir)
-            for j, rows in enumerate(bench_files):
-                with open(os.path.join(round_dir, f"gpu_bench_{j}.json"), "w") as f:
+            for j, rows in enumerate(bench_files):  # a folder each, as run.sh's modes
+                os.makedirs(os.path.join(round_dir, f"mode{j}"))
+                with open(os.path.join(round_dir, f"mode{j}", "gpu_bench.json"), "w") as f:
                     f.write("".join(json.dumps(r) + "\n" for r in rows))
             if sdpa_rows is not None:
                 with open(os.path.join(round_dir, "sdpa.json"), "w") as f:

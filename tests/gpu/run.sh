@@ -9,10 +9,9 @@
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
-# skips gpu_engine_test;
-# RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py and the alternating
-# rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench prefill` and
-# sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). Exit status: non-zero
+# skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py
+# and the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench
+# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). Exit status: non-zero
 # when gpu_test, gpu_engine_test, serve_check.sh or kvd_e2e_bench (engine failure,
 # non-finite logits or graphs never replayed; never a time) failed. The last lines are a
 # PASS/FAIL summary per part.
@@ -131,11 +130,9 @@ if [[ "${RUN_BENCH:-1}" != 0 && "${RUN_PEERS:-1}" != 0 && "$rounds" -gt 0 && -x 
   rm -rf "$OUT/rounds"
   for ((round = 1; round <= rounds; round++)); do
     dir="$OUT/rounds/$round"
-    for mode in decode prefill; do
+    for mode in decode prefill; do  # each writes its own $OUT/gpu_bench.json
       mkdir -p "$dir/$mode"
-      OUT="$dir/$mode" "$bin/gpu_bench" "$mode" > "$dir/gpu_bench_$mode.log" 2>&1
-      mv "$dir/$mode/gpu_bench.json" "$dir/gpu_bench_$mode.json" 2> /dev/null
-      rmdir "$dir/$mode" 2> /dev/null
+      OUT="$dir/$mode" "$bin/gpu_bench" "$mode" > "$dir/$mode/gpu_bench.log" 2>&1
     done
     python3 "$sdpa_shapes" "$dir/sdpa.json" > "$dir/sdpa.log" 2>&1
   done
