@@ -54,23 +54,7 @@ struct MmaWarpMath {
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;
   static constexpr int kKeysPerIter = Shape::kKeysPerIter;
 
-  // Loads the Q fragments of heads [head_base, head_base + heads) of query row q_row.
-  __device__ __forceinline__ MmaWarpMath(const PagedAttentionParams& p, int q_row, int head_base,
-                                         int heads, int lane)
-      : g(lane / 4), t(lane % 4) {
-    // Q fragments of each k-step, pre-scaled to base-2 logits and split: a0 and a2 (row g,
-    // dims 2t, 2t+1 and 2t+8, 2t+9) the high parts of head g, a1 and a3 (row g + 8, the same
-    // dims) the residuals. Dead heads are zero.
-    const bool live = g < heads;
-    const float scale = live ? p.sm_scale * kLog2e : 0.0f;
-    const float* q_head =
-        p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + (live ? g : 0)} * kHeadDim;
-#pragma unroll
-    for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
-      const float* x = q_head + 16 * ks + 2 * t;  // q_stride may be odd: scalar loads
-      SplitBf16x2(x[0] * scale, x[1] * scale, q_frag[ks][0], q_frag[ks][1]);
-      SplitBf16x2(x[8] * scale, x[9] * scale, q_frag[ks][2], q_frag[ks][3]);
-    }
+  __device__ __forceinline__ explicit MmaWarpMath(int lane) : g(lane / 4), t(lane % 4) {
 #pragma unroll
     for (int n = 0; n < Shape::kDimTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     // ldmatrix row addresses within a tile: matrix lane / 8, row lane % 8.
@@ -79,6 +63,43 @@ struct MmaWarpMath {
     k_chunk_odd = matrix & 1;                  // K: m1, m3 the second 8 dims
     v_key = (matrix & 1) * 8 + lane % 8;       // V: m0, m2 keys 0-7; m1, m3 keys 8-15
     v_chunk_odd = matrix >> 1;                 // V: m2, m3 the second dim tile
+  }
+
+  // This lane's elements of its head's query row, as loaded: for each k-step, dims 2t, 2t+1,
+  // 2t+8 and 2t+9.
+  struct QLane {
+    float x[Shape::kDimSteps][4];
+  };
+
+  // Starts loading this lane's Q elements of heads [head_base, head_base + heads) of query
+  // row q_row (dead heads read a live head's row, which SetQ zeroes). The loads complete on
+  // first use, in SetQ.
+  __device__ __forceinline__ QLane LoadQ(const PagedAttentionParams& p, int q_row, int head_base,
+                                         int heads) const {
+    const float* q_head =
+        p.q + int64_t{q_row} * p.q_stride + int64_t{head_base + (g < heads ? g : 0)} * kHeadDim;
+    QLane q;
+#pragma unroll
+    for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
+      const float* x = q_head + 16 * ks + 2 * t;  // q_stride may be odd: scalar loads
+      q.x[ks][0] = x[0];
+      q.x[ks][1] = x[1];
+      q.x[ks][2] = x[8];
+      q.x[ks][3] = x[9];
+    }
+    return q;
+  }
+
+  // The Q fragments of each k-step from LoadQ's elements, pre-scaled to base-2 logits and
+  // split: a0 and a2 (row g, dims 2t, 2t+1 and 2t+8, 2t+9) the high parts of head g, a1 and a3
+  // (row g + 8, the same dims) the residuals. Dead heads are zero. Before the first Consume.
+  __device__ __forceinline__ void SetQ(const QLane& q, const PagedAttentionParams& p, int heads) {
+    const float scale = g < heads ? p.sm_scale * kLog2e : 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < Shape::kDimSteps; ++ks) {
+      SplitBf16x2(q.x[ks][0] * scale, q.x[ks][1] * scale, q_frag[ks][0], q_frag[ks][1]);
+      SplitBf16x2(q.x[ks][2] * scale, q.x[ks][3] * scale, q_frag[ks][2], q_frag[ks][3]);
+    }
   }
 
   // Keys [start, start + kKeysPerIter) staged at k_tile (V a tile later); keys at or past
@@ -215,7 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int warp = threadIdx.x / 32;
   unsigned char* smem = DecodeSmem<Cfg>(smem_raw, stage_full, warp, lane);
 
-  MmaWarpMath<kHeadDim, Cfg> math(p, cta.q_row, cta.head_base, cta.heads, lane);
+  MmaWarpMath<kHeadDim, Cfg> math(lane);
   const WarpKeys<__nv_bfloat16, Shape::kKeysPerIter, Cfg::kWarps> keys(cta, p.cache, block_shift,
                                                                        warp, lane);
   const MmaStageLoader<kHeadDim, Cfg> loader(p.cache, rows, block_shift,
@@ -225,7 +246,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     if (it < keys.num_iters()) loader.Issue(keys.start(it), ptrs, cta.key_end, stage);
     if constexpr (!Cfg::kTma) CpAsyncCommit();
   };
-  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
+  // Q's loads go out first, but the first K/V copies are issued before they are waited for:
+  // the two round trips overlap, and Q still lands ahead of the KV.
+  const auto q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);
+  auto set_q = [&] { math.SetQ(q_lane, p, cta.heads); };
+  RunWarpPipeline<kStages>(keys, issue, set_q, [&](int it, int read_stage) {
     if constexpr (Cfg::kTma) {
       MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
     } else {

@@ -135,21 +135,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // Dim of element i of this lane's vector j.
   auto dim_of = [&](int j, int i) { return (slice + j * kLanesPerKey) * kVec + i; };
 
-  // Query slices, pre-scaled so that scores are base-2 logits.
+  // Query slices, pre-scaled so that scores are base-2 logits. The loads go out first, but
+  // are waited for (scale_q, RunWarpPipeline's primed) only once the first K/V copies are
+  // issued, so that the round trips overlap.
   float q[kGroup][kDims];
-  const float q_scale = p.sm_scale * kLog2e;
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    const float* q_head =
-        p.q + int64_t{cta.q_row} * p.q_stride + int64_t{cta.head_base + h} * kHeadDim;
+    const float* q_head = p.q + int64_t{cta.q_row} * p.q_stride +
+                          int64_t{cta.head_base + min(h, cta.heads - 1)} * kHeadDim;
 #pragma unroll
     for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        q[h][j * kVec + i] = h < cta.heads ? q_head[dim_of(j, i)] * q_scale : 0.0f;
-      }
+      for (int i = 0; i < kVec; ++i) q[h][j * kVec + i] = q_head[dim_of(j, i)];
     }
   }
+  auto scale_q = [&] {
+    const float q_scale = p.sm_scale * kLog2e;
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) q[h][d] = h < cta.heads ? q[h][d] * q_scale : 0.0f;
+    }
+  };
 
   const WarpKeys<T, kKeysPerIter, kWarps> keys(cta, c, block_shift, warp, lane);
   const int block_mask = c.block_size - 1;
@@ -192,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   float my_sum = 0.0f;       // over this lane's row of keys, relative to my_max
 
   // Each lane reads back only its own copies: no __syncwarp before consuming.
-  RunWarpPipeline<kStages>(keys, issue, [&](int it, int read_stage) {
+  RunWarpPipeline<kStages>(keys, issue, scale_q, [&](int it, int read_stage) {
     CpAsyncWait<kStages - 1>();
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_src = k_src + kStageBytes / 2;

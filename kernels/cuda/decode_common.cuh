@@ -154,15 +154,20 @@ class WarpKeys {
 // stage completes: issue commits a cp.async group (an empty one past the warp's last
 // iteration) and consume starts with CpAsyncWait<kStages - 1>() (this lane's copies; another
 // lane's need a __syncwarp too); or issue commits nothing and consume waits for the stage's
-// own barrier (TMA). The block table is read an iteration ahead.
-template <int kStages, typename Keys, typename Issue, typename Consume>
-__device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Consume&& consume) {
-  const char* ptrs[kStages - 1];
+// own barrier (TMA). The block table is read an iteration ahead; the first kStages
+// iterations' entries in one round trip. primed() runs once the first copies are in flight:
+// the place for the warp's own loads (its query), which then wait on memory beside the KV
+// instead of before it.
+template <int kStages, typename Keys, typename Issue, typename Primed, typename Consume>
+__device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Primed&& primed,
+                                                Consume&& consume) {
+  const char* ptrs[kStages];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ptrs[i] = keys.BlockPtrs(i);
+  for (int i = 0; i < kStages; ++i) ptrs[i] = keys.BlockPtrs(i);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
-  const char* pending = keys.BlockPtrs(kStages - 1);
+  primed();
+  const char* pending = ptrs[kStages - 1];
   int read_stage = 0;
   for (int it = 0; it < keys.num_iters(); ++it) {
     const int write_stage = read_stage == 0 ? kStages - 1 : read_stage - 1;
