@@ -99,7 +99,7 @@ struct RopeParams {
   // slot_mapping), in the same pass: a decode step's append is then no launch of its own.
   // cache.num_kv_heads and cache.head_dim must be num_kv_heads and head_dim.
   bool append_kv = false;
-  KvCacheView cache;
+  KvCacheView cache = {};
   const float* v = nullptr;               // [num_tokens][v_stride]
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
   int32_t v_stride = 0;
