@@ -8,7 +8,8 @@
 // Modes: `gpu_bench` runs everything below; `gpu_bench gemv` only the copy ceiling and the
 // decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
 // `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
-// `gpu_bench decode` only the copy ceiling and the decode attention rows.
+// `gpu_bench decode` only the copy ceiling and the decode attention rows. Rows timed call by
+// call are the median of 20 calls, or of KVD_BENCH_RUNS (e.g. enough to sample the clocks).
 
 #include <cuda_runtime_api.h>
 
@@ -60,12 +61,16 @@ class Bench {
   explicit Bench(CudaBackend& gpu) : gpu_(gpu) {
     const char* out = std::getenv("OUT");
     if (out != nullptr) json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
+    if (const char* runs = std::getenv("KVD_BENCH_RUNS"); runs != nullptr) {
+      timed_runs_ = std::max(1, std::atoi(runs));
+    }
   }
   ~Bench() {
     if (json_ != nullptr) std::fclose(json_);
   }
 
-  // Median milliseconds of `fn` over 20 timed runs after 3 warm-ups, on the backend stream.
+  // Median milliseconds of `fn` over timed_runs() runs after 3 warm-ups, on the backend
+  // stream.
   template <typename Fn>
   double TimeMs(Fn&& fn) {
     for (int i = 0; i < 3; ++i) fn();
@@ -74,7 +79,7 @@ class Bench {
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
     std::vector<double> times;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < timed_runs_; ++i) {
       cudaEventRecord(start, gpu_.stream());
       fn();
       cudaEventRecord(stop, gpu_.stream());
@@ -108,6 +113,7 @@ class Bench {
  private:
   CudaBackend& gpu_;
   FILE* json_ = nullptr;
+  int timed_runs_ = 20;  // KVD_BENCH_RUNS: e.g. long enough to sample clocks and power
 };
 
 double CopyBandwidth(Bench& bench) {
