@@ -155,9 +155,9 @@ class WarpKeys {
 // iteration) and consume starts with CpAsyncWait<kStages - 1>() (this lane's copies; another
 // lane's need a __syncwarp too); or issue commits nothing and consume waits for the stage's
 // own barrier (TMA). The block table is read an iteration ahead; the first kStages
-// iterations' entries in one round trip. primed() runs once the first copies are in flight:
-// the place for the warp's own loads (its query), which then wait on memory beside the KV
-// instead of before it.
+// iterations' entries in one round trip. primed() runs once the first copies are issued: the
+// place to use what the warp loaded before the pipeline (its query), whose round trip then
+// overlaps the KV's instead of delaying it.
 template <int kStages, typename Keys, typename Issue, typename Primed, typename Consume>
 __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Primed&& primed,
                                                 Consume&& consume) {
