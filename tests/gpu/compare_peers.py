@@ -15,10 +15,11 @@ or unreadable, or when no shape appears in both; shapes one side lacks are liste
 Rounds: compare_peers.py --rounds DIR, where each subdirectory of DIR is one round of kvd's and
 SDPA's measurements taken back to back (run.sh alternates `gpu_bench decode`, `gpu_bench
 prefill` and sdpa_shapes.py): its gpu_bench*.json files (JSON lines, at any depth) and its
-sdpa.json (a JSON list as torch_peers.py writes). Prints per shape the median over rounds of kvd's and SDPA's
-times and of the rounds' ratios, and the ratios' range: a comparison less exposed to the
-machine's drift (clock, SDPA's own spread) over a run than one figure from each side. Exit
-status 1 when DIR has no round, a round's files are unreadable, or no shape is in any round.
+sdpa.json (a JSON list as torch_peers.py writes). Prints per shape the median over rounds of
+kvd's and SDPA's times and of the rounds' ratios, and the ratios' range: a comparison less
+exposed to the machine's drift (clock, SDPA's own spread) over a run than one figure from each
+side. Exit status 1 when DIR has no round, a round's files are unreadable, or no shape is in
+any round.
 """
 import glob
 import json
