@@ -522,8 +522,10 @@ absl::Status CudaBackend::FillRandom(void* data, DType dtype, size_t count,
   if (count == 0) return absl::OkStatus();
   if (data == nullptr) return Invalid(kOp, "null destination");
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
-  return CudaStatus(cuda::LaunchRandomFill(data, dtype, static_cast<int64_t>(count), fill, stream_),
-                    kOp);
+  KVD_RETURN_IF_CUDA_ERROR(
+      cuda::LaunchRandomFill(data, dtype, static_cast<int64_t>(count), fill, stream_), kOp);
+  // Done before the next op can read them as weights (see the header).
+  return CudaStatus(cudaStreamSynchronize(stream_), kOp);
 }
 
 CudaBackend::Graph& CudaBackend::Graph::operator=(Graph&& other) noexcept {

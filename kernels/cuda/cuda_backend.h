@@ -42,6 +42,9 @@ int CudaDeviceCount();
 // Every pointer in the params is device memory, including the KV chunk table
 // (KvCacheView::chunks, CopyBlocksParams::chunks), block tables, q_indptr, positions and
 // slot mappings. Chunk bases must be 16-byte aligned (Allocate's are 256-byte aligned).
+// Some kernels read weights, block tables, sequence metadata and the chunk table before they
+// wait for the op before them (launch.cuh): those must come from copies, UploadWeights or
+// FillRandom (which return once written), never from a kernel op.
 //
 // Graphs: BeginCapture/EndCapture record the ops enqueued in between (on this thread) into
 // a CUDA graph instead of running them; LaunchGraph replays it. A graph keeps every
@@ -119,9 +122,11 @@ class CudaBackend final : public Backend {
   absl::Status Sample(const SampleParams& p) override;
 
   // --- CUDA-only helpers for the engine tools (synthetic models and benchmarks), which
-  // would otherwise move gigabytes through the host. Only enqueued. ---
+  // would otherwise move gigabytes through the host. ---
   // Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) to element i of `data` for
-  // i < count. REQUIRES: data holds count elements of dtype on this device.
+  // i < count, and returns once they are written: the values may be weights, which kernels
+  // read before they wait for the op before them (launch.cuh), as after UploadWeights.
+  // REQUIRES: data holds count elements of dtype on this device.
   absl::Status FillRandom(void* data, DType dtype, size_t count, const RandomFill& fill);
 
   // --- CUDA graphs ---

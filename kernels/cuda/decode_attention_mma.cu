@@ -223,13 +223,14 @@ template <int kHeadDim, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
                     int block_shift, const __grid_constant__ KvRowMap rows) {
-  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   using Shape = MmaDecodeShape<kHeadDim, Cfg>;
   constexpr int kGroup = kMaxGroupPerCta;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ uint64_t stage_full[Cfg::kTma ? Cfg::kWarps : 1][kStages];  // kTma: [warp][stage]
 
+  // The sequence metadata and the block table are read before the wait for the preceding
+  // kernel (launch.cuh), K/V and Q after it (RunWarpPipeline's start).
   DecodeCta cta;
   if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
   const int lane = threadIdx.x % 32;
@@ -248,9 +249,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   };
   // Q's loads go out first, but the first K/V copies are issued before they are waited for:
   // the two round trips overlap, and Q still lands ahead of the KV.
-  const auto q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);
+  typename MmaWarpMath<kHeadDim, Cfg>::QLane q_lane;
+  auto load_q = [&] {
+    WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
+    q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);
+  };
   auto set_q = [&] { math.SetQ(q_lane, p, cta.heads); };
-  RunWarpPipeline<kStages>(keys, issue, set_q, [&](int it, int read_stage) {
+  RunWarpPipeline<kStages>(keys, load_q, issue, set_q, [&](int it, int read_stage) {
     if constexpr (Cfg::kTma) {
       MbarrierWait(&stage_full[warp][read_stage], (it / kStages) & 1);
     } else {

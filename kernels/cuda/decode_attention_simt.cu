@@ -108,7 +108,6 @@ template <typename T, int kHeadDim, int kGroup, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
                  int block_shift) {
-  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   using Shape = DecodeShape<T, kHeadDim, kGroup, Cfg>;
   constexpr int kWarps = Cfg::kWarps;
   constexpr int kStages = Cfg::kStages;
@@ -123,6 +122,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   constexpr int kStageBytes = Shape::kStageBytes;
   extern __shared__ __align__(16) unsigned char smem[];
 
+  // The sequence metadata and the block table are read before the wait for the preceding
+  // kernel (launch.cuh), K/V and Q after it (RunWarpPipeline's start).
   DecodeCta cta;
   if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
   const KvCacheView& c = p.cache;
@@ -135,20 +136,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // Dim of element i of this lane's vector j.
   auto dim_of = [&](int j, int i) { return (slice + j * kLanesPerKey) * kVec + i; };
 
-  // Query slices, pre-scaled so that scores are base-2 logits. The loads go out first, but
-  // are waited for (scale_q, RunWarpPipeline's primed) only once the first K/V copies are
-  // issued, so that the round trips overlap.
+  // Query slices, pre-scaled so that scores are base-2 logits. The loads go out first after
+  // the wait (load_q, RunWarpPipeline's start), but are waited for (scale_q, its primed)
+  // only once the first K/V copies are issued, so that the round trips overlap.
   float q[kGroup][kDims];
+  auto load_q = [&] {
+    WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    const float* q_head = p.q + int64_t{cta.q_row} * p.q_stride +
-                          int64_t{cta.head_base + min(h, cta.heads - 1)} * kHeadDim;
+    for (int h = 0; h < kGroup; ++h) {
+      const float* q_head = p.q + int64_t{cta.q_row} * p.q_stride +
+                            int64_t{cta.head_base + min(h, cta.heads - 1)} * kHeadDim;
 #pragma unroll
-    for (int j = 0; j < kVecsPerLane; ++j) {
+      for (int j = 0; j < kVecsPerLane; ++j) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) q[h][j * kVec + i] = q_head[dim_of(j, i)];
+        for (int i = 0; i < kVec; ++i) q[h][j * kVec + i] = q_head[dim_of(j, i)];
+      }
     }
-  }
+  };
   auto scale_q = [&] {
     const float q_scale = p.sm_scale * kLog2e;
 #pragma unroll
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   float my_sum = 0.0f;       // over this lane's row of keys, relative to my_max
 
   // Each lane reads back only its own copies: no __syncwarp before consuming.
-  RunWarpPipeline<kStages>(keys, issue, scale_q, [&](int it, int read_stage) {
+  RunWarpPipeline<kStages>(keys, load_q, issue, scale_q, [&](int it, int read_stage) {
     CpAsyncWait<kStages - 1>();
     const unsigned char* k_src = warp_smem + read_stage * kStageBytes;
     const unsigned char* v_src = k_src + kStageBytes / 2;

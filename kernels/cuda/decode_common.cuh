@@ -155,15 +155,19 @@ class WarpKeys {
 // iteration) and consume starts with CpAsyncWait<kStages - 1>() (this lane's copies; another
 // lane's need a __syncwarp too); or issue commits nothing and consume waits for the stage's
 // own barrier (TMA). The block table is read an iteration ahead; the first kStages
-// iterations' entries in one round trip. primed() runs once the first copies are issued: the
-// place to use what the warp loaded before the pipeline (its query), whose round trip then
-// overlaps the KV's instead of delaying it.
-template <int kStages, typename Keys, typename Issue, typename Primed, typename Consume>
-__device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Issue& issue, Primed&& primed,
-                                                Consume&& consume) {
+// iterations' entries in one round trip, before start(). start() runs before the first copy:
+// the place to wait for the preceding kernel (launch.cuh; the block table may be read before
+// it, K/V and the query not) and to issue the query's loads. primed() runs once the first
+// copies are issued: the place to use the query, whose round trip then overlaps the KV's
+// instead of delaying it.
+template <int kStages, typename Keys, typename Start, typename Issue, typename Primed,
+          typename Consume>
+__device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Start&& start, Issue& issue,
+                                                Primed&& primed, Consume&& consume) {
   const char* ptrs[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) ptrs[i] = keys.BlockPtrs(i);
+  start();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
   primed();

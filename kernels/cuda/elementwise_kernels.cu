@@ -17,6 +17,7 @@ constexpr int kRowThreads = 256;
 template <typename T>
 __global__ void EmbeddingKernel(EmbeddingParams p) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   const int t = blockIdx.x;
   const int32_t id = p.token_ids[t];
   float* out = p.out + int64_t{t} * p.dim;
@@ -60,6 +61,7 @@ __device__ float BlockSum(float v, float* scratch) {
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   __shared__ float scratch[kRowThreads / 32];
   const float* in = p.in + int64_t{blockIdx.x} * p.dim;
   float* out = p.out + int64_t{blockIdx.x} * p.dim;
@@ -89,9 +91,19 @@ __device__ __forceinline__ float4 LoadWeight4(const __nv_bfloat16* w) {
 // REQUIRES: dim % 4 == 0; in, out 16-byte and weight 4-element aligned rows.
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p) {
-  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
-  __shared__ float scratch[kRowThreads / 32];
   const int n4 = p.dim / 4;
+  // The weight is read before the wait (launch.cuh: no kernel writes weights), while the
+  // kernel before ends.
+  const T* weight = static_cast<const T*>(p.weight);
+  float4 w[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = threadIdx.x + j * kRowThreads;
+    w[j] = i < n4 ? LoadWeight4(weight + 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
+  __shared__ float scratch[kRowThreads / 32];
   const float4* in = reinterpret_cast<const float4*>(p.in + int64_t{blockIdx.x} * p.dim);
   float4* out = reinterpret_cast<float4*>(p.out + int64_t{blockIdx.x} * p.dim);
   float4 x[kVecs];
@@ -107,14 +119,12 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
   }
   sum_sq = BlockSum(sum_sq, scratch);
   const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
-  const T* weight = static_cast<const T*>(p.weight);
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int i = threadIdx.x + j * kRowThreads;
     if (i < n4) {
-      const float4 w = LoadWeight4(weight + 4 * i);
-      out[i] = make_float4(x[j].x * inv_rms * w.x, x[j].y * inv_rms * w.y, x[j].z * inv_rms * w.z,
-                           x[j].w * inv_rms * w.w);
+      out[i] = make_float4(x[j].x * inv_rms * w[j].x, x[j].y * inv_rms * w[j].y,
+                           x[j].z * inv_rms * w[j].z, x[j].w * inv_rms * w[j].w);
     }
   }
 }
@@ -127,6 +137,7 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   const int half = p.head_dim / 2;
   const int index = blockIdx.x * kRowThreads + threadIdx.x;
   if (index >= (p.num_q_heads + p.num_kv_heads) * half) return;
@@ -176,6 +187,7 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
 
 __global__ void SiluMulKernel(SiluMulParams p) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
     const float* gate = p.gate + int64_t{r} * p.gate_stride;
     const float* up = p.up + int64_t{r} * p.up_stride;

@@ -53,7 +53,6 @@ template <int kTiles>
 __global__ void __launch_bounds__(kThreads, 2)
     SkinnyGemmKernel(float* __restrict__ out, const float* __restrict__ in,
                      const uint4* __restrict__ weight, int m, int n, int k, bool accumulate) {
-  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   constexpr int kSteps = kLoadsPerLane / (2 * kTiles);
   constexpr int kStepsPerIteration = kSteps * kWarps;
   const int lane = threadIdx.x % 32;
@@ -97,6 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+    // The first weight loads go out before the wait (launch.cuh: no kernel writes weights),
+    // while the kernel before ends; the input and `out` are read after it.
+    if (base == 0) WaitForPrecedingGrid();
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int chunk = (base + warp * kSteps + u) * kStepChunks + t;
