@@ -26,12 +26,13 @@
 // 8-15, so the split costs no extra MMA. f32 KV runs on CUDA cores: a key's dims are cut
 // over 2 x group lanes (head_dim 128) and one transposing butterfly reduces the dot
 // products of all group heads at once.
-// On an H200 (gpu_bench sweep, 64 x 4k, back to back in a graph) the tensor-core kernel
-// reads 0.95 of copy bandwidth with TMA boxes, where the same kernel with its math removed
-// reads 0.98 (0.96 at 32 x 4k, 0.81 at 8 x 4k: the fixed costs of a short kernel); with
-// cp.async it read 0.86 (CUDA cores: 0.85), and deeper pipelines (more stages, one CTA per
-// SM) and larger L2 prefetches measured slower: ncu showed L2 at ~88% of its throughput
-// (three L2 requests per 128-byte line), which the TMA's large requests relieve.
+// On an H200 (gpu_bench decode, 64 x 4k) the tensor-core kernel reads 0.99 of copy bandwidth
+// per call with TMA boxes, 1.01 back to back in a graph; with cp.async it read 0.86 (CUDA
+// cores: 0.85), and deeper pipelines (more stages, one CTA per SM) and larger L2 prefetches
+// measured slower. What bounds it is L2 throughput (ncu: 94% of peak, DRAM 91%): cp.async
+// makes three L2 requests per 128-byte line, a TMA box one (kv_row_map.cc: with no L2
+// promotion). Short batches are bound by fixed costs instead: at 8 x 4k the kernel with its
+// math removed read 0.81 back to back.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
