@@ -33,10 +33,6 @@ int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
   return int64_t{num_seqs} * num_kv_heads * subgroups;
 }
 
-bool DecodeWantsTmaView(int num_seqs, int num_kv_heads, int group_size) {
-  return DecodeArrivalCount(num_seqs, num_kv_heads, group_size) >= 32;
-}
-
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim) {
   return int64_t{num_seqs} * max_splits * num_q_heads * head_dim;
 }

@@ -86,12 +86,6 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
 
-// Whether a decode batch of these sizes is worth giving the kernel a TMA view (rows_map):
-// from 32 (sequence, head group) pairs up. kvd_e2e_bench on an H200, synthetic:llama3-8b
-// (8 KV heads), step with boxes vs with cp.async: batch 1 4.60 vs 4.50 ms, batch 8 x 4k
-// 6.28 vs 6.27, batch 64 x 4k 14.15 vs 14.82; the cut (batch 4 there) lies between.
-bool DecodeWantsTmaView(int num_seqs, int num_kv_heads, int group_size);
-
 // Elements of partial_out and partial_lse a call with these sizes needs.
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim);
 int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads);

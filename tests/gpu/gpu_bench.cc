@@ -524,8 +524,8 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
   const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
   const int auto_splits =
       cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
-  // The backend's kernel: TMA boxes (variant 0 with the view) or cp.async (variant 2).
-  const int auto_variant = cuda::DecodeWantsTmaView(batch, kKvHeads, kQHeads / kKvHeads) ? 0 : 2;
+  // The backend's kernel: variant 0 with the backend's TMA view.
+  constexpr int auto_variant = 0;
   std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
                             : batch >= 8 ? std::vector<int>{1, 2, 4, 8}
                                          : std::vector<int>{1, 2, 4, 8, 16, 32, 64};

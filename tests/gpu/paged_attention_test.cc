@@ -339,7 +339,7 @@ std::vector<AttentionCase> Cases() {
   add("mixed_bf16_d128_bs16_g7", mixed, DType::kBF16, 128, 16, 2, 7);
   add("mixed_f32_d64_bs1_g12", mixed, DType::kF32, 64, 1, 1, 12);
   add("mixed_bf16_d64_bs64_g3", mixed, DType::kBF16, 64, 64, 3, 3);
-  // Enough (sequence, KV head) groups for the backend to give the decode kernel its TMA view.
+  // Many decodes of different lengths in one batch.
   std::vector<SeqShape> many_decodes;
   for (int i = 0; i < 16; ++i) many_decodes.push_back({1, 1 + 333 * i});
   add("many_decodes_bf16_d128_bs16_g4", many_decodes, DType::kBF16, 128, 16, 2, 4);
