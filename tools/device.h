@@ -46,8 +46,9 @@ std::unique_ptr<OpGraphRecorder> MakeOpGraphRecorder(Backend* backend);
 
 // Writes RandomFillValue(fill, i) as `dtype` (kF32 or kBF16) into element i of the backend
 // buffer `data`, i < count: in a kernel on CUDA, through host chunks and CopyToDevice on
-// any other backend. Same fill and dtype give the same bytes on every backend. Enqueued on
-// asynchronous backends. REQUIRES: data holds count elements of dtype.
+// any other backend. Same fill and dtype give the same bytes on every backend. Returns once
+// the values are written (CUDA: CudaBackend::FillRandom). REQUIRES: data holds count
+// elements of dtype.
 absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
                         const RandomFill& fill);
 

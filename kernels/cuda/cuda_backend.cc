@@ -522,6 +522,7 @@ absl::Status CudaBackend::FillRandom(void* data, DType dtype, size_t count,
   if (!IsStorageDtype(dtype)) return Unsupported(kOp, "dtype", dtype);
   if (count == 0) return absl::OkStatus();
   if (data == nullptr) return Invalid(kOp, "null destination");
+  if (absl::Status s = NotCapturing(kOp); !s.ok()) return s;  // it synchronizes
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   KVD_RETURN_IF_CUDA_ERROR(
       cuda::LaunchRandomFill(data, dtype, static_cast<int64_t>(count), fill, stream_), kOp);

@@ -131,8 +131,8 @@ class CudaBackend final : public Backend {
 
   // --- CUDA graphs ---
   // Starts recording the ops this thread enqueues (thread-local stream capture). Until
-  // EndCapture, copies and Synchronize fail with FailedPrecondition, and so does an op that
-  // would have to grow a scratch buffer: run the same ops once uncaptured first.
+  // EndCapture, copies, FillRandom and Synchronize fail with FailedPrecondition, and so does
+  // an op that would have to grow a scratch buffer: run the same ops once uncaptured first.
   // REQUIRES: not capturing.
   absl::Status BeginCapture();
   // Ends the capture (call it also after a recorded op failed) and instantiates the graph.

@@ -13,7 +13,7 @@
 // and V come as four TMA boxes (bf16, head_dim 128, given a KvRowMap that holds them) or as
 // 16-byte cp.async copies by every lane (otherwise).
 //
-// Files: the split and TMA policies and the dispatch here (decode_attention.cu); the kernels
+// Files: the split policy and the dispatch here (decode_attention.cu); the kernels
 // in decode_attention_mma.cu (tensor cores, its K/V staging in decode_mma_stage.cuh) and
 // decode_attention_simt.cu (CUDA cores), with their shared device and launch code (split
 // plan, a warp's keys and copy pipeline, the grid launch, warp combine, merge) in
@@ -27,8 +27,9 @@
 // over 2 x group lanes (head_dim 128) and one transposing butterfly reduces the dot
 // products of all group heads at once.
 // On an H200 (gpu_bench decode, 64 x 4k) the tensor-core kernel reads 0.99 of copy bandwidth
-// per call with TMA boxes, 1.01 back to back in a graph; with cp.async it read 0.86 (CUDA
-// cores: 0.85), and deeper pipelines (more stages, one CTA per SM) and larger L2 prefetches
+// per call with TMA boxes, 1.01 from a one-launch graph; with cp.async it read 0.86 back to
+// back in a graph (CUDA cores: 0.85; gpu_bench sweep, before the boxes lost their L2
+// promotion), and deeper pipelines (more stages, one CTA per SM) and larger L2 prefetches
 // measured slower. What bounds it is L2 throughput (ncu: 94% of peak, DRAM 91%): cp.async
 // makes three L2 requests per 128-byte line, a TMA box one (kv_row_map.cc: with no L2
 // promotion). Short batches are bound by fixed costs instead: at 8 x 4k the kernel with its

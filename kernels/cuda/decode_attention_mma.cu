@@ -232,7 +232,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // The sequence metadata and the block table are read before the wait for the preceding
   // kernel (launch.cuh), K/V and Q after it (RunWarpPipeline's start).
   DecodeCta cta;
-  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
+  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) {
+    WaitForPrecedingGrid();  // launch.cuh: every CTA waits, also one with nothing to do
+    return;
+  }
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   unsigned char* smem = DecodeSmem<Cfg>(smem_raw, stage_full, warp, lane);
@@ -277,11 +280,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
 // The TMA variant of the default shape: what LaunchDecodeMma runs at head_dim 128 when a
 // KvRowMap is given. Two stages (one iteration's boxes in flight per warp while one is
-// scored), not three: on an H200, back to back in a graph, alternating builds in one run,
-// three stages read 0.776 / 0.924 / 0.956 / 0.941 / 0.966 of copy at 8 x 4k, 32 x 4k,
-// 64 x 4k, 16 x 16k and 4 x 128k against 0.79 / 0.936 / 0.966 / 0.953 / 0.973 with two;
-// with the memory system this full, a deeper queue only waits longer (and takes 97 KB of
-// shared memory a CTA, not 65).
+// scored), not three: on an H200 (gpu_bench decode, per call, two rounds alternating builds
+// in one run) three stages read 0.700-0.714 / 0.937-0.950 / 0.988-1.000 / 0.966-0.983 /
+// 1.006-1.021 of copy at 8 x 4k, 32 x 4k, 64 x 4k, 16 x 16k and 4 x 128k against
+// 0.732-0.735 / 0.963-0.964 / 1.014-1.018 / 1.004-1.016 / 1.038-1.044 with two; with the
+// memory system this full, a deeper queue only waits longer (and takes 97 KB of shared
+// memory a CTA, not 65).
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 

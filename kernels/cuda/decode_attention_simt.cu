@@ -125,7 +125,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // The sequence metadata and the block table are read before the wait for the preceding
   // kernel (launch.cuh), K/V and Q after it (RunWarpPipeline's start).
   DecodeCta cta;
-  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) return;
+  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) {
+    WaitForPrecedingGrid();  // launch.cuh: every CTA waits, also one with nothing to do
+    return;
+  }
   const KvCacheView& c = p.cache;
 
   const int lane = threadIdx.x % 32;

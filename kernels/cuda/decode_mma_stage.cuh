@@ -105,7 +105,8 @@ struct MmaStageLoader {
         MbarrierArriveExpectTx(bar, Shape::kStageBytes);
         // K/V are read once a step: their lines go first from L2. (H200, back to back in a
         // graph, three rounds alternating with plain boxes: 8 x 4k 2% faster, 16 x 16k and
-        // 4 x 128k 0.7-0.8%, 128 x 2k 0.5%, 32 x 4k and 64 x 4k within 0.2%.)
+        // 4 x 128k 0.7-0.8%, 128 x 2k 0.5%, 32 x 4k and 64 x 4k within 0.2%; measured while
+        // the boxes still had the 256-byte L2 promotion, kv_row_map.cc.)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           unsigned char* dst = k_dst + half * kKvBoxRows * kKvBoxRowBytes;
