@@ -65,6 +65,7 @@ class Backend {
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  // With append_kv, every backend first checks ValidateRopeAppend (below).
   virtual absl::Status Rope(const RopeParams& p) = 0;
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
@@ -84,6 +85,12 @@ class Backend {
   friend class DeviceBuffer;
   virtual void Free(void* data, size_t bytes) = 0;
 };
+
+// The backend-neutral checks of a Rope with append_kv (none without it, or without tokens):
+// the cache has the op's KV heads and head_dim, and k, v and slot_mapping are given with rows
+// of at least num_kv_heads * head_dim. InvalidArgument naming "Rope: append_kv" otherwise.
+// Each backend adds its own checks of the cache view and the slots.
+absl::Status ValidateRopeAppend(const RopeParams& p);
 
 }  // namespace kvd
 

@@ -92,12 +92,7 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
                               .num_tokens = p.num_tokens,
                               .k_stride = p.k_stride,
                               .v_stride = p.v_stride};
-  if (p.num_tokens > 0 &&
-      (p.cache.num_kv_heads != p.num_kv_heads || p.cache.head_dim != p.head_dim)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Rope: append_kv cache has ", p.cache.num_kv_heads, " KV heads of head_dim ",
-                     p.cache.head_dim, ", the op ", p.num_kv_heads, " of ", p.head_dim));
-  }
+  KVD_RETURN_IF_ERROR(ValidateRopeAppend(p));
   KVD_RETURN_IF_ERROR(ValidateAppendKv(append));
   KVD_RETURN_IF_ERROR(CpuRope(p, pool_));
   return CpuAppendKv(append, pool_);

@@ -353,20 +353,9 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
     return Invalid(kOp, "bad shape (head_dim must be even)");
   }
   KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, p.head_dim));
-  if (p.append_kv && p.num_tokens > 0) {  // AppendKv's checks, and the heads must agree
+  KVD_RETURN_IF_ERROR(ValidateRopeAppend(p));
+  if (p.append_kv && p.num_tokens > 0) {
     if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
-    if (p.cache.num_kv_heads != p.num_kv_heads || p.cache.head_dim != p.head_dim) {
-      return Invalid(
-          kOp, absl::StrCat("append_kv cache has ", p.cache.num_kv_heads, " KV heads of head_dim ",
-                            p.cache.head_dim, ", the op ", p.num_kv_heads, " of ", p.head_dim));
-    }
-    if (p.k == nullptr || p.v == nullptr || p.slot_mapping == nullptr) {
-      return Invalid(kOp, "append_kv needs k, v and slot_mapping");
-    }
-    const int64_t width = int64_t{p.num_kv_heads} * p.head_dim;
-    if (p.k_stride < width || p.v_stride < width) {
-      return Invalid(kOp, "append_kv: k_stride and v_stride must be >= num_kv_heads * head_dim");
-    }
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);

@@ -135,6 +135,17 @@ TEST(RopeAppendKvTest, EqualsRopeThenAppendKvAndChecksTheAppendFirst) {
   s = backend.Rope(other_heads);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("append_kv"));
+  // No v rows, or rows shorter than the KV heads: refused by the checks every backend shares.
+  RopeParams no_v = rope(bad_rows.data(), untouched.View(1), true);
+  no_v.v = nullptr;
+  s = backend.Rope(no_v);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("append_kv needs k, v and slot_mapping"));
+  RopeParams short_v = rope(bad_rows.data(), untouched.View(1), true);
+  short_v.v_stride = g.heads * g.head_dim - 1;
+  s = backend.Rope(short_v);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("v_stride"));
   EXPECT_EQ(bad_rows, qkv);
   for (int c = 0; c < untouched.num_chunks(); ++c) {
     for (float x : untouched.chunk(c)) ASSERT_TRUE(std::isnan(x));
