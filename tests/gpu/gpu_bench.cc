@@ -448,6 +448,24 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
                 graph_gbps, 0, graph_gbps / copy_gbps, "copy");
     }
+    // What the simplest memory op reaches at this size, timed the same way: a device copy
+    // moving as many bytes (half read, half written). Its ratio is the per-call ceiling a
+    // shape this small leaves any kernel, launch and ramp included, against the 2 GiB copy.
+    {
+      const size_t half = static_cast<size_t>(a.bytes / 2) & ~size_t{255};
+      // cudaMalloc, not the backend's Allocate: its KV view stays as the attention rows had it.
+      void* src = nullptr;
+      void* dst = nullptr;
+      CudaCheck(cudaMalloc(&src, half), "copy source");
+      CudaCheck(cudaMalloc(&dst, half), "copy destination");
+      const double copy_ms = bench.TimeMs(
+          [&] { cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice, bench.gpu().stream()); });
+      cudaFree(src);
+      cudaFree(dst);
+      const double copy_at_size = 2.0 * half / (copy_ms * 1e6);
+      bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (copy of its bytes)"),
+                copy_ms, copy_at_size, 0, copy_at_size / copy_gbps, "copy");
+    }
     // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
     // enqueued back to back. A call between events pays it where it exceeds the time the GPU
     // takes to start the kernel. Its ratio is to the per-call time above.
