@@ -196,9 +196,7 @@ cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspac
   const int subgroups = (group + group_per_cta - 1) / group_per_cta;
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
   const dim3 grid(p.cache.num_kv_heads * subgroups, p.blocks.num_seqs, ws.max_splits);
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-      err != cudaSuccess) {
+  if (cudaError_t err = AllowDynamicSmem(kernel, smem_bytes); err != cudaSuccess) {
     return err;
   }
   return LaunchDependent(kernel, grid, dim3(threads), smem_bytes, stream, p, ws, group, subgroups,

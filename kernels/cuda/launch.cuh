@@ -22,8 +22,8 @@
 //     wait for slots the next one holds. Short kernels call it right after their wait, so that
 //     the next kernel's reads before its own wait overlap their work; long ones once their
 //     main loads are done.
-// Both are no-ops for kernels launched normally, so tests may launch them directly. Only for
-// .cu files.
+// Both are no-ops for kernels launched normally, so tests may launch them directly. For .cu
+// files, and launch.cc (which defines AllowDynamicSmemOf).
 
 #include <cuda_runtime.h>
 
@@ -55,6 +55,15 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   config.attrs = &attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the calling thread's
+// current device. cudaFuncSetAttribute is called only the first time a kernel and device
+// need more than before; calling it before every launch made it part of each op's host time.
+cudaError_t AllowDynamicSmemOf(const void* kernel, int bytes);  // launch.cc
+template <typename... Params>
+cudaError_t AllowDynamicSmem(void (*kernel)(Params...), int bytes) {
+  return AllowDynamicSmemOf(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 // Multiprocessors of the calling thread's current device, into `num_sms`.

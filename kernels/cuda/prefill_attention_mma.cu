@@ -276,9 +276,7 @@ cudaError_t Launch(const PagedAttentionParams& p, const int32_t* tile_indptr, in
                    cudaStream_t stream) {
   constexpr int kSmemBytes = MmaShape<kHeadDim>::kSmemBytes;
   auto* kernel = PrefillMmaKernel<kHeadDim>;
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      err != cudaSuccess) {
+  if (cudaError_t err = AllowDynamicSmem(kernel, kSmemBytes); err != cudaSuccess) {
     return err;
   }
   int num_sms = 0;

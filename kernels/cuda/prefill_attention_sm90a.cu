@@ -672,9 +672,7 @@ cudaError_t LaunchPrefillAttentionHopper(const PagedAttentionParams& p, int32_t*
   if (registers_checked[1] != cudaSuccess) bf16_q = false;  // the fp32 build may still run
   if (registers_checked[bf16_q] != cudaSuccess) return registers_checked[bf16_q];
   auto* kernel = bf16_q ? PrefillHopperKernel<true> : PrefillHopperKernel<false>;
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      err != cudaSuccess) {
+  if (cudaError_t err = AllowDynamicSmem(kernel, kSmemBytes); err != cudaSuccess) {
     return err;
   }
   int num_sms = 0;

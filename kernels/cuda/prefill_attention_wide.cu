@@ -337,9 +337,7 @@ cudaError_t Launch(const PagedAttentionParams& p, int32_t* tile_indptr, int max_
                    cudaStream_t stream) {
   constexpr int kSmemBytes = WideShape<kHeadDim>::kSmemBytes;
   auto* kernel = PrefillWideKernel<kHeadDim>;
-  if (cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      err != cudaSuccess) {
+  if (cudaError_t err = AllowDynamicSmem(kernel, kSmemBytes); err != cudaSuccess) {
     return err;
   }
   // Programmatic dependent launch: the grid is set up while the planning kernel runs and
