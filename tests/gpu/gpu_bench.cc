@@ -426,6 +426,23 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   return a;
 }
 
+// The per-call floor of the decode rows below: the backend's smallest op (SiLU-mul of one
+// element, launched as every op of a decode step is), timed as they are. No call of an op
+// takes less: the host's launch and the device's start of the kernel are in it.
+void LaunchFloor(Bench& bench) {
+  DeviceBuffer buffer = Must(bench.gpu().Allocate(256));
+  SiluMulParams p;
+  p.out = buffer.as<float>();
+  p.gate = p.out + 16;
+  p.up = p.out + 32;
+  p.num_rows = 1;
+  p.dim = 1;
+  p.gate_stride = 1;
+  p.up_stride = 1;
+  const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().SiluMul(p)); });
+  bench.Row("launch floor (SiLU-mul of one element)", ms, 0, 0, 0, "none");
+}
+
 // One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
 void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
                double gemm_tflops) {
@@ -667,6 +684,7 @@ int Main(int argc, char** argv) {
   const double copy = CopyBandwidth(bench);
   if (mode == "sweep") return SweepMain(bench, copy);
   if (mode == "decode") {  // decode attention rows only
+    LaunchFloor(bench);
     for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
     return 0;
   }
@@ -677,6 +695,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 1, 14336, 4096, copy, 0);
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
+    LaunchFloor(bench);
     for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }
