@@ -54,14 +54,13 @@ TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
       gpu().UploadWeights(RandomFloats(size_t(n) * k, 8).data(), size_t(n) * k), "UploadWeights");
   DeviceBuffer mm_in = Upload(gpu(), RandomFloats(size_t(m) * k, 9));
   DeviceBuffer mm_out = Poisoned(gpu(), size_t(m) * n * 4);
-  MatmulParams mm;
-  mm.out = mm_out.as<float>();
-  mm.in = mm_in.as<float>();
-  mm.weight = weight.data();
-  mm.weight_dtype = DType::kBF16;
-  mm.m = m;
-  mm.n = n;
-  mm.k = k;
+  const MatmulParams mm{.out = mm_out.as<float>(),
+                        .in = mm_in.as<float>(),
+                        .weight = weight.data(),
+                        .weight_dtype = DType::kBF16,
+                        .m = m,
+                        .n = n,
+                        .k = k};
 
   // What the refused copy and fill would have overwritten.
   DeviceBuffer target = Poisoned(gpu(), 64);
