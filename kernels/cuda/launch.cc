@@ -1,6 +1,6 @@
-// The host half of launch.cuh: the dynamic shared memory grants, asked of the driver once.
+// AllowDynamicSmemOf (launch.h): the dynamic shared memory grants, asked of the driver once.
 
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/launch.h"
 
 #include <cuda_runtime_api.h>
 

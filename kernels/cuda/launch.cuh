@@ -22,12 +22,14 @@
 //     wait for slots the next one holds. Short kernels call it right after their wait, so that
 //     the next kernel's reads before its own wait overlap their work; long ones once their
 //     main loads are done.
-// Both are no-ops for kernels launched normally, so tests may launch them directly. For .cu
-// files, and launch.cc (which defines AllowDynamicSmemOf).
+// Both are no-ops for kernels launched normally, so tests may launch them directly. Only for
+// .cu files.
 
 #include <cuda_runtime.h>
 
 #include <utility>
+
+#include "kernels/cuda/launch.h"
 
 namespace kvd::cuda {
 
@@ -57,10 +59,7 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the calling thread's
-// current device. cudaFuncSetAttribute is called only the first time a kernel and device
-// need more than before; calling it before every launch made it part of each op's host time.
-cudaError_t AllowDynamicSmemOf(const void* kernel, int bytes);  // launch.cc
+// AllowDynamicSmemOf (launch.h) for a typed kernel.
 template <typename... Params>
 cudaError_t AllowDynamicSmem(void (*kernel)(Params...), int bytes) {
   return AllowDynamicSmemOf(reinterpret_cast<const void*>(kernel), bytes);
