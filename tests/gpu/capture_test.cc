@@ -1,12 +1,15 @@
 // CudaBackend's graph capture (cuda_backend.h, "CUDA graphs"): while a capture records, the
 // calls it cannot hold (copies, waits, FillRandom, growing a scratch buffer, a second
 // BeginCapture, LaunchGraph) fail with FailedPrecondition naming the call and change nothing;
-// the ops around them are still recorded, and run only when the graph is launched.
+// the ops before and after them are still recorded, and run only when the graph is launched.
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gemv_kernels.h"
@@ -19,40 +22,47 @@ namespace {
 
 using CaptureTest = GpuVsCpuTest;
 
-::testing::AssertionResult Refused(const absl::Status& s, const std::string& names) {
+::testing::AssertionResult Refused(const absl::Status& s, const std::string& name) {
   if (s.code() != absl::StatusCode::kFailedPrecondition) {
     return ::testing::AssertionFailure() << "want FailedPrecondition, got " << s;
   }
-  if (!absl::StrContains(s.message(), names)) {
-    return ::testing::AssertionFailure() << "message does not name " << names << ": " << s;
+  if (!absl::StrContains(s.message(), name)) {
+    return ::testing::AssertionFailure() << "message does not name " << name << ": " << s;
   }
   return ::testing::AssertionSuccess();
 }
 
+// SiLU-mul of rows [first, first + count) of `gate_up` ([rows][2 * dim], gate then up) into
+// the same rows of `out` ([rows][dim]).
+SiluMulParams SiluRows(float* out, const float* gate_up, int dim, int first, int count) {
+  return SiluMulParams{.out = out + int64_t{first} * dim,
+                       .gate = gate_up + int64_t{first} * 2 * dim,
+                       .up = gate_up + int64_t{first} * 2 * dim + dim,
+                       .num_rows = count,
+                       .dim = dim,
+                       .gate_stride = 2 * dim,
+                       .up_stride = 2 * dim};
+}
+
 TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
-  // The op to record: SiLU-mul of 4 rows.
+  // The ops to record: SiLU-mul of rows 0-1 before the refused calls, of rows 2-3 after.
   const int rows = 4;
   const int dim = 256;
   const std::vector<float> gate_up = RandomFloats(size_t(rows) * 2 * dim, 7, -4, 4);
   DeviceBuffer gpu_in = Upload(gpu(), gate_up);
   DeviceBuffer gpu_out = Poisoned(gpu(), size_t(rows) * dim * 4);
-  SiluMulParams silu;
-  silu.num_rows = rows;
-  silu.dim = dim;
-  silu.gate_stride = 2 * dim;
-  silu.up_stride = 2 * dim;
-  silu.out = gpu_out.as<float>();
-  silu.gate = gpu_in.as<float>();
-  silu.up = gpu_in.as<float>() + dim;
 
   // A Matmul past the skinny kernel's rows: cuBLAS, through a bf16 input scratch this new
-  // backend has never grown.
+  // backend has never grown. Inputs are bf16 values, as the GPU rounds them, so the CPU
+  // multiplies the same numbers.
   const int m = cuda::kMaxSkinnyRows + 8;
   const int n = 64;
   const int k = 128;
-  DeviceBuffer weight = OrDie(
-      gpu().UploadWeights(RandomFloats(size_t(n) * k, 8).data(), size_t(n) * k), "UploadWeights");
-  DeviceBuffer mm_in = Upload(gpu(), RandomFloats(size_t(m) * k, 9));
+  const std::vector<float> mm_weight = RoundBf16(RandomFloats(size_t(n) * k, 8));
+  const std::vector<float> mm_input = RoundBf16(RandomFloats(size_t(m) * k, 9));
+  DeviceBuffer weight =
+      OrDie(gpu().UploadWeights(mm_weight.data(), mm_weight.size()), "UploadWeights");
+  DeviceBuffer mm_in = Upload(gpu(), mm_input);
   DeviceBuffer mm_out = Poisoned(gpu(), size_t(m) * n * 4);
   const MatmulParams mm{.out = mm_out.as<float>(),
                         .in = mm_in.as<float>(),
@@ -68,9 +78,12 @@ TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
   const std::vector<uint8_t> poisoned_out = DownloadBytes(gpu(), gpu_out.data(), gpu_out.bytes());
   const std::vector<uint8_t> zeros(64, 0);
   std::vector<uint8_t> host(64, 0xab);
+  const uint64_t epoch = gpu().scratch_epoch();
 
   ASSERT_TRUE(gpu().BeginCapture().ok());
   EXPECT_TRUE(gpu().capturing());
+  const absl::Status recorded_before =
+      gpu().SiluMul(SiluRows(gpu_out.as<float>(), gpu_in.as<float>(), dim, 0, 2));
   EXPECT_TRUE(Refused(gpu().BeginCapture(), "BeginCapture"));
   EXPECT_TRUE(Refused(gpu().CopyToDevice(target.data(), zeros.data(), 64), "CopyToDevice"));
   EXPECT_TRUE(Refused(gpu().CopyToHost(host.data(), target.data(), 64), "CopyToHost"));
@@ -80,32 +93,49 @@ TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
                       "FillRandom"));
   EXPECT_TRUE(Refused(gpu().Matmul(mm), "Matmul: scratch must grow"));
   EXPECT_TRUE(Refused(gpu().LaunchGraph(CudaBackend::Graph()), "LaunchGraph"));
-  const absl::Status recorded = gpu().SiluMul(silu);
+  const absl::Status recorded_after =
+      gpu().SiluMul(SiluRows(gpu_out.as<float>(), gpu_in.as<float>(), dim, 2, 2));
   absl::StatusOr<CudaBackend::Graph> graph = gpu().EndCapture();
-  ASSERT_TRUE(recorded.ok()) << recorded;
+  ASSERT_TRUE(recorded_before.ok()) << recorded_before;
+  ASSERT_TRUE(recorded_after.ok()) << recorded_after;
   ASSERT_TRUE(graph.ok()) << graph.status();
   EXPECT_FALSE(gpu().capturing());
   EXPECT_TRUE(Refused(gpu().EndCapture().status(), "EndCapture"));
 
-  // Nothing ran yet: the refused copy and fill wrote nothing, the host buffer is as it was,
-  // and the recorded op waits for the launch.
+  // Nothing ran yet: the refused copy and fill wrote nothing, the host buffer and the
+  // scratch buffers are as they were, and the recorded ops wait for the launch.
   EXPECT_EQ(DownloadBytes(gpu(), target.data(), 64), untouched);
   EXPECT_EQ(host, std::vector<uint8_t>(64, 0xab));
+  EXPECT_EQ(gpu().scratch_epoch(), epoch);
   EXPECT_EQ(DownloadBytes(gpu(), gpu_out.data(), gpu_out.bytes()), poisoned_out);
 
   ASSERT_TRUE(gpu().LaunchGraph(*graph).ok());
   DeviceBuffer cpu_in = Upload(cpu(), gate_up);
   DeviceBuffer cpu_out = Poisoned(cpu(), size_t(rows) * dim * 4);
-  silu.out = cpu_out.as<float>();
-  silu.gate = cpu_in.as<float>();
-  silu.up = cpu_in.as<float>() + dim;
-  ASSERT_TRUE(cpu().SiluMul(silu).ok());
+  ASSERT_TRUE(cpu().SiluMul(SiluRows(cpu_out.as<float>(), cpu_in.as<float>(), dim, 0, rows)).ok());
   EXPECT_TRUE(AllClose(DownloadFloats(gpu(), gpu_out.data(), size_t(rows) * dim),
                        DownloadFloats(cpu(), cpu_out.data(), size_t(rows) * dim), 1e-6, 1e-7));
 
-  // Outside a capture the refused calls work again; the Matmul grows its scratch and runs.
+  // Outside a capture the refused calls work again: the Matmul grows its scratch and
+  // computes what the CPU does (summation order apart: see matmul_test.cc).
   const absl::Status grown = gpu().Matmul(mm);
-  EXPECT_TRUE(grown.ok()) << grown;
+  ASSERT_TRUE(grown.ok()) << grown;
+  EXPECT_NE(gpu().scratch_epoch(), epoch);
+  DeviceBuffer cpu_w = Upload(cpu(), mm_weight);
+  DeviceBuffer cpu_mm_in = Upload(cpu(), mm_input);
+  DeviceBuffer cpu_mm_out = Poisoned(cpu(), size_t(m) * n * 4);
+  ASSERT_TRUE(cpu()
+                  .Matmul(MatmulParams{.out = cpu_mm_out.as<float>(),
+                                       .in = cpu_mm_in.as<float>(),
+                                       .weight = cpu_w.data(),
+                                       .weight_dtype = DType::kF32,
+                                       .m = m,
+                                       .n = n,
+                                       .k = k})
+                  .ok());
+  EXPECT_TRUE(AllClose(DownloadFloats(gpu(), mm_out.data(), size_t(m) * n),
+                       DownloadFloats(cpu(), cpu_mm_out.data(), size_t(m) * n), 1e-4,
+                       3e-4 * std::sqrt(double(k))));
   EXPECT_TRUE(gpu().CopyToDevice(target.data(), zeros.data(), 64).ok());
   EXPECT_EQ(DownloadBytes(gpu(), target.data(), 64), zeros);
 }
