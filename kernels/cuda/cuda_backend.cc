@@ -44,6 +44,11 @@ absl::Status Invalid(absl::string_view op, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
 }
 
+// The shape complaint of the row-wise ops (RmsNorm, SiluMul).
+std::string RowsShape(int32_t num_rows, int32_t dim) {
+  return absl::StrCat("num_rows ", num_rows, ", dim ", dim, ": num_rows must be >= 0, dim > 0");
+}
+
 // The bf16 copy of Q (RopeParams, PagedAttentionParams), when given, must hold whole rows.
 absl::Status ValidateQBf16(absl::string_view op, const void* q_bf16, int32_t q_bf16_stride,
                            int32_t num_q_heads, int32_t head_dim) {
@@ -57,17 +62,25 @@ absl::Status ValidateQBf16(absl::string_view op, const void* q_bf16, int32_t q_b
 // The KV view checks shared by AppendKv, Rope (append_kv) and PagedAttention.
 absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
   if (!IsStorageDtype(c.dtype)) return Unsupported(op, "KV dtype", c.dtype);
-  if (c.chunks == nullptr || c.num_chunks <= 0) return Invalid(op, "empty chunk table");
-  if (c.num_kv_heads <= 0 || c.head_dim <= 0 || c.block_size <= 0) {
-    return Invalid(op, "num_kv_heads, head_dim and block_size must be positive");
+  if (c.chunks == nullptr || c.num_chunks <= 0) {
+    return Invalid(op, absl::StrCat("empty chunk table (num_chunks ", c.num_chunks, ")"));
   }
-  if (c.chunk_shift < 0 || c.chunk_shift > 30) return Invalid(op, "chunk_shift outside [0, 30]");
+  if (c.num_kv_heads <= 0 || c.head_dim <= 0 || c.block_size <= 0) {
+    return Invalid(op, absl::StrCat("num_kv_heads ", c.num_kv_heads, ", head_dim ", c.head_dim,
+                                    ", block_size ", c.block_size, ": each must be positive"));
+  }
+  if (c.chunk_shift < 0 || c.chunk_shift > 30) {
+    return Invalid(op, absl::StrCat("chunk_shift ", c.chunk_shift, " outside [0, 30]"));
+  }
   const int64_t needed = int64_t{c.num_kv_heads} * c.block_size * c.head_dim *
                          static_cast<int64_t>(ElementBytes(c.dtype));
   if (c.block_bytes < needed) {
     return Invalid(op, absl::StrCat("block_bytes ", c.block_bytes, " < ", needed));
   }
-  if (c.k_offset_bytes < 0 || c.v_offset_bytes < 0) return Invalid(op, "negative region offset");
+  if (c.k_offset_bytes < 0 || c.v_offset_bytes < 0) {
+    return Invalid(op, absl::StrCat("negative region offset (k_offset_bytes ", c.k_offset_bytes,
+                                    ", v_offset_bytes ", c.v_offset_bytes, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -303,7 +316,10 @@ absl::StatusOr<std::vector<CudaBackend::OpTime>> CudaBackend::TakeOpTimes() {
 absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
   constexpr absl::string_view kOp = "Embedding";
   if (!IsStorageDtype(p.table_dtype)) return Unsupported(kOp, "table dtype", p.table_dtype);
-  if (p.num_tokens < 0 || p.dim <= 0 || p.vocab_size <= 0) return Invalid(kOp, "bad shape");
+  if (p.num_tokens < 0 || p.dim <= 0 || p.vocab_size <= 0) {
+    return Invalid(kOp, absl::StrCat("num_tokens ", p.num_tokens, ", dim ", p.dim, ", vocab_size ",
+                                     p.vocab_size, ": num_tokens must be >= 0, the others > 0"));
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchEmbedding(p, stream_), kOp);
@@ -312,7 +328,7 @@ absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
   constexpr absl::string_view kOp = "RmsNorm";
   if (!IsStorageDtype(p.weight_dtype)) return Unsupported(kOp, "weight dtype", p.weight_dtype);
-  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
+  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, RowsShape(p.num_rows, p.dim));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRmsNorm(p, stream_), kOp);
@@ -325,7 +341,10 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
                                                  std::string(DTypeName(p.weight_dtype)),
                                                  " (the CUDA backend stores bf16)"));
   }
-  if (p.m < 0 || p.n <= 0 || p.k <= 0) return Invalid(kOp, "bad shape");
+  if (p.m < 0 || p.n <= 0 || p.k <= 0) {
+    return Invalid(
+        kOp, absl::StrCat("m ", p.m, ", n ", p.n, ", k ", p.k, ": m must be >= 0, n and k > 0"));
+  }
   if (p.m == 0) return absl::OkStatus();
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   // Decode batches: one memory-bound kernel that also rounds the input to bf16.
@@ -350,7 +369,10 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
   constexpr absl::string_view kOp = "Rope";
   if (p.num_tokens < 0 || p.head_dim <= 0 || p.head_dim % 2 != 0 || p.num_q_heads < 0 ||
       p.num_kv_heads < 0) {
-    return Invalid(kOp, "bad shape (head_dim must be even)");
+    return Invalid(
+        kOp, absl::StrCat("num_tokens ", p.num_tokens, ", head_dim ", p.head_dim, ", num_q_heads ",
+                          p.num_q_heads, ", num_kv_heads ", p.num_kv_heads,
+                          ": head_dim must be positive and even, the others >= 0"));
   }
   KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, p.head_dim));
   KVD_RETURN_IF_ERROR(ValidateRopeAppend(p));
@@ -368,7 +390,7 @@ bool CudaBackend::ReadsBf16Q(int32_t head_dim) const {
 
 absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
   constexpr absl::string_view kOp = "SiluMul";
-  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, "bad shape");
+  if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, RowsShape(p.num_rows, p.dim));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchSiluMul(p, stream_), kOp);
@@ -377,7 +399,7 @@ absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
 absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
   constexpr absl::string_view kOp = "AppendKv";
   if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
-  if (p.num_tokens < 0) return Invalid(kOp, "negative num_tokens");
+  if (p.num_tokens < 0) return Invalid(kOp, absl::StrCat("negative num_tokens ", p.num_tokens));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchAppendKv(p, stream_), kOp);
@@ -404,14 +426,23 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
                                 " is not a positive multiple of num_kv_heads ", c.num_kv_heads));
   }
   if (c.k_offset_bytes % 16 != 0 || c.v_offset_bytes % 16 != 0 || c.block_bytes % 16 != 0) {
-    return Invalid(kOp, "K/V region offsets and block_bytes must be multiples of 16 bytes");
+    return Invalid(kOp, absl::StrCat("k_offset_bytes ", c.k_offset_bytes, ", v_offset_bytes ",
+                                     c.v_offset_bytes, ", block_bytes ", c.block_bytes,
+                                     ": each must be a multiple of 16"));
   }
   const int64_t row = int64_t{p.num_q_heads} * c.head_dim;
-  if (p.q_stride < row || p.out_stride < row) return Invalid(kOp, "q/out stride < heads*dim");
+  if (p.q_stride < row || p.out_stride < row) {
+    return Invalid(kOp, absl::StrCat("q_stride ", p.q_stride, ", out_stride ", p.out_stride,
+                                     ": each must be >= num_q_heads * head_dim = ", row));
+  }
   KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, c.head_dim));
-  if (p.blocks.num_seqs < 0) return Invalid(kOp, "negative num_seqs");
+  if (p.blocks.num_seqs < 0) {
+    return Invalid(kOp, absl::StrCat("negative num_seqs ", p.blocks.num_seqs));
+  }
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
-  if (p.blocks.num_seqs > 65535) return Invalid(kOp, "more than 65535 sequences");
+  if (p.blocks.num_seqs > 65535) {
+    return Invalid(kOp, absl::StrCat("num_seqs ", p.blocks.num_seqs, " > 65535"));
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   if (!fast_head_dim) {
@@ -479,13 +510,17 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
 absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
   constexpr absl::string_view kOp = "CopyBlocks";
   if (p.num_pairs < 0 || p.num_regions < 0 || p.block_bytes < 0 || p.chunk_region_bytes < 0) {
-    return Invalid(kOp, "negative size");
+    return Invalid(kOp, absl::StrCat("num_pairs ", p.num_pairs, ", num_regions ", p.num_regions,
+                                     ", block_bytes ", p.block_bytes, ", chunk_region_bytes ",
+                                     p.chunk_region_bytes, ": none may be negative"));
   }
   if (p.num_pairs == 0) return absl::OkStatus();
   if (p.chunks == nullptr || p.src == nullptr || p.dst == nullptr) {
     return Invalid(kOp, "null chunk table or block list");
   }
-  if (p.num_regions > 65535) return Invalid(kOp, "more than 65535 regions");
+  if (p.num_regions > 65535) {
+    return Invalid(kOp, absl::StrCat("num_regions ", p.num_regions, " > 65535"));
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchCopyBlocks(p, stream_), kOp);
@@ -493,10 +528,14 @@ absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
 
 absl::Status CudaBackend::Sample(const SampleParams& p) {
   constexpr absl::string_view kOp = "Sample";
-  if (p.num_rows < 0) return Invalid(kOp, "negative num_rows");
+  if (p.num_rows < 0) return Invalid(kOp, absl::StrCat("negative num_rows ", p.num_rows));
   if (p.num_rows == 0) return absl::OkStatus();
-  if (p.vocab_size <= 0) return Invalid(kOp, "vocab_size must be positive");
-  if (p.row_stride < p.vocab_size) return Invalid(kOp, "row_stride < vocab_size");
+  if (p.vocab_size <= 0) {
+    return Invalid(kOp, absl::StrCat("vocab_size ", p.vocab_size, " must be positive"));
+  }
+  if (p.row_stride < p.vocab_size) {
+    return Invalid(kOp, absl::StrCat("row_stride ", p.row_stride, " < vocab_size ", p.vocab_size));
+  }
   if (p.logits == nullptr || p.rows == nullptr || p.out_tokens == nullptr) {
     return Invalid(kOp, "null logits, rows or out_tokens");
   }

@@ -1,0 +1,117 @@
+// CudaBackend's checks of op parameters: a bad size or stride is InvalidArgument, and the
+// message names the op, the field and its value, before anything is launched.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "kernels/params.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvd::gpu_test {
+namespace {
+
+using InvalidParamsTest = GpuVsCpuTest;
+
+::testing::AssertionResult RejectedNaming(const absl::Status& s, const std::string& op,
+                                          const std::string& field_and_value) {
+  if (s.code() != absl::StatusCode::kInvalidArgument) {
+    return ::testing::AssertionFailure() << "want InvalidArgument, got " << s;
+  }
+  if (!absl::StartsWith(s.message(), op + ": ") ||
+      !absl::StrContains(s.message(), field_and_value)) {
+    return ::testing::AssertionFailure() << "message should start with \"" << op
+                                         << ": \" and name \"" << field_and_value << "\": " << s;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
+  // Pointers that are never dereferenced: every call below fails its checks first.
+  DeviceBuffer scratch = Poisoned(gpu(), 4096);
+  float* any = scratch.as<float>();
+
+  EXPECT_TRUE(RejectedNaming(gpu().Embedding(EmbeddingParams{.out = any,
+                                                             .table = any,
+                                                             .table_dtype = DType::kF32,
+                                                             .token_ids = scratch.as<int32_t>(),
+                                                             .num_tokens = 2,
+                                                             .dim = 0,
+                                                             .vocab_size = 10}),
+                             "Embedding", "dim 0"));
+  EXPECT_TRUE(RejectedNaming(
+      gpu().RmsNorm(RmsNormParams{.out = any, .in = any, .weight = any, .num_rows = -1, .dim = 8}),
+      "RmsNorm", "num_rows -1"));
+  EXPECT_TRUE(RejectedNaming(gpu().Matmul(MatmulParams{.out = any,
+                                                       .in = any,
+                                                       .weight = any,
+                                                       .weight_dtype = DType::kBF16,
+                                                       .m = 1,
+                                                       .n = 4,
+                                                       .k = 0}),
+                             "Matmul", "k 0"));
+  EXPECT_TRUE(RejectedNaming(
+      gpu().Rope(RopeParams{
+          .q = any, .k = any, .num_tokens = 1, .num_q_heads = 1, .num_kv_heads = 1, .head_dim = 3}),
+      "Rope", "head_dim 3"));
+  EXPECT_TRUE(RejectedNaming(
+      gpu().SiluMul(SiluMulParams{.out = any, .gate = any, .up = any, .num_rows = 1, .dim = -2}),
+      "SiluMul", "dim -2"));
+  EXPECT_TRUE(RejectedNaming(
+      gpu().Sample(SampleParams{.logits = any, .row_stride = 5, .num_rows = 1, .vocab_size = 6}),
+      "Sample", "row_stride 5 < vocab_size 6"));
+  void* const chunks[1] = {scratch.data()};
+  EXPECT_TRUE(RejectedNaming(gpu().CopyBlocks(CopyBlocksParams{.chunks = chunks,
+                                                               .num_regions = 70000,
+                                                               .block_bytes = 16,
+                                                               .src = scratch.as<int32_t>(),
+                                                               .dst = scratch.as<int32_t>(),
+                                                               .num_pairs = 1}),
+                             "CopyBlocks", "num_regions 70000"));
+
+  // The KV view every cache op checks, then each op's own fields.
+  const KvCacheView view{.chunks = chunks,
+                         .num_chunks = 1,
+                         .chunk_shift = 0,
+                         .block_bytes = 2 * 16 * 64 * 2,
+                         .dtype = DType::kBF16,
+                         .num_kv_heads = 2,
+                         .block_size = 16,
+                         .head_dim = 64};
+  KvCacheView bad_shift = view;
+  bad_shift.chunk_shift = 31;
+  EXPECT_TRUE(RejectedNaming(
+      gpu().AppendKv(AppendKvParams{.cache = bad_shift, .k = any, .v = any, .num_tokens = 1}),
+      "AppendKv", "chunk_shift 31"));
+  KvCacheView no_heads = view;
+  no_heads.num_kv_heads = 0;
+  EXPECT_TRUE(RejectedNaming(
+      gpu().AppendKv(AppendKvParams{.cache = no_heads, .k = any, .v = any, .num_tokens = 1}),
+      "AppendKv", "num_kv_heads 0"));
+  EXPECT_TRUE(RejectedNaming(
+      gpu().AppendKv(AppendKvParams{.cache = view, .k = any, .v = any, .num_tokens = -5}),
+      "AppendKv", "num_tokens -5"));
+
+  PagedAttentionParams attention;
+  attention.out = any;
+  attention.q = any;
+  attention.cache = view;
+  attention.num_q_heads = 4;
+  attention.q_stride = 4 * 64 - 1;
+  attention.out_stride = 4 * 64;
+  attention.blocks.num_seqs = 1;
+  EXPECT_TRUE(RejectedNaming(gpu().PagedAttention(attention), "PagedAttention", "q_stride 255"));
+  attention.q_stride = 4 * 64;
+  attention.blocks.num_seqs = 70000;
+  EXPECT_TRUE(
+      RejectedNaming(gpu().PagedAttention(attention), "PagedAttention", "num_seqs 70000 > 65535"));
+  attention.blocks.num_seqs = 1;
+  attention.cache.k_offset_bytes = 8;
+  EXPECT_TRUE(
+      RejectedNaming(gpu().PagedAttention(attention), "PagedAttention", "k_offset_bytes 8"));
+}
+
+}  // namespace
+}  // namespace kvd::gpu_test
