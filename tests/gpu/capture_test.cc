@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/random_fill.h"
@@ -22,14 +21,9 @@ namespace {
 
 using CaptureTest = GpuVsCpuTest;
 
+// A call refused during a capture: FailedPrecondition, naming the call.
 ::testing::AssertionResult Refused(const absl::Status& s, const std::string& name) {
-  if (s.code() != absl::StatusCode::kFailedPrecondition) {
-    return ::testing::AssertionFailure() << "want FailedPrecondition, got " << s;
-  }
-  if (!absl::StrContains(s.message(), name)) {
-    return ::testing::AssertionFailure() << "message does not name " << name << ": " << s;
-  }
-  return ::testing::AssertionSuccess();
+  return FailedWith(s, absl::StatusCode::kFailedPrecondition, "", name);
 }
 
 // SiLU-mul of rows [first, first + count) of `gate_up` ([rows][2 * dim], gate then up) into

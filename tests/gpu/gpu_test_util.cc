@@ -7,6 +7,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+
 namespace kvd::gpu_test {
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float hi) {
@@ -63,6 +65,19 @@ std::vector<float> DownloadFloats(Backend& b, const void* src, size_t count) {
   const std::vector<uint8_t> bytes = DownloadBytes(b, src, count * sizeof(float));
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
+}
+
+::testing::AssertionResult FailedWith(const absl::Status& s, absl::StatusCode code,
+                                      const std::string& prefix, const std::string& text) {
+  if (s.code() != code) {
+    return ::testing::AssertionFailure()
+           << "want " << absl::StatusCodeToString(code) << ", got " << s;
+  }
+  if (!absl::StartsWith(s.message(), prefix) || !absl::StrContains(s.message(), text)) {
+    return ::testing::AssertionFailure() << "message should start with \"" << prefix
+                                         << "\" and contain \"" << text << "\": " << s;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult AllClose(const std::vector<float>& actual,

@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -61,6 +63,11 @@ std::vector<float> DownloadFloats(Backend& b, const void* src, size_t count);
 // naming the worst element and the number of violations.
 ::testing::AssertionResult AllClose(const std::vector<float>& actual,
                                     const std::vector<float>& expected, double rtol, double atol);
+
+// Checks that `s` failed with `code` and that its message starts with `prefix` and contains
+// `text`.
+::testing::AssertionResult FailedWith(const absl::Status& s, absl::StatusCode code,
+                                      const std::string& prefix, const std::string& text);
 
 // Fixture for every GPU test: a CudaBackend on device 0 and the CPU reference. Skips when
 // the machine has no GPU, so the binary can also be run (and pass vacuously) elsewhere.

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -15,17 +14,10 @@ namespace {
 
 using InvalidParamsTest = GpuVsCpuTest;
 
+// InvalidArgument whose message starts with the op's name and names the field and value.
 ::testing::AssertionResult RejectedNaming(const absl::Status& s, const std::string& op,
                                           const std::string& field_and_value) {
-  if (s.code() != absl::StatusCode::kInvalidArgument) {
-    return ::testing::AssertionFailure() << "want InvalidArgument, got " << s;
-  }
-  if (!absl::StartsWith(s.message(), op + ": ") ||
-      !absl::StrContains(s.message(), field_and_value)) {
-    return ::testing::AssertionFailure() << "message should start with \"" << op
-                                         << ": \" and name \"" << field_and_value << "\": " << s;
-  }
-  return ::testing::AssertionSuccess();
+  return FailedWith(s, absl::StatusCode::kInvalidArgument, op + ": ", field_and_value);
 }
 
 TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
