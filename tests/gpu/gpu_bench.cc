@@ -8,7 +8,8 @@
 // Modes: `gpu_bench` runs everything below; `gpu_bench gemv` only the copy ceiling and the
 // decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
 // `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
-// `gpu_bench decode` only the copy ceiling, the launch floor and the decode attention rows.
+// `gpu_bench decode` only the copy ceiling, the launch floor, the read reference and the decode
+// attention rows.
 // Rows timed call by call are the median of 20 calls, or of KVD_BENCH_RUNS (e.g. enough to
 // sample the clocks).
 
@@ -36,6 +37,7 @@
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "tests/gpu/stream_read.h"
 
 namespace kvd {
 namespace {
@@ -216,6 +218,50 @@ void CudaCheck(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
     std::exit(1);
+  }
+}
+
+// The read reference: `bytes` read by LaunchStreamRead under each of its launch
+// shapes, timed per call (and, with `graph`, replayed from a one-launch graph), the fastest
+// shape's time. Rows `name` and `name + ", graph"` against the 2 GiB copy. The buffer comes
+// from cudaMalloc, not the backend, so that its KV view stays as the attention rows had it.
+void ReadReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps,
+                   bool graph) {
+  bytes &= ~size_t{255};
+  void* src = nullptr;
+  void* sink_bytes = nullptr;
+  CudaCheck(cudaMalloc(&src, bytes), "read source");
+  CudaCheck(cudaMalloc(&sink_bytes, sizeof(unsigned)), "read sink");
+  unsigned* sink = static_cast<unsigned*>(sink_bytes);
+  CudaCheck(cudaMemsetAsync(src, 0x5a, bytes, bench.gpu().stream()), "read source fill");
+  double best_call = -1;
+  double best_graph = -1;
+  std::string shapes;
+  for (const StreamReadShape shape : kStreamReadShapes) {
+    auto launch = [&] {
+      return LaunchStreamRead(src, bytes, sink, shape, bench.gpu().num_sms(), bench.gpu().stream());
+    };
+    CudaCheck(launch(), "stream read");
+    const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "stream read"); });
+    absl::StrAppend(&shapes, shapes.empty() ? "" : ", ", shape.threads, "x", shape.ctas_per_sm,
+                    ": ", absl::SixDigits(call_ms * 1e3), " us");
+    if (best_call < 0 || call_ms < best_call) best_call = call_ms;
+    if (graph) {
+      const double graph_ms = GraphTimeMs(bench, [&] {
+        const cudaError_t err = launch();
+        return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
+      });
+      if (graph_ms > 0 && (best_graph < 0 || graph_ms < best_graph)) best_graph = graph_ms;
+    }
+  }
+  cudaFree(src);
+  cudaFree(sink_bytes);
+  std::printf("  read per call by shape (threads x CTAs/SM): %s\n", shapes.c_str());
+  const double gbps = bytes / (best_call * 1e6);
+  bench.Row(name, best_call, gbps, 0, gbps / copy_gbps, "copy");
+  if (best_graph > 0) {
+    const double graph_gbps = bytes / (best_graph * 1e6);
+    bench.Row(name + ", graph", best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy");
   }
 }
 
@@ -486,6 +532,11 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (copy of its bytes)"),
                 copy_ms, copy_at_size, 0, copy_at_size / copy_gbps, "copy");
     }
+    // A kernel that only reads as many bytes, timed the same ways: what a decode kernel with
+    // no math, no block table and no merge would reach at this size.
+    ReadReference(bench, static_cast<size_t>(a.bytes),
+                  absl::StrCat("decode attention ", batch, " x ", context, " (read of its bytes)"),
+                  copy_gbps, /*graph=*/true);
     // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
     // enqueued back to back. A call between events pays it where it exceeds the time the GPU
     // takes to start the kernel. Its ratio is to the attention row's time per call.
@@ -688,6 +739,7 @@ int Main(int argc, char** argv) {
   if (mode == "sweep") return SweepMain(bench, copy);
   if (mode == "decode") {  // decode attention rows only
     LaunchFloor(bench);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", copy, /*graph=*/false);
     for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
     return 0;
   }
@@ -699,6 +751,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
     LaunchFloor(bench);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", copy, /*graph=*/false);
     for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }

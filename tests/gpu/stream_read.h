@@ -1,0 +1,32 @@
+#ifndef KVD_TESTS_GPU_STREAM_READ_H_
+#define KVD_TESTS_GPU_STREAM_READ_H_
+
+// gpu_bench's read reference: a kernel that only reads memory, as fast as a plain kernel
+// can, to set beside kernels that mostly read (decode attention). Not part of the backend.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace kvd {
+
+// A launch shape of the read kernel: threads per CTA and CTAs per multiprocessor.
+struct StreamReadShape {
+  int threads;
+  int ctas_per_sm;
+};
+
+// The shapes gpu_bench tries, each as its own row or the best of them.
+inline constexpr StreamReadShape kStreamReadShapes[] = {{256, 8}, {512, 4}, {1024, 2}, {512, 1}};
+
+// Enqueues one kernel on `stream` that reads the `bytes` at `src` (16-byte aligned, a
+// multiple of 16) in 16-byte loads, eight in flight per thread, bypassing L1 and marked to
+// leave L2 first, over shape.ctas_per_sm CTAs per multiprocessor on `num_sms` of them. It
+// writes `*sink` only if the xor of everything it read is 0x9e3779b9, so the loads cannot be
+// dropped; the sink is otherwise untouched.
+cudaError_t LaunchStreamRead(const void* src, size_t bytes, unsigned* sink, StreamReadShape shape,
+                             int num_sms, cudaStream_t stream);
+
+}  // namespace kvd
+
+#endif  // KVD_TESTS_GPU_STREAM_READ_H_
