@@ -5,9 +5,10 @@ Reads gpu_bench.json (one JSON object a line, written by gpu_bench) and torch_pe
 JSON list, written by ../shared/peers/torch_peers.py) from one GPU run and prints, per shape:
 
   decode  B x L: kvd ms per call and replayed from a CUDA graph, the ms per call of a device
-                 copy moving as many bytes (what the simplest op reaches at that size), SDPA's
-                 default ms, the fastest SDPA backend's ms (and which), and SDPA ms / kvd's ms
-                 per call (above 1: kvd is faster) against each;
+                 copy moving as many bytes (what the simplest op reaches at that size) and of a
+                 kernel that only reads them (what any kernel that must read them reaches per
+                 call), SDPA's default ms, the fastest SDPA backend's ms (and which), and SDPA
+                 ms / kvd's ms per call (above 1: kvd is faster) against each;
   prefill B x L: kvd and SDPA TFLOP/s and kvd / SDPA.
 
 Usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON. Exit status 1 when a file is missing
@@ -134,12 +135,14 @@ def main(argv):
 
     matched = 0
     print("kvd vs PyTorch SDPA (same run). decode: SDPA ms / kvd ms, above 1 = kvd faster")
-    print(f"{'shape':<22}{'kvd ms':>9}{'graph ms':>10}{'copy ms':>9}{'SDPA ms':>9}{'ratio':>7}"
+    print(f"{'shape':<22}{'kvd ms':>9}{'graph ms':>10}{'copy ms':>9}{'read ms':>9}{'SDPA ms':>9}"
+          f"{'ratio':>7}"
           f"{'best SDPA ms':>14}{'ratio':>7}  best backend")
     for b, l in sorted(decode):
         call = kvd_decode(kvd, b, l)
         graph = kvd.get(f"decode attention {b} x {l} (graph)")
         copy = kvd.get(f"decode attention {b} x {l} (copy of its bytes)")
+        read = kvd.get(f"decode attention {b} x {l} (read of its bytes)")
         sdpa = decode[(b, l)]
         shape = f"decode {b} x {l}"
         if call is None or "default" not in sdpa:
@@ -151,7 +154,9 @@ def main(argv):
         kvd_ms = call["ms"]  # per call, as SDPA's are timed
         graph_text = f"{graph['ms']:>10.4f}" if graph else f"{'-':>10}"
         copy_text = f"{copy['ms']:>9.4f}" if copy else f"{'-':>9}"
-        print(f"{shape:<22}{call['ms']:>9.4f}{graph_text}{copy_text}{sdpa['default']:>9.4f}"
+        read_text = f"{read['ms']:>9.4f}" if read else f"{'-':>9}"
+        print(f"{shape:<22}{call['ms']:>9.4f}{graph_text}{copy_text}{read_text}"
+              f"{sdpa['default']:>9.4f}"
               f"{sdpa['default'] / kvd_ms:>7.2f}{best_ms:>14.4f}{best_ms / kvd_ms:>7.2f}"
               f"  {best_name}")
     print("prefill (causal): kvd TFLOP/s / SDPA TFLOP/s")

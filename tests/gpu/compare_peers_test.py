@@ -31,6 +31,7 @@ BENCH = [
     {"name": "decode attention 64 x 4096", "ms": 0.25, "GB/s": 4000.0},
     {"name": "decode attention 64 x 4096 (graph)", "ms": 0.24, "GB/s": 4100.0},
     {"name": "decode attention 64 x 4096 (copy of its bytes)", "ms": 0.245, "GB/s": 4080.0},
+    {"name": "decode attention 64 x 4096 (read of its bytes)", "ms": 0.235, "GB/s": 4250.0},
     {"name": "decode attention 1 x 4096", "ms": 0.02, "GB/s": 900.0},
     {"name": "prefill attention 1 x 16384 / 16384", "ms": 4.0, "TFLOP/s": 540.0},
 ]
@@ -50,12 +51,13 @@ class ComparePeersTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
         # 64 x 4k: default SDPA 0.30 ms / kvd 0.25 per call = 1.20; cuDNN 0.20 / 0.25 = 0.80.
-        # Per call, from a graph, a copy of as many bytes, SDPA.
+        # Per call, from a graph, a copy and a read of as many bytes, SDPA.
         row = lines["decode 64 x 4096"].split()
-        self.assertEqual(row[4:10], ["0.2500", "0.2400", "0.2450", "0.3000", "1.20", "0.2000"])
-        self.assertEqual(row[10:], ["0.80", "cudnn"])
-        # No graph or copy row: dashes; the failed backend (ms -1) is not a candidate.
-        self.assertEqual(lines["decode 1 x 4096"].split()[5:7], ["-", "-"])
+        self.assertEqual(row[4:11],
+                         ["0.2500", "0.2400", "0.2450", "0.2350", "0.3000", "1.20", "0.2000"])
+        self.assertEqual(row[11:], ["0.80", "cudnn"])
+        # No graph, copy or read row: dashes; the failed backend (ms -1) is not a candidate.
+        self.assertEqual(lines["decode 1 x 4096"].split()[5:8], ["-", "-", "-"])
         self.assertTrue(lines["decode 1 x 4096"].rstrip().endswith("default"))
         self.assertIn("missing on the kvd side", lines["decode 8 x 4096"])
         self.assertIn("540.0 vs 600.0  ratio 0.90", lines["prefill 1 x 16384"])
