@@ -59,6 +59,13 @@ T Must(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
+void CudaCheck(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
 class Bench {
  public:
   explicit Bench(CudaBackend& gpu) : gpu_(gpu) {
@@ -188,6 +195,60 @@ double GraphTimeMs(Bench& bench, Fn&& fn) {
   return ms;
 }
 
+// Median milliseconds per call of a CUDA graph captured from one call of `fn` (which must be
+// one kernel launch, and have run before), replayed after setting its kernel node's
+// parameters anew each time: what a caller that launched each op through such a graph would
+// pay. -1 (with a note) when capture fails or the graph is not one kernel. Prints the host's
+// share, by the CPU clock over calls enqueued back to back.
+template <typename Fn>
+double GraphRelaunchTimeMs(Bench& bench, Fn&& fn) {
+  cudaStream_t stream = bench.gpu().stream();
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    std::printf("  (graph capture unavailable)\n");
+    return -1;
+  }
+  const absl::Status status = fn();
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  size_t num_nodes = 0;
+  cudaGraphNode_t node = nullptr;
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  cudaKernelNodeParams params;
+  cudaGraphExec_t exec = nullptr;
+  const bool one_kernel =
+      status.ok() && end == cudaSuccess &&
+      cudaGraphGetNodes(graph, nullptr, &num_nodes) == cudaSuccess && num_nodes == 1 &&
+      cudaGraphGetNodes(graph, &node, &num_nodes) == cudaSuccess &&
+      cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel &&
+      cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
+      cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (!one_kernel) {
+    std::printf("  (graph of one kernel unavailable: %zu nodes, %s / %s)\n", num_nodes,
+                std::string(status.message()).c_str(), cudaGetErrorString(end));
+    cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return -1;
+  }
+  auto call = [&] {
+    CudaCheck(cudaGraphExecKernelNodeSetParams(exec, node, &params), "set kernel node params");
+    CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
+  };
+  const double ms = bench.TimeMs(call);
+  constexpr int kHostCalls = 200;
+  BENCH_CHECK(bench.gpu().Synchronize());
+  const auto host_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kHostCalls; ++i) call();
+  const double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
+          .count() /
+      kHostCalls;
+  BENCH_CHECK(bench.gpu().Synchronize());
+  std::printf("  (host: parameters set and graph launched in %.2f us a call)\n", host_us);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms;
+}
+
 // Milliseconds per call of `fn(rep)`, timed over `reps` back-to-back calls between two events
 // (median of 5 such batches, after one warm-up batch): launch gaps count, as they do between
 // the matmuls of a decode step.
@@ -212,13 +273,6 @@ double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
   BENCH_CHECK(bench.gpu().Synchronize());
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
-}
-
-void CudaCheck(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
 }
 
 // The read reference: `bytes` read by LaunchStreamRead under each of its launch
@@ -489,6 +543,12 @@ void LaunchFloor(Bench& bench) {
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().SiluMul(p)); });
   // A time with no rate: nothing to set it against but the per-call rows that follow.
   bench.Row("launch floor (SiLU-mul of one element)", ms, 0, 0, 0, "none");
+  // The same op replayed from a one-kernel graph, and so with its parameters set anew each
+  // call: how much of the floor is the direct launch's.
+  const double graph_ms = GraphTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
+  if (graph_ms > 0) bench.Row("launch floor (graph)", graph_ms, 0, 0, 0, "none");
+  const double relaunch_ms = GraphRelaunchTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
+  if (relaunch_ms > 0) bench.Row("launch floor (graph, params set)", relaunch_ms, 0, 0, 0, "none");
 }
 
 // One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
@@ -512,6 +572,16 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       const double graph_gbps = a.bytes / (graph_ms * 1e6);
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
                 graph_gbps, 0, graph_gbps / copy_gbps, "copy");
+    }
+    // The same graph with the kernel's parameters set anew before each replay, as a caller
+    // launching each call through a graph would: the kernel plus a graph launch, not a direct
+    // one.
+    const double relaunch_ms =
+        GraphRelaunchTimeMs(bench, [&] { return bench.gpu().PagedAttention(p); });
+    if (relaunch_ms > 0) {
+      const double relaunch_gbps = a.bytes / (relaunch_ms * 1e6);
+      bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph, params set)"),
+                relaunch_ms, relaunch_gbps, 0, relaunch_gbps / copy_gbps, "copy");
     }
     // What the simplest memory op reaches at this size, timed the same way: a device copy
     // moving as many bytes (half read, half written), its launch included, against the 2 GiB
