@@ -6,9 +6,9 @@ JSON list, written by ../shared/peers/torch_peers.py) from one GPU run and print
 
   decode  B x L: kvd ms per call and replayed from a CUDA graph, the ms per call of a device
                  copy moving as many bytes (what the simplest op reaches at that size) and of a
-                 kernel that only reads them (what any kernel that must read them reaches per
-                 call), SDPA's default ms, the fastest SDPA backend's ms (and which), and SDPA
-                 ms / kvd's ms per call (above 1: kvd is faster) against each;
+                 plain kernel that only reads them (both references, not bounds), SDPA's
+                 default ms, the fastest SDPA backend's ms (and which), and SDPA ms / kvd's ms
+                 per call (above 1: kvd is faster) against each;
   prefill B x L: kvd and SDPA TFLOP/s and kvd / SDPA.
 
 Usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON. Exit status 1 when a file is missing

@@ -169,27 +169,57 @@ double GemmRate(Bench& bench, int m, int n, int k, double copy_gbps, double peak
   return tflops;
 }
 
-// Median milliseconds of replaying a CUDA graph captured from one call of `fn` (which must
-// have run before, so that it allocates nothing), or -1 (with a note) when capture fails.
+// The host's milliseconds per call of `fn`, by the CPU clock over calls enqueued back to back
+// (the stream drained before and after).
 template <typename Fn>
-double GraphTimeMs(Bench& bench, Fn&& fn) {
+double HostMsPerCall(Bench& bench, Fn&& fn) {
+  constexpr int kCalls = 200;
+  BENCH_CHECK(bench.gpu().Synchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) fn();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      kCalls;
+  BENCH_CHECK(bench.gpu().Synchronize());
+  return ms;
+}
+
+// A CUDA graph captured from one call of `fn` (which must have run before, so that it
+// allocates nothing), or null (with a note) when capture fails.
+template <typename Fn>
+cudaGraph_t CaptureGraph(Bench& bench, Fn&& fn) {
   cudaStream_t stream = bench.gpu().stream();
-  cudaGraph_t graph = nullptr;
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     std::printf("  (graph capture unavailable)\n");
-    return -1;
+    return nullptr;
   }
   const absl::Status status = fn();
+  cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  cudaGraphExec_t exec = nullptr;
-  if (!status.ok() || end != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+  if (!status.ok() || end != cudaSuccess) {
     std::printf("  (graph capture failed: %s / %s)\n", std::string(status.message()).c_str(),
                 cudaGetErrorString(end));
     cudaGetLastError();
     if (graph != nullptr) cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  return graph;
+}
+
+// Median milliseconds of replaying a CUDA graph captured from one call of `fn` (which must
+// have run before, so that it allocates nothing), or -1 (with a note) when capture fails.
+template <typename Fn>
+double GraphTimeMs(Bench& bench, Fn&& fn) {
+  cudaGraph_t graph = CaptureGraph(bench, fn);
+  if (graph == nullptr) return -1;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    std::printf("  (graph instantiation failed)\n");
+    cudaGetLastError();
+    cudaGraphDestroy(graph);
     return -1;
   }
-  const double ms = bench.TimeMs([&] { cudaGraphLaunch(exec, stream); });
+  const double ms = bench.TimeMs([&] { cudaGraphLaunch(exec, bench.gpu().stream()); });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return ms;
@@ -197,36 +227,28 @@ double GraphTimeMs(Bench& bench, Fn&& fn) {
 
 // Median milliseconds per call of a CUDA graph captured from one call of `fn` (which must be
 // one kernel launch, and have run before), replayed after setting its kernel node's
-// parameters anew each time: what a caller that launched each op through such a graph would
-// pay. -1 (with a note) when capture fails or the graph is not one kernel. Prints the host's
-// share, by the CPU clock over calls enqueued back to back.
+// parameters anew (to the captured values) each time. -1 (with a note) when capture fails or
+// the graph is not one kernel. Prints the host's share (HostMsPerCall).
 template <typename Fn>
 double GraphRelaunchTimeMs(Bench& bench, Fn&& fn) {
   cudaStream_t stream = bench.gpu().stream();
-  cudaGraph_t graph = nullptr;
-  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    std::printf("  (graph capture unavailable)\n");
-    return -1;
-  }
-  const absl::Status status = fn();
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  cudaGraph_t graph = CaptureGraph(bench, fn);
+  if (graph == nullptr) return -1;
   size_t num_nodes = 0;
   cudaGraphNode_t node = nullptr;
   cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
   cudaKernelNodeParams params;
   cudaGraphExec_t exec = nullptr;
   const bool one_kernel =
-      status.ok() && end == cudaSuccess &&
       cudaGraphGetNodes(graph, nullptr, &num_nodes) == cudaSuccess && num_nodes == 1 &&
       cudaGraphGetNodes(graph, &node, &num_nodes) == cudaSuccess &&
       cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel &&
       cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
       cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
   if (!one_kernel) {
-    std::printf("  (graph of one kernel unavailable: %zu nodes, %s / %s)\n", num_nodes,
-                std::string(status.message()).c_str(), cudaGetErrorString(end));
+    std::printf("  (graph of one kernel unavailable: %zu nodes)\n", num_nodes);
     cudaGetLastError();
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGraphDestroy(graph);
     return -1;
   }
   auto call = [&] {
@@ -234,16 +256,8 @@ double GraphRelaunchTimeMs(Bench& bench, Fn&& fn) {
     CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
   };
   const double ms = bench.TimeMs(call);
-  constexpr int kHostCalls = 200;
-  BENCH_CHECK(bench.gpu().Synchronize());
-  const auto host_start = std::chrono::steady_clock::now();
-  for (int i = 0; i < kHostCalls; ++i) call();
-  const double host_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
-          .count() /
-      kHostCalls;
-  BENCH_CHECK(bench.gpu().Synchronize());
-  std::printf("  (host: parameters set and graph launched in %.2f us a call)\n", host_us);
+  std::printf("  (host: parameters set and graph launched in %.2f us a call)\n",
+              HostMsPerCall(bench, call) * 1e3);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return ms;
@@ -275,12 +289,14 @@ double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
   return times[times.size() / 2];
 }
 
-// The read reference: `bytes` read by LaunchStreamRead under each of its launch
-// shapes, timed per call (and, with `graph`, replayed from a one-launch graph), the fastest
-// shape's time. Rows `name` and `name + ", graph"` against the 2 GiB copy. The buffer comes
-// from cudaMalloc, not the backend, so that its KV view stays as the attention rows had it.
-void ReadReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps,
-                   bool graph) {
+// The read reference: `bytes` read by LaunchStreamRead under each of its launch shapes,
+// timed per call (and, given a `graph_name`, replayed from a one-launch graph), the fastest
+// shape's time in row `name` (and `graph_name`) against the 2 GiB copy. A reference, not a
+// bound: one plain kernel's best of four shapes, launched with a lighter host path than an
+// op's; bytes that fit in L2 (50 MB) may partly come from it. The buffer comes from
+// cudaMalloc, not the backend, so that its KV view stays as the attention rows had it.
+void ReadReference(Bench& bench, size_t bytes, const std::string& name,
+                   const std::string& graph_name, double copy_gbps) {
   bytes &= ~size_t{255};
   void* src = nullptr;
   void* sink_bytes = nullptr;
@@ -295,27 +311,28 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name, double c
     auto launch = [&] {
       return LaunchStreamRead(src, bytes, sink, shape, bench.gpu().num_sms(), bench.gpu().stream());
     };
-    CudaCheck(launch(), "stream read");
     const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "stream read"); });
     absl::StrAppend(&shapes, shapes.empty() ? "" : ", ", shape.threads, "x", shape.ctas_per_sm,
-                    ": ", absl::SixDigits(call_ms * 1e3), " us");
+                    ": ", absl::SixDigits(call_ms * 1e3));
     if (best_call < 0 || call_ms < best_call) best_call = call_ms;
-    if (graph) {
+    if (!graph_name.empty()) {
       const double graph_ms = GraphTimeMs(bench, [&] {
         const cudaError_t err = launch();
         return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
       });
+      absl::StrAppend(&shapes, " / ", absl::SixDigits(graph_ms * 1e3));
       if (graph_ms > 0 && (best_graph < 0 || graph_ms < best_graph)) best_graph = graph_ms;
     }
   }
   cudaFree(src);
   cudaFree(sink_bytes);
-  std::printf("  read per call by shape (threads x CTAs/SM): %s\n", shapes.c_str());
+  std::printf("  read us by shape (threads x CTAs/SM: per call%s): %s\n",
+              graph_name.empty() ? "" : " / graph", shapes.c_str());
   const double gbps = bytes / (best_call * 1e6);
   bench.Row(name, best_call, gbps, 0, gbps / copy_gbps, "copy");
   if (best_graph > 0) {
     const double graph_gbps = bytes / (best_graph * 1e6);
-    bench.Row(name + ", graph", best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy");
+    bench.Row(graph_name, best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy");
   }
 }
 
@@ -543,8 +560,9 @@ void LaunchFloor(Bench& bench) {
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().SiluMul(p)); });
   // A time with no rate: nothing to set it against but the per-call rows that follow.
   bench.Row("launch floor (SiLU-mul of one element)", ms, 0, 0, 0, "none");
-  // The same op replayed from a one-kernel graph, and so with its parameters set anew each
-  // call: how much of the floor is the direct launch's.
+  // The same op replayed from a one-kernel graph, then from that graph with its kernel's
+  // parameters set anew before each replay: the floor without the op's host checks and
+  // through a graph launch in place of a direct one.
   const double graph_ms = GraphTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
   if (graph_ms > 0) bench.Row("launch floor (graph)", graph_ms, 0, 0, 0, "none");
   const double relaunch_ms = GraphRelaunchTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
@@ -573,9 +591,9 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
                 graph_gbps, 0, graph_gbps / copy_gbps, "copy");
     }
-    // The same graph with the kernel's parameters set anew before each replay, as a caller
-    // launching each call through a graph would: the kernel plus a graph launch, not a direct
-    // one.
+    // The same graph with the kernel's parameters set anew (to the same values) before each
+    // replay: the kernel through a graph launch in place of a direct one. A caller launching
+    // every call so would still pay the op's host checks and the parameters' making.
     const double relaunch_ms =
         GraphRelaunchTimeMs(bench, [&] { return bench.gpu().PagedAttention(p); });
     if (relaunch_ms > 0) {
@@ -602,23 +620,16 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (copy of its bytes)"),
                 copy_ms, copy_at_size, 0, copy_at_size / copy_gbps, "copy");
     }
-    // A kernel that only reads as many bytes, timed the same ways: what a decode kernel with
-    // no math, no block table and no merge would reach at this size.
-    ReadReference(bench, static_cast<size_t>(a.bytes),
-                  absl::StrCat("decode attention ", batch, " x ", context, " (read of its bytes)"),
-                  copy_gbps, /*graph=*/true);
+    // A kernel that only reads as many bytes, timed the same ways: what a plain read reaches
+    // at this size, with no block table, no math and no merge.
+    const std::string shape_name = absl::StrCat("decode attention ", batch, " x ", context);
+    ReadReference(bench, static_cast<size_t>(a.bytes), shape_name + " (read of its bytes)",
+                  shape_name + " (read of its bytes, graph)", copy_gbps);
     // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
     // enqueued back to back. A call between events pays it where it exceeds the time the GPU
     // takes to start the kernel. Its ratio is to the attention row's time per call.
-    constexpr int kHostCalls = 200;
-    BENCH_CHECK(bench.gpu().Synchronize());
-    const auto host_start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kHostCalls; ++i) BENCH_CHECK(bench.gpu().PagedAttention(p));
     const double host_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
-            .count() /
-        kHostCalls;
-    BENCH_CHECK(bench.gpu().Synchronize());
+        HostMsPerCall(bench, [&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
     bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (host)"), host_ms, 0, 0,
               host_ms / ms, "call");
   } else {
@@ -809,7 +820,7 @@ int Main(int argc, char** argv) {
   if (mode == "sweep") return SweepMain(bench, copy);
   if (mode == "decode") {  // decode attention rows only
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", copy, /*graph=*/false);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy);
     for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
     return 0;
   }
@@ -821,7 +832,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", copy, /*graph=*/false);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy);
     for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }

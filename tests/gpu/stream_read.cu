@@ -9,10 +9,10 @@
 namespace kvd {
 namespace {
 
-constexpr int kInFlight = 8;  // 16-byte loads each thread issues before using any
+constexpr int kInFlight = 8;  // 16-byte loads a thread makes per round
 
-// Thread i of the grid reads vectors i, i + stride, ..., kInFlight of them per round, all
-// issued (predicated past the end) before the first is used.
+// Thread i of the grid reads vectors i, i + stride, ..., kInFlight of them per round, written
+// as all loads (predicated past the end) before the first use.
 __global__ void StreamReadKernel(const uint4* __restrict__ src, size_t count, unsigned* sink) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   unsigned acc = 0;

@@ -10,7 +10,7 @@
 
 namespace kvd {
 
-// A launch shape of the read kernel: threads per CTA and CTAs per multiprocessor.
+// A launch shape of the read kernel: threads per CTA, and the grid's CTAs per multiprocessor.
 struct StreamReadShape {
   int threads;
   int ctas_per_sm;
@@ -20,10 +20,11 @@ struct StreamReadShape {
 inline constexpr StreamReadShape kStreamReadShapes[] = {{256, 8}, {512, 4}, {1024, 2}, {512, 1}};
 
 // Enqueues one kernel on `stream` that reads the `bytes` at `src` (16-byte aligned, a
-// multiple of 16) in 16-byte loads, eight in flight per thread, bypassing L1 and marked to
-// leave L2 first, over shape.ctas_per_sm CTAs per multiprocessor on `num_sms` of them. It
-// writes `*sink` only if the xor of everything it read is 0x9e3779b9, so the loads cannot be
-// dropped; the sink is otherwise untouched.
+// multiple of 16) in 16-byte streaming loads (ld.global.cs: evict-first), eight a thread per
+// round, on a grid of shape.ctas_per_sm CTAs per multiprocessor of `num_sms` (how many are
+// resident at once is the hardware's affair). A thread writes `*sink` only if the xor of what
+// it read is 0x9e3779b9, so that the loads cannot be dropped; a buffer of equal 32-bit words
+// never writes it.
 cudaError_t LaunchStreamRead(const void* src, size_t bytes, unsigned* sink, StreamReadShape shape,
                              int num_sms, cudaStream_t stream);
 
