@@ -289,6 +289,27 @@ double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
   return times[times.size() / 2];
 }
 
+// The copy reference: a device copy moving `bytes` (half read, half written), timed per call,
+// in row `name` against the 2 GiB copy. A reference, not a bound: its host path is lighter
+// than an op's, and a kernel that mostly reads can pass it (the largest decode shapes do).
+// The buffers come from cudaMalloc, not the backend, so that its KV view stays as the
+// attention rows had it.
+void CopyReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps) {
+  const size_t half = (bytes / 2) & ~size_t{255};
+  void* src = nullptr;
+  void* dst = nullptr;
+  CudaCheck(cudaMalloc(&src, half), "copy source");
+  CudaCheck(cudaMalloc(&dst, half), "copy destination");
+  const double ms = bench.TimeMs([&] {
+    CudaCheck(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice, bench.gpu().stream()),
+              "copy");
+  });
+  cudaFree(src);
+  cudaFree(dst);
+  const double gbps = 2.0 * half / (ms * 1e6);
+  bench.Row(name, ms, gbps, 0, gbps / copy_gbps, "copy");
+}
+
 // The read reference: `bytes` read by LaunchStreamRead under each of its launch shapes,
 // timed per call (and, given a `graph_name`, replayed from a one-launch graph), the fastest
 // shape's time in row `name` (and `graph_name`) against the 2 GiB copy. A reference, not a
@@ -601,28 +622,11 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
       bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph, params set)"),
                 relaunch_ms, relaunch_gbps, 0, relaunch_gbps / copy_gbps, "copy");
     }
-    // What the simplest memory op reaches at this size, timed the same way: a device copy
-    // moving as many bytes (half read, half written), its launch included, against the 2 GiB
-    // copy. A reference, not a bound: its host path is lighter than an op's, and a kernel that
-    // mostly reads can pass it (the largest shapes do).
-    {
-      const size_t half = static_cast<size_t>(a.bytes / 2) & ~size_t{255};
-      // cudaMalloc, not the backend's Allocate: its KV view stays as the attention rows had it.
-      void* src = nullptr;
-      void* dst = nullptr;
-      CudaCheck(cudaMalloc(&src, half), "copy source");
-      CudaCheck(cudaMalloc(&dst, half), "copy destination");
-      const double copy_ms = bench.TimeMs(
-          [&] { cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice, bench.gpu().stream()); });
-      cudaFree(src);
-      cudaFree(dst);
-      const double copy_at_size = 2.0 * half / (copy_ms * 1e6);
-      bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (copy of its bytes)"),
-                copy_ms, copy_at_size, 0, copy_at_size / copy_gbps, "copy");
-    }
-    // A kernel that only reads as many bytes, timed the same ways: what a plain read reaches
-    // at this size, with no block table, no math and no merge.
+    // What the simplest memory op and a plain read reach at this size (CopyReference,
+    // ReadReference): no block table, no math and no merge.
     const std::string shape_name = absl::StrCat("decode attention ", batch, " x ", context);
+    CopyReference(bench, static_cast<size_t>(a.bytes), shape_name + " (copy of its bytes)",
+                  copy_gbps);
     ReadReference(bench, static_cast<size_t>(a.bytes), shape_name + " (read of its bytes)",
                   shape_name + " (read of its bytes, graph)", copy_gbps);
     // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
