@@ -78,7 +78,9 @@ class EngineLoop::Impl {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
-  bool idle_ ABSL_GUARDED_BY(mu_) = true;  // nothing waiting or running after the last step
+  // Nothing waiting or running: false from a request's submission, through its intake, until
+  // a step ends with nothing left (WaitIdle also waits for incoming_ to empty).
+  bool idle_ ABSL_GUARDED_BY(mu_) = true;
   int32_t published_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   EngineStats published_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -36,6 +36,9 @@ void EngineLoop::Impl::DrainIngress() {
     incoming.swap(incoming_);
     cancels.swap(cancels_);
     closes.swap(closes_);
+    // The engine holds these requests now, and not idle: a step that ended after they were
+    // submitted but before this intake may have said so (PublishStats).
+    if (!incoming.empty()) idle_ = false;
   }
   for (SeqPtr& s : incoming) {
     stats_.prompt_tokens += static_cast<int64_t>(s->request.prompt.size());

@@ -364,5 +364,24 @@ TEST_F(EngineLoopTest, RunsOnItsOwnThread) {
   engine_->Stop();
 }
 
+// WaitIdle returns only once every request submitted before it has finished, also when the
+// engine thread is mid-step as the request arrives: here it steps continuously (no idle
+// wait), so submissions keep landing between one step's end and the next one's intake.
+TEST_F(EngineLoopTest, WaitIdleWaitsForRequestsSubmittedMidStep) {
+  MakeCache(64, 4);
+  MakeEngine({.idle_tick = absl::ZeroDuration()});
+  engine_->Start();
+  for (int i = 0; i < 300; ++i) {
+    Request r = Greedy(4);
+    r.max_tokens = 1;
+    Stream* s = Submit(r);
+    ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
+    ASSERT_TRUE(s->finished) << "submission " << i;
+    EXPECT_EQ(s->tokens.size(), 1u);
+  }
+  engine_->BeginDrain();
+  engine_->Stop();
+}
+
 }  // namespace
 }  // namespace kvd
