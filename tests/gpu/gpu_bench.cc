@@ -567,7 +567,8 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
 
 // The per-call floor of the decode rows below: the backend's smallest op (SiLU-mul of one
 // element, launched as every op of a decode step is), timed as they are. No call of an op
-// takes less: the host's launch and the device's start of the kernel are in it.
+// takes less: the host's launch and the device's start of the kernel are in it. Then the same
+// from graphs, and an empty kernel launched bare.
 void LaunchFloor(Bench& bench) {
   DeviceBuffer buffer = Must(bench.gpu().Allocate(256));
   SiluMulParams p;
@@ -588,6 +589,16 @@ void LaunchFloor(Bench& bench) {
   if (graph_ms > 0) bench.Row("launch floor (graph)", graph_ms, 0, 0, 0, "none");
   const double relaunch_ms = GraphRelaunchTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
   if (relaunch_ms > 0) bench.Row("launch floor (graph, params set)", relaunch_ms, 0, 0, 0, "none");
+  // A kernel with nothing to do (the read reference over no bytes, one CTA of 128 threads per
+  // multiprocessor), launched directly with no op around it: the share of every per-call row
+  // that belongs to the driver and the device, whatever the kernel.
+  unsigned* sink = buffer.as<unsigned>() + 48;
+  const double empty_ms = bench.TimeMs([&] {
+    CudaCheck(LaunchStreamRead(buffer.data(), 0, sink, StreamReadShape{128, 1},
+                               bench.gpu().num_sms(), bench.gpu().stream()),
+              "empty kernel");
+  });
+  bench.Row("launch floor (empty kernel)", empty_ms, 0, 0, 0, "none");
 }
 
 // One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
