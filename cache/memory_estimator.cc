@@ -1,13 +1,35 @@
 #include "cache/memory_estimator.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "cache/kv_layout.h"
 
 namespace kvd {
+namespace {
+
+// The product of `factors`, or nullopt when it leaves int64: sizes of absurd workloads
+// must be an error, not signed overflow (undefined; it printed negative byte counts).
+std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(product, f, &product)) return std::nullopt;
+  }
+  return product;
+}
+
+absl::Status WorkloadOverflow(const MemoryEstimateRequest& r, absl::string_view product) {
+  return absl::InvalidArgumentError(absl::StrCat("batch=", r.batch, " seq_len=", r.seq_len,
+                                                 " is too large: ", product,
+                                                 " does not fit in 64 bits"));
+}
+
+}  // namespace
 
 absl::StatusOr<MemoryEstimate> MemoryEstimator::Estimate(const MemoryEstimateRequest& r) {
   if (r.d_model <= 0) {
@@ -28,14 +50,41 @@ absl::StatusOr<MemoryEstimate> MemoryEstimator::Estimate(const MemoryEstimateReq
   e.bytes_per_token = layout->data_bytes_per_token();
   e.bytes_per_token_with_scales = layout->bytes_per_token();
   e.bytes_per_block = layout->block_bytes();
-  e.blocks_per_sequence = layout->BlocksForTokens(r.seq_len);
+  // Not layout->BlocksForTokens: its round-up addition overflows near the int64 maximum.
+  e.blocks_per_sequence = r.seq_len / r.block_size + (r.seq_len % r.block_size != 0 ? 1 : 0);
+  const std::optional<int64_t> seed_bytes_per_token =
+      CheckedProduct({2, r.num_layers, r.d_model, DTypeBits(r.kv_dtype)});
+  if (!seed_bytes_per_token.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_layers=", r.num_layers, " d_model=", r.d_model,
+                     " is too large: 2 * num_layers * d_model * bits does not fit in 64 bits"));
+  }
+  e.seed_bytes_per_token = *seed_bytes_per_token / 8;
+  const std::optional<int64_t> data_bytes = CheckedProduct({r.batch, r.seq_len, e.bytes_per_token});
+  if (!data_bytes.has_value()) {
+    return WorkloadOverflow(
+        r, absl::StrCat("batch * seq_len * bytes_per_token (", e.bytes_per_token, ")"));
+  }
+  const std::optional<int64_t> batch_bytes_paged =
+      CheckedProduct({r.batch, e.blocks_per_sequence, e.bytes_per_block});
+  if (!batch_bytes_paged.has_value()) {
+    return WorkloadOverflow(r, absl::StrCat("batch * blocks_per_sequence (", e.blocks_per_sequence,
+                                            ") * bytes_per_block (", e.bytes_per_block, ")"));
+  }
+  // The figures below are at most the paged bytes (batch >= 1, scales are part of a
+  // block, tokens fill at most their blocks), so they fit.
+  e.batch_bytes_paged = *batch_bytes_paged;
   e.bytes_per_sequence = e.blocks_per_sequence * e.bytes_per_block;
   // Scales of partly used blocks count whole: they are allocated per block.
   const int64_t scale_bytes = r.batch * e.blocks_per_sequence * layout->block_scale_bytes();
-  e.batch_bytes = r.batch * r.seq_len * e.bytes_per_token + scale_bytes;
-  e.batch_bytes_paged = r.batch * e.bytes_per_sequence;
-  e.seed_bytes_per_token = int64_t{2} * r.num_layers * r.d_model * DTypeBits(r.kv_dtype) / 8;
-  e.seed_batch_bytes = r.batch * r.seq_len * e.seed_bytes_per_token;
+  e.batch_bytes = *data_bytes + scale_bytes;
+  const std::optional<int64_t> seed_batch_bytes =
+      CheckedProduct({r.batch, r.seq_len, e.seed_bytes_per_token});
+  if (!seed_batch_bytes.has_value()) {
+    return WorkloadOverflow(
+        r, absl::StrCat("batch * seq_len * seed_bytes_per_token (", e.seed_bytes_per_token, ")"));
+  }
+  e.seed_batch_bytes = *seed_batch_bytes;
   e.seed_over_exact = static_cast<double>(e.seed_batch_bytes) / static_cast<double>(e.batch_bytes);
   if (r.budget_bytes > 0) {
     e.sequences_in_budget = r.budget_bytes / e.bytes_per_sequence;

@@ -47,7 +47,9 @@ struct MemoryEstimate {
 // arithmetic as the cache itself (KvLayout). Stateless; thread safe.
 class MemoryEstimator {
  public:
-  // InvalidArgument for a non-positive shape, block size, batch or sequence length.
+  // InvalidArgument for a non-positive shape, block size, batch or sequence length, and for
+  // a workload or model whose byte counts do not fit in int64 (naming batch and seq_len, or
+  // num_layers and d_model, and the product).
   static absl::StatusOr<MemoryEstimate> Estimate(const MemoryEstimateRequest& request);
   // A human-readable table of the estimate, exact beside the seeds' formula.
   static std::string Format(const MemoryEstimateRequest& request, const MemoryEstimate& estimate);
