@@ -51,8 +51,11 @@ KvCacheManager::KvCacheManager(const KvCacheOptions& options, const KvLayout& la
       layout_(layout),
       geometry_(geometry),
       clock_(clock),
+      // A fresh secret per cache: keys are never persisted, and clients cannot aim
+      // crafted token blocks at keys they cannot compute.
       index_(layout.block_size(),
-             layout.Fingerprint() ^ (options.prefix_extra_key * 0x9e3779b97f4a7c15ULL)),
+             layout.Fingerprint() ^ (options.prefix_extra_key * 0x9e3779b97f4a7c15ULL),
+             PrefixIndex::RandomSecret()),
       sessions_(clock, options.session_idle_timeout) {}
 
 KvCacheManager::~KvCacheManager() {
@@ -177,7 +180,13 @@ bool KvCacheManager::Reserve(SeqId id, int32_t n) {
   KVD_CACHE_CHECK(n >= 0, "Reserve: n must be >= 0");
   const int32_t need = BlocksToReserve(id, n);
   if (need == 0) return true;
-  if (need > pool_->NumObtainable()) return false;
+  // Releasing a chain makes only the blocks no one else holds obtainable: go on until enough.
+  while (need > pool_->NumObtainable()) {
+    std::optional<SessionTable::Released> r =
+        sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
+    if (!r.has_value()) return false;
+    ReleaseSessions({*std::move(r)});
+  }
   std::vector<BlockId> got;
   got.reserve(need);
   for (int32_t i = 0; i < need; ++i) {
@@ -205,13 +214,27 @@ void KvCacheManager::RegisterFullBlocks(SeqState& s) {
   if (!options_.enable_prefix_caching) return;
   const int32_t bs = layout_.block_size();
   const absl::Span<const int32_t> tokens = s.tokens;
-  while ((static_cast<int32_t>(s.keys.size()) + 1) * bs <= s.num_computed) {
+  // A block is found by its parent key and its own tokens only, so it may be keyed under
+  // block i - 1's key only while the index resolves that key to this sequence's prefix:
+  // after a collision, a prompt matching the other holder would go on into this
+  // sequence's deeper blocks, whose K/V were computed after different tokens.
+  while (!s.keys_stopped && (static_cast<int32_t>(s.keys.size()) + 1) * bs <= s.num_computed) {
     const int32_t i = static_cast<int32_t>(s.keys.size());
     const uint64_t parent = i == 0 ? index_.root_key() : s.keys[i - 1];
     const absl::Span<const int32_t> block_tokens = tokens.subspan(i * bs, bs);
     const uint64_t key = index_.ChildKey(parent, block_tokens);
     const BlockId b = s.blocks[i];
-    if (!index_.HasKey(b) && index_.Insert(b, key, parent, block_tokens)) pool_->MarkCached(b);
+    switch (index_.Claim(b, key, parent, block_tokens)) {
+      case PrefixIndex::KeyClaim::kInserted:
+        pool_->MarkCached(b);
+        break;
+      case PrefixIndex::KeyClaim::kHeld:
+      case PrefixIndex::KeyClaim::kDuplicate:
+        break;
+      case PrefixIndex::KeyClaim::kCollision:
+        s.keys_stopped = true;
+        return;
+    }
     s.keys.push_back(key);
   }
 }
@@ -253,6 +276,7 @@ absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   for (int32_t i = 0; i < full; ++i) pool_->Acquire(c.blocks[i]);
   c.tokens = p.tokens;
   c.keys = p.keys;
+  c.keys_stopped = p.keys_stopped;
   c.num_computed = p.num_computed;
   seqs_.emplace(child, std::move(c));  // invalidates p
   return absl::OkStatus();
@@ -275,6 +299,20 @@ void KvCacheManager::Free(SeqId id) {
       ReleaseTailFirst(chain);
     }
   }
+  seqs_.erase(it);
+}
+
+void KvCacheManager::FreeForRecompute(SeqId id) {
+  auto it = seqs_.find(id);
+  KVD_CACHE_CHECK(it != seqs_.end(), "FreeForRecompute: unknown sequence id");
+  const SeqState& s = it->second;
+  if (!s.session_id.empty()) {
+    if (std::optional<SessionTable::Released> r =
+            sessions_.Release(s.session_id, s.session_serial, SessionReleaseReason::kPressure)) {
+      ReleaseSessions({*std::move(r)});  // attached: no chain, only the count
+    }
+  }
+  ReleaseTailFirst(s.blocks);
   seqs_.erase(it);
 }
 
@@ -344,6 +382,8 @@ KvCacheStats KvCacheManager::stats() const {
   st.session_releases_idle = session_releases_[static_cast<int>(SessionReleaseReason::kIdle)];
   st.session_releases_pin_cap = session_releases_[static_cast<int>(SessionReleaseReason::kPinCap)];
   st.session_releases_closed = session_releases_[static_cast<int>(SessionReleaseReason::kClosed)];
+  st.session_releases_pressure =
+      session_releases_[static_cast<int>(SessionReleaseReason::kPressure)];
   st.fork_copies = fork_copies_;
   st.chunks_grown = pool_->num_chunks_grown();
   st.chunks_released = pool_->num_chunks_released();

@@ -69,8 +69,10 @@ class KvCacheManager {
   // Appends known tokens (sampled ones) whose K/V are still to be computed.
   void AppendTokens(SeqId id, absl::Span<const int32_t> tokens);
   // Ensures slots for positions [num_computed, num_computed + n): takes free blocks, grows
-  // the arena, then evicts cached blocks. Returns false and changes nothing when the pool
-  // cannot supply them (the caller preempts someone and retries). REQUIRES: n >= 0.
+  // the arena, then evicts cached blocks; when those fall short, releases detached sessions'
+  // pins, oldest first, until they do (a running sequence comes before an idle session's
+  // cache). Returns false, having taken nothing, when the pool cannot supply them even so
+  // (the caller preempts someone and retries). REQUIRES: n >= 0.
   bool Reserve(SeqId id, int32_t n);
   // New blocks Reserve(id, n) would take.
   int32_t BlocksToReserve(SeqId id, int32_t n) const;
@@ -89,6 +91,9 @@ class KvCacheManager {
   // prefix); with an attached session, the blocks of its computed tokens become the
   // session's pinned chain instead (then the pin cap applies).
   void Free(SeqId id);
+  // Ends a sequence that will be recomputed (preemption): releases all its blocks, and its
+  // session, if still the one it attached, for room, so that nothing of it stays pinned.
+  void FreeForRecompute(SeqId id);
   // Releases the session's pins at once (blocks stay as ordinary cached blocks) and forgets
   // it. NotFound for an unknown (or already expired) id.
   absl::Status CloseSession(std::string_view session_id);
@@ -128,7 +133,12 @@ class KvCacheManager {
   struct SeqState {
     std::vector<int32_t> tokens;
     std::vector<BlockId> blocks;
-    std::vector<uint64_t> keys;  // prefix keys of the first keys.size() full blocks
+    // Prefix keys of the first keys.size() full blocks, each vouched for by the index
+    // (PrefixIndex::Claim), so each may parent the next block's key.
+    std::vector<uint64_t> keys;
+    // Block keys.size() was not vouched for (its key is held for another prefix): no
+    // deeper block is keyed, and it is not examined again.
+    bool keys_stopped = false;
     int32_t num_computed = 0;
     std::string session_id;  // empty: none
     uint64_t session_serial = 0;
@@ -172,7 +182,7 @@ class KvCacheManager {
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
   int64_t session_hit_tokens_ = 0;
-  int64_t session_releases_[3] = {0, 0, 0};  // by SessionReleaseReason
+  int64_t session_releases_[kNumSessionReleaseReasons] = {};  // by SessionReleaseReason
   int64_t fork_copies_ = 0;
   int64_t defrag_moves_ = 0;
   absl::Time last_defrag_step_ = absl::InfinitePast();

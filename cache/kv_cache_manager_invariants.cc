@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cache/kv_cache_manager.h"
 
@@ -35,6 +36,11 @@ absl::Status KvCacheManager::CheckInvariants() const {
     if (static_cast<int32_t>(s.keys.size()) * bs > s.num_computed) {
       return absl::InternalError(absl::StrCat(who, ": a key for an unfinished block"));
     }
+    // Registration stops only at a block that was full when it was examined.
+    if (s.keys_stopped && (static_cast<int32_t>(s.keys.size()) + 1) * bs > s.num_computed) {
+      return absl::InternalError(
+          absl::StrCat(who, ": key registration stopped at unfinished block ", s.keys.size()));
+    }
     uint64_t parent = index_.root_key();
     for (size_t i = 0; i < s.keys.size(); ++i) {
       const absl::Span<const int32_t> tokens = absl::MakeConstSpan(s.tokens).subspan(i * bs, bs);
@@ -48,7 +54,7 @@ absl::Status KvCacheManager::CheckInvariants() const {
       parent = s.keys[i];
     }
   }
-  int64_t pinned = 0;
+  absl::flat_hash_set<BlockId> pinned;  // distinct: sessions may pin the same prefix
   sessions_.ForEach([&](const Session& s) {
     if (s.attached && !s.chain.empty() && status.ok()) {
       status = absl::InternalError(absl::StrCat("attached session ", s.id, " still pins blocks"));
@@ -58,12 +64,14 @@ absl::Status KvCacheManager::CheckInvariants() const {
         status.ok()) {
       status = absl::InternalError(absl::StrCat("session ", s.id, ": chain/token mismatch"));
     }
-    pinned += static_cast<int64_t>(s.chain.size());
+    pinned.insert(s.chain.begin(), s.chain.end());
     for (BlockId b : s.chain) hold(b, absl::StrCat("session ", s.id));
   });
   if (!status.ok()) return status;
-  if (pinned != sessions_.num_pinned_blocks()) {
-    return absl::InternalError("session pinned-block count is stale");
+  if (static_cast<int64_t>(pinned.size()) != sessions_.num_pinned_blocks()) {
+    return absl::InternalError(absl::StrCat("session pinned-block count ",
+                                            sessions_.num_pinned_blocks(), " but ", pinned.size(),
+                                            " distinct pinned blocks"));
   }
   for (BlockId b = 0; b < n; ++b) {
     if (holders[b] != pool_->RefCount(b)) {

@@ -1,6 +1,10 @@
 #include "cache/prefix_index.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,16 +23,29 @@ uint64_t Mix64(uint64_t x) {
 
 }  // namespace
 
-PrefixIndex::PrefixIndex(int32_t block_size, uint64_t extra_key)
+PrefixIndex::PrefixIndex(int32_t block_size, uint64_t extra_key, uint64_t secret)
     : block_size_(block_size),
-      root_key_(Mix64(extra_key ^ 0x70726566697821ULL)),
-      extra_key_(extra_key) {
+      salt_(extra_key ^ secret),
+      root_key_(Mix64(salt_ ^ 0x70726566697821ULL)) {
   KVD_CACHE_CHECK(block_size > 0, "block_size must be positive");
+}
+
+uint64_t PrefixIndex::RandomSecret() {
+  // Falling back to a fixed secret would let clients craft colliding keys again, so no
+  // entropy source is fatal (random_device throws only then).
+  try {
+    std::random_device entropy;
+    return (uint64_t{entropy()} << 32) ^ entropy();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "PrefixIndex: no entropy source for the prefix-key secret: %s\n",
+                 e.what());
+    std::abort();
+  }
 }
 
 uint64_t PrefixIndex::ChildKey(uint64_t parent_key, absl::Span<const int32_t> tokens) const {
   KVD_CACHE_CHECK(static_cast<int32_t>(tokens.size()) == block_size_, "not a full block");
-  uint64_t h = Mix64(parent_key ^ extra_key_);
+  uint64_t h = Mix64(parent_key ^ salt_);
   for (int32_t t : tokens) {
     h = Mix64(h + static_cast<uint32_t>(t) * 0x9e3779b97f4a7c15ULL);
   }
@@ -68,6 +85,16 @@ bool PrefixIndex::Insert(BlockId b, uint64_t key, uint64_t parent_key,
   has_key_[b] = 1;
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<size_t>(b) * block_size_);
   return true;
+}
+
+PrefixIndex::KeyClaim PrefixIndex::Claim(BlockId b, uint64_t key, uint64_t parent_key,
+                                         absl::Span<const int32_t> tokens) {
+  if (Insert(b, key, parent_key, tokens)) return KeyClaim::kInserted;
+  const std::optional<BlockId> holder = Find(key, parent_key, tokens);
+  if (!holder.has_value()) return KeyClaim::kCollision;
+  if (*holder == b) return KeyClaim::kHeld;
+  // b is keyed for another prefix, so its KV is not this prefix's to vouch for.
+  return HasKey(b) ? KeyClaim::kCollision : KeyClaim::kDuplicate;
 }
 
 void PrefixIndex::Remove(BlockId b) {

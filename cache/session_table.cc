@@ -29,7 +29,7 @@ absl::StatusOr<Session*> SessionTable::Attach(std::string_view id) {
         absl::StrCat("session \"", Key(id), "\" is in use by another running request"));
   }
   detached_.erase({s.last_use, s.id});
-  num_pinned_blocks_ -= static_cast<int64_t>(s.chain.size());
+  Unpin(s.chain);
   s.attached = true;
   return &s;
 }
@@ -43,9 +43,20 @@ bool SessionTable::Detach(std::string_view id, uint64_t serial, std::vector<Bloc
   s.chain = std::move(chain);
   s.tokens = std::move(tokens);
   s.last_use = clock_->Now();
-  num_pinned_blocks_ += static_cast<int64_t>(s.chain.size());
+  Pin(s.chain);
   detached_.insert({s.last_use, s.id});
   return true;
+}
+
+void SessionTable::Pin(const std::vector<BlockId>& chain) {
+  for (BlockId b : chain) ++pins_[b];
+}
+
+void SessionTable::Unpin(const std::vector<BlockId>& chain) {
+  for (BlockId b : chain) {
+    auto it = pins_.find(b);
+    if (--it->second == 0) pins_.erase(it);
+  }
 }
 
 SessionTable::Released SessionTable::Forget(std::string id, SessionReleaseReason reason) {
@@ -54,7 +65,7 @@ SessionTable::Released SessionTable::Forget(std::string id, SessionReleaseReason
   Released r{s.id, {}, reason};
   if (!s.attached) {
     detached_.erase({s.last_use, s.id});
-    num_pinned_blocks_ -= static_cast<int64_t>(s.chain.size());
+    Unpin(s.chain);
     r.chain = std::move(s.chain);
   }
   sessions_.erase(it);
@@ -72,10 +83,22 @@ std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
 
 std::vector<SessionTable::Released> SessionTable::EnforcePinCap(int64_t max_pinned_blocks) {
   std::vector<Released> out;
-  while (num_pinned_blocks_ > max_pinned_blocks && !detached_.empty()) {
+  while (num_pinned_blocks() > max_pinned_blocks && !detached_.empty()) {
     out.push_back(Forget(detached_.begin()->second, SessionReleaseReason::kPinCap));
   }
   return out;
+}
+
+std::optional<SessionTable::Released> SessionTable::ReleaseOldest(SessionReleaseReason reason) {
+  if (detached_.empty()) return std::nullopt;
+  return Forget(detached_.begin()->second, reason);
+}
+
+std::optional<SessionTable::Released> SessionTable::Release(std::string_view id, uint64_t serial,
+                                                            SessionReleaseReason reason) {
+  auto it = sessions_.find(Key(id));
+  if (it == sessions_.end() || it->second.serial != serial) return std::nullopt;
+  return Forget(it->second.id, reason);
 }
 
 std::optional<SessionTable::Released> SessionTable::Close(std::string_view id) {
@@ -94,6 +117,13 @@ void SessionTable::ForEach(const std::function<void(const Session&)>& fn) const 
 }
 
 void SessionTable::RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves) {
+  absl::flat_hash_map<BlockId, int32_t> pins;
+  pins.reserve(pins_.size());
+  for (const auto& [b, count] : pins_) {
+    auto it = moves.find(b);
+    pins[it == moves.end() ? b : it->second] += count;
+  }
+  pins_ = std::move(pins);
   for (auto& [id, s] : sessions_) {
     for (BlockId& b : s.chain) {
       auto it = moves.find(b);

@@ -18,8 +18,11 @@
 
 namespace kvd {
 
-// Why a session's pinned chain was let go.
-enum class SessionReleaseReason { kIdle, kPinCap, kClosed };
+// Why a session's pinned chain was let go: idle past the timeout, over the pin cap, closed by
+// the client, or for room (the pool could not otherwise supply a running sequence, or the
+// session's own turn was preempted).
+enum class SessionReleaseReason { kIdle, kPinCap, kClosed, kPressure };
+inline constexpr int kNumSessionReleaseReasons = 4;
 
 // One multi-turn session: between turns it pins the block chain that holds the KV of its
 // history so the next turn only prefills new tokens.
@@ -63,12 +66,21 @@ class SessionTable {
   std::vector<Released> ExpireIdle();
   // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned.
   std::vector<Released> EnforcePinCap(int64_t max_pinned_blocks);
+  // The oldest detached session, released for `reason`; nullopt when none is detached.
+  std::optional<Released> ReleaseOldest(SessionReleaseReason reason);
+  // Session `id` if it is still the one numbered `serial`, released for `reason` (attached
+  // or not: an attached one gives back no chain, its sequence holds the blocks); nullopt
+  // when it was released or re-created meanwhile.
+  std::optional<Released> Release(std::string_view id, uint64_t serial,
+                                  SessionReleaseReason reason);
   // nullopt for an unknown id. An attached session is forgotten at once; its sequence
   // later frees its blocks as if it had no session.
   std::optional<Released> Close(std::string_view id);
 
   const Session* Find(std::string_view id) const;
-  int64_t num_pinned_blocks() const { return num_pinned_blocks_; }
+  // Distinct blocks the detached sessions pin (two sessions that reached the same prefix
+  // through the prefix index may pin the same blocks; each counts once).
+  int64_t num_pinned_blocks() const { return static_cast<int64_t>(pins_.size()); }
   int32_t num_sessions() const { return static_cast<int32_t>(sessions_.size()); }
   absl::Duration idle_timeout() const { return idle_timeout_; }
   void ForEach(const std::function<void(const Session&)>& fn) const;
@@ -77,11 +89,14 @@ class SessionTable {
 
  private:
   Released Forget(std::string id, SessionReleaseReason reason);
+  void Pin(const std::vector<BlockId>& chain);
+  void Unpin(const std::vector<BlockId>& chain);
 
   const Clock* const clock_;
   const absl::Duration idle_timeout_;
   uint64_t next_serial_ = 1;
-  int64_t num_pinned_blocks_ = 0;
+  // Pinned block -> detached sessions whose chain holds it.
+  absl::flat_hash_map<BlockId, int32_t> pins_;
   absl::flat_hash_map<std::string, Session> sessions_;
   // Detached sessions by last use: expiry and the pin cap take the oldest first.
   std::set<std::pair<absl::Time, std::string>> detached_;

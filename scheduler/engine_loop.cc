@@ -81,6 +81,22 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
         max_blocks_));
   }
 
+  // Every accepted request can run to its end alone, so none is cut short for want of
+  // memory: its prompt and all but its last token (whose KV is never computed) fit the pool.
+  const int64_t kv_tokens =
+      std::min<int64_t>(static_cast<int64_t>(request.prompt.size()) + request.max_tokens - 1,
+                        spec.max_context_tokens);
+  if (cache_->layout().BlocksForTokens(kv_tokens) > max_blocks_) {
+    absl::MutexLock lock(&mu_);
+    ++published_.requests_rejected;
+    const int64_t pool_tokens = max_blocks_ * cache_->block_size();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_tokens: ", request.max_tokens, " with a ", request.prompt.size(),
+                     "-token prompt needs KV for up to ", kv_tokens,
+                     " tokens; the whole pool holds ", pool_tokens, " (max_tokens <= ",
+                     pool_tokens - static_cast<int64_t>(request.prompt.size()) + 1, " fits)"));
+  }
+
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt;
   seq->sampler.emplace(request.sampling);

@@ -64,7 +64,8 @@ class EngineLoop {
 
   // Queues a request; its events go to `on_event`. Errors, with nothing queued:
   // InvalidArgument (bad fields, naming the field and allowed range), ResourceExhausted
-  // (the waiting queue is full, or the prompt alone cannot fit the whole pool),
+  // (the waiting queue is full, or the prompt, or the prompt with max_tokens, cannot fit the
+  // whole pool: an accepted request can always run to its end alone),
   // Unavailable (draining or stopped). Returns an engine-wide request handle.
   absl::StatusOr<uint64_t> Submit(Request request, StreamCallback on_event);
   // Cancels a request; its blocks are freed within one step and it gets a final event

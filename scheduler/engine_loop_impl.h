@@ -45,13 +45,16 @@ class EngineLoop::Impl {
 
   void ThreadMain();
   // --- engine thread (engine_step.cc) ---
-  // One step; false when there was nothing to run.
+  // One step; false when the engine holds no request (nothing ran and nothing is left).
   bool Step();
   void DrainIngress();
   void ExpireDeadlines();
   bool Admissible(const Sequence& candidate) const;
   int64_t TargetBlocks(const Sequence& s) const;
-  bool Admit(Sequence& s);
+  enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom };
+  // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on
+  // kSessionBusy or kNoRoom nothing of it stays in the cache.
+  AdmitResult Admit(Sequence& s, int32_t budget, int32_t& n);
   // Frees the victim's blocks and requeues it for recompute.
   void Preempt(Sequence* victim);
   void HandleToken(Sequence& s, int32_t token);
@@ -87,7 +90,7 @@ class EngineLoop::Impl {
 
   // Engine thread only.
   std::vector<SeqPtr> waiting_;  // priority desc, then handle asc (FCFS)
-  std::vector<SeqPtr> running_;  // admission order
+  std::vector<SeqPtr> running_;  // priority desc, then admission order (sorted each step)
   OutputLengthPredictor predictor_;
   EngineStats stats_;
   int64_t admit_counter_ = 0;

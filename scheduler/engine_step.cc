@@ -102,12 +102,19 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
   return committed + TargetBlocks(candidate) - cached_blocks <= cache_->NumObtainableBlocks();
 }
 
-bool EngineLoop::Impl::Admit(Sequence& s) {
+EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budget, int32_t& n) {
   absl::StatusOr<int32_t> cached =
       cache_->AddSequence(static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
-  if (!cached.ok()) return false;  // e.g. its session is busy with another turn: wait
-  s.in_cache = true;
+  // FailedPrecondition: another turn of its session is running; it waits for that one.
+  if (!cached.ok()) return AdmitResult::kSessionBusy;
   s.num_computed = *cached;
+  n = std::min({s.pending(), budget, options_.prefill_chunk_tokens});
+  if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
+    cache_->Free(static_cast<SeqId>(s.handle));
+    s.num_computed = 0;
+    return AdmitResult::kNoRoom;
+  }
+  s.in_cache = true;
   s.admit_order = ++admit_counter_;
   if (!s.scheduled_once) {
     s.scheduled_once = true;
@@ -116,15 +123,12 @@ bool EngineLoop::Impl::Admit(Sequence& s) {
   }
   stats_.computed_prompt_tokens +=
       std::max<int64_t>(0, static_cast<int64_t>(s.request.prompt.size()) - *cached);
-  return true;
+  return AdmitResult::kAdmitted;
 }
 
 void EngineLoop::Impl::Preempt(Sequence* victim) {
-  if (!victim->request.session_id.empty()) {
-    // Unpin, so the victim's blocks really return to the pool.
-    (void)cache_->CloseSession(victim->request.session_id);
-  }
-  cache_->Free(static_cast<SeqId>(victim->handle));
+  // Its session (if still its own) goes too, so the victim's blocks really return to the pool.
+  cache_->FreeForRecompute(static_cast<SeqId>(victim->handle));
   victim->in_cache = false;
   victim->num_computed = 0;
   ++victim->usage.num_preemptions;
@@ -153,8 +157,15 @@ bool EngineLoop::Impl::Step() {
   std::vector<std::pair<Sequence*, int32_t>> plan;  // (sequence, tokens fed this step)
   int32_t budget = options_.max_num_batched_tokens;
 
-  // Running sequences first, oldest admission first. A sequence that cannot get its
-  // slots preempts the lowest-priority, most recently admitted one not yet planned.
+  // Running sequences first, highest priority first, then oldest admission. A sequence that
+  // cannot get its slots preempts the lowest-priority, most recently admitted one not yet
+  // planned: in this order, the last one.
+  std::stable_sort(running_.begin(), running_.end(), [](const SeqPtr& a, const SeqPtr& b) {
+    if (a->request.priority != b->request.priority) {
+      return a->request.priority > b->request.priority;
+    }
+    return a->admit_order < b->admit_order;
+  });
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* s = running_[i].get();
     const int32_t n = std::min({s->pending(), budget, options_.prefill_chunk_tokens});
@@ -187,21 +198,23 @@ bool EngineLoop::Impl::Step() {
     ++i;
   }
 
-  // Then waiting requests, as admission allows.
+  // Then waiting requests in their order, as admission allows: the first that does not fit
+  // ends admission (nothing jumps the queue for memory), but one whose session is busy with
+  // another running turn keeps its place and lets the ones behind it by.
   RemoveFinished();
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < options_.max_batch_size) {
-    Sequence& s = *waiting_.front();
-    if (s.finished()) break;
-    if (!Admissible(s) || !Admit(s)) break;
-    const int32_t n = std::min({s.pending(), budget, options_.prefill_chunk_tokens});
-    if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
-      cache_->Free(static_cast<SeqId>(s.handle));
-      s.in_cache = false;
-      break;
+  for (size_t k = 0; k < waiting_.size() && budget > 0 &&
+                     static_cast<int32_t>(running_.size()) < options_.max_batch_size;) {
+    Sequence& s = *waiting_[k];
+    if (!Admissible(s)) break;
+    int32_t n = 0;
+    const AdmitResult admitted = Admit(s, budget, n);
+    if (admitted == AdmitResult::kSessionBusy) {
+      ++k;
+      continue;
     }
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.erase(waiting_.begin());
+    if (admitted == AdmitResult::kNoRoom) break;
+    running_.push_back(std::move(waiting_[k]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(k));
     plan.emplace_back(&s, n);
     budget -= n;
   }
@@ -241,7 +254,9 @@ bool EngineLoop::Impl::Step() {
   RemoveFinished();
   cache_->Tick();
   PublishStats();
-  return !plan.empty();
+  // Each step with requests in hand runs a batch or finishes one (the head it cannot admit
+  // alone), so holding any means there is more to do.
+  return !plan.empty() || !waiting_.empty() || !running_.empty();
 }
 
 void EngineLoop::Impl::HandleToken(Sequence& s, int32_t token) {
@@ -280,7 +295,9 @@ void EngineLoop::Impl::HandleToken(Sequence& s, int32_t token) {
 void EngineLoop::Impl::Finish(Sequence& s, FinishReason reason, absl::Status error) {
   if (s.finished()) return;
   if (s.decoder && !s.stop->stopped()) {
-    s.unsent_text += s.stop->Push(s.decoder->Flush()) + s.stop->Flush();
+    // In this order: the held partial character comes after the text the matcher holds.
+    s.unsent_text += s.stop->Push(s.decoder->Flush());
+    s.unsent_text += s.stop->Flush();
   }
   if (s.in_cache) {
     cache_->Free(static_cast<SeqId>(s.handle));

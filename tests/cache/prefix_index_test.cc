@@ -8,19 +8,19 @@ namespace kvd {
 namespace {
 
 TEST(PrefixIndexTest, KeysChainSoEqualBlocksUnderDifferentParentsDiffer) {
-  PrefixIndex index(4, /*extra_key=*/7);
+  PrefixIndex index(4, /*extra_key=*/7, /*secret=*/0);
   const std::vector<int32_t> a = {1, 2, 3, 4}, b = {5, 6, 7, 8};
   const uint64_t ka = index.ChildKey(index.root_key(), a);
   const uint64_t kb = index.ChildKey(index.root_key(), b);
   EXPECT_NE(index.ChildKey(ka, b), index.ChildKey(kb, b));
   EXPECT_NE(index.ChildKey(ka, b), kb);
   EXPECT_EQ(index.ChildKey(ka, b), index.ChildKey(ka, b));
-  PrefixIndex other_model(4, /*extra_key=*/8);
+  PrefixIndex other_model(4, /*extra_key=*/8, /*secret=*/0);
   EXPECT_NE(other_model.ChildKey(other_model.root_key(), a), ka);
 }
 
 TEST(PrefixIndexTest, FindVerifiesParentAndTokens) {
-  PrefixIndex index(4, 0);
+  PrefixIndex index(4, 0, 0);
   const std::vector<int32_t> a = {1, 2, 3, 4};
   const uint64_t k = index.ChildKey(index.root_key(), a);
   ASSERT_TRUE(index.Insert(9, k, index.root_key(), a));
@@ -32,7 +32,7 @@ TEST(PrefixIndexTest, FindVerifiesParentAndTokens) {
 }
 
 TEST(PrefixIndexTest, KeysAreWriteOnce) {
-  PrefixIndex index(4, 0);
+  PrefixIndex index(4, 0, 0);
   const std::vector<int32_t> a = {1, 2, 3, 4}, b = {4, 3, 2, 1};
   const uint64_t ka = index.ChildKey(index.root_key(), a);
   const uint64_t kb = index.ChildKey(index.root_key(), b);
@@ -45,7 +45,7 @@ TEST(PrefixIndexTest, KeysAreWriteOnce) {
 }
 
 TEST(PrefixIndexTest, RemoveAndRebindFollowTheBlock) {
-  PrefixIndex index(2, 0);
+  PrefixIndex index(2, 0, 0);
   const std::vector<int32_t> a = {1, 2};
   const uint64_t k = index.ChildKey(index.root_key(), a);
   ASSERT_TRUE(index.Insert(100, k, index.root_key(), a));

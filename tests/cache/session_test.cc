@@ -1,6 +1,8 @@
 // Multi-turn sessions through KvCacheManager and SessionTable.
 
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "cache/clock.h"
@@ -124,6 +126,76 @@ TEST_F(SessionTest, ClosingARunningSessionLetsItsSequenceFreeNormally) {
   ExpectValid(*m);
 }
 
+TEST_F(SessionTest, IdlePinsGiveWayToASequenceThatNeedsTheRoom) {
+  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks of 4 tokens
+  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: 4 of 8 pinned
+  // 6 blocks: more than the 4 free, fewer than the pool. The oldest session gives way.
+  ASSERT_TRUE(m->AddSequence(3, Iota(24, 300)).ok());
+  ASSERT_TRUE(Step(*m, 3, 24));
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.session_releases_pressure, 1);
+  EXPECT_EQ(st.pinned_blocks, 2);
+  EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
+  ExpectValid(*m);
+  // 3 more than the 2 left even with "b" gone: "b" goes, and still nothing is taken.
+  ASSERT_TRUE(m->AddSequence(4, Iota(12, 400)).ok());
+  EXPECT_FALSE(m->Reserve(4, 12));
+  EXPECT_TRUE(m->BlockIds(4).empty());
+  st = m->stats();
+  EXPECT_EQ(st.session_releases_pressure, 2);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  ExpectValid(*m);
+  EXPECT_TRUE(m->Reserve(4, 8));  // what fits
+  ExpectValid(*m);
+}
+
+TEST_F(SessionTest, PinnedBlocksCountOnceWhenSessionsShareAPrefix) {
+  auto m = Make(TinyOptions());
+  Turn(*m, 1, Iota(8), 0, "a", 0);   // 2 full blocks, keyed
+  Turn(*m, 2, Iota(12), 0, "b", 8);  // finds both through the prefix index, adds a third
+  // "a" pins blocks {x, y}, "b" pins {x, y, z}: 3 distinct blocks, not 5.
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 3);
+  EXPECT_LE(st.pinned_blocks, st.used_blocks);
+  ExpectValid(*m);
+  ASSERT_TRUE(m->CloseSession("a").ok());
+  EXPECT_EQ(m->stats().pinned_blocks, 3);  // "b" still pins all three
+  ASSERT_TRUE(m->CloseSession("b").ok());
+  EXPECT_EQ(m->stats().pinned_blocks, 0);
+  ExpectValid(*m);
+}
+
+TEST_F(SessionTest, FreeForRecomputeReleasesTheSequencesOwnSessionOnly) {
+  auto m = Make(TinyOptions());
+  // Its own session goes with it: nothing of a preempted turn stays pinned.
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 9));
+  m->FreeForRecompute(1);
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(st.session_releases_pressure, 1);
+  ExpectValid(*m);
+  // A session closed and re-created by another request while it ran is not its own.
+  ASSERT_TRUE(m->AddSequence(2, Iota(9, 200), "chat").ok());
+  ASSERT_TRUE(Step(*m, 2, 9));
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  ASSERT_TRUE(m->AddSequence(3, Iota(5, 500), "chat").ok());
+  ASSERT_TRUE(Step(*m, 3, 5));
+  m->FreeForRecompute(2);
+  EXPECT_EQ(m->stats().session_releases_pressure, 1);
+  m->Free(3);
+  st = m->stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_EQ(st.pinned_blocks, 2);  // the new "chat" keeps its 5 tokens
+  ExpectValid(*m);
+}
+
 TEST_F(SessionTest, PinCapDemotesTheOldestSessionsFirst) {
   KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
   o.max_pinned_fraction = 0.5;           // 4 pinned blocks
@@ -182,17 +254,44 @@ TEST(SessionTableTest, AttachDetachExpireByTheInjectedClock) {
   EXPECT_EQ(t.Find("x"), nullptr);
 }
 
+TEST(SessionTableTest, ABlockPinnedByTwoSessionsCountsOnceUntilBothLetGo) {
+  FakeClock clock;
+  SessionTable t(&clock, absl::Seconds(30));
+  const uint64_t a = (*t.Attach("a"))->serial;
+  ASSERT_TRUE(t.Detach("a", a, {1, 2, 3}, {0, 0, 0, 0, 0}));
+  const uint64_t b = (*t.Attach("b"))->serial;
+  ASSERT_TRUE(t.Detach("b", b, {1, 2, 4}, {0, 0, 0, 0, 0}));
+  EXPECT_EQ(t.num_pinned_blocks(), 4);
+  t.RemapBlocks({{2, 7}, {4, 2}});  // defragmentation moved two of them
+  EXPECT_EQ(t.num_pinned_blocks(), 4);
+  ASSERT_TRUE(t.Attach("a").ok());  // "a"'s turn takes its chain back: 1 and 7 stay pinned
+  EXPECT_EQ(t.num_pinned_blocks(), 3);
+  std::optional<SessionTable::Released> r = t.ReleaseOldest(SessionReleaseReason::kPressure);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->id, "b");
+  EXPECT_EQ(r->chain, (std::vector<BlockId>{1, 7, 2}));
+  EXPECT_EQ(t.num_pinned_blocks(), 0);
+  EXPECT_FALSE(t.ReleaseOldest(SessionReleaseReason::kPressure).has_value());
+  // Release by serial: only the session still numbered so.
+  EXPECT_FALSE(t.Release("a", a + 100, SessionReleaseReason::kPressure).has_value());
+  EXPECT_TRUE(t.Release("a", a, SessionReleaseReason::kPressure).has_value());
+  EXPECT_EQ(t.Find("a"), nullptr);
+}
+
 TEST(SessionTableTest, PinCapTakesTheLeastRecentlyUsedFirst) {
   FakeClock clock;
   SessionTable t(&clock, absl::Seconds(30));
-  for (const char* id : {"a", "b", "c"}) {
+  const std::vector<std::pair<const char*, std::vector<BlockId>>> chains = {
+      {"a", {1, 2}}, {"b", {3, 4}}, {"c", {5, 6}}};
+  for (const auto& [id, chain] : chains) {
     const uint64_t serial = (*t.Attach(id))->serial;
-    ASSERT_TRUE(t.Detach(id, serial, {1, 2}, {0, 0, 0, 0, 0}));
+    ASSERT_TRUE(t.Detach(id, serial, chain, {0, 0, 0, 0, 0}));
     clock.Advance(absl::Seconds(1));
   }
   // "a" comes back and goes again: now "b" is the oldest.
   const uint64_t serial = (*t.Attach("a"))->serial;
   ASSERT_TRUE(t.Detach("a", serial, {1, 2}, {0, 0, 0, 0, 0}));
+  EXPECT_EQ(t.num_pinned_blocks(), 6);
   std::vector<SessionTable::Released> r = t.EnforcePinCap(3);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].id, "b");

@@ -206,6 +206,94 @@ TEST_F(EngineLoopTest, HigherPriorityRunsFirst) {
   EXPECT_EQ(l->order, 1);
 }
 
+TEST_F(EngineLoopTest, PreemptionTakesTheLowerPriorityRequest) {
+  // 7 blocks (112 tokens) hold either request, not both; prompt-only admission lets both in,
+  // so the pool runs out as they grow. The later, higher-priority one, whose longer prompt
+  // puts it a block ahead, is the one that finds it full: it keeps running and the
+  // lower-priority one, planned before it in admission order, is preempted.
+  MakeCache(1, 7);
+  MakeEngine({.admission = AdmissionMode::kOptimistic});
+  Request low = Greedy(0);
+  low.max_tokens = 100;
+  Request high = Greedy(10);  // a 32-token prompt
+  high.max_tokens = 60;
+  high.priority = 10;
+  Stream* h = nullptr;
+  streams_.push_back(std::make_unique<Stream>());
+  Stream* l = streams_.back().get();
+  ASSERT_TRUE(engine_
+                  ->Submit(low,
+                           [&](const StreamEvent& e) {
+                             l->tokens.insert(l->tokens.end(), e.token_ids.begin(),
+                                              e.token_ids.end());
+                             if (e.finished) {
+                               l->finished = true;
+                               l->usage = e.usage;
+                               l->order = finished_++;
+                             }
+                             if (h == nullptr) h = Submit(high);  // after low's first token
+                           })
+                  .ok());
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(l->finished);
+  ASSERT_NE(h, nullptr);
+  ASSERT_TRUE(h->finished);
+  EXPECT_EQ(h->usage.num_preemptions, 0);
+  EXPECT_GE(l->usage.num_preemptions, 1);
+  EXPECT_EQ(h->tokens,
+            std::vector<int32_t>(golden_[10].output.begin(), golden_[10].output.begin() + 60));
+  EXPECT_EQ(l->tokens,
+            std::vector<int32_t>(golden_[0].output.begin(), golden_[0].output.begin() + 100));
+  EXPECT_LT(h->order, l->order);
+}
+
+TEST_F(EngineLoopTest, ABusySessionLetsTheRequestsBehindItBy) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request first = Greedy(0);
+  first.max_tokens = 100;
+  first.session_id = "s";
+  Request second = Greedy(1);  // the same session: waits for the first turn to end
+  second.max_tokens = 5;
+  second.session_id = "s";
+  Request other = Greedy(2);  // no session: nothing to wait for
+  other.max_tokens = 5;
+  Stream* a = Submit(first);
+  Stream* b = Submit(second);
+  Stream* c = Submit(other);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(c->order, 0);
+  EXPECT_EQ(a->order, 1);
+  EXPECT_EQ(b->order, 2);
+  EXPECT_EQ(c->tokens,
+            std::vector<int32_t>(golden_[2].output.begin(), golden_[2].output.begin() + 5));
+}
+
+TEST_F(EngineLoopTest, IdleSessionPinsGiveWayToARequestThatNeedsTheRoom) {
+  MakeCache(16, 1);  // 16 blocks of 16 tokens; at most half of them pinned
+  MakeEngine();
+  Request turn = Greedy(1);
+  turn.max_tokens = 100;
+  turn.session_id = "s";
+  Submit(turn);
+  engine_->RunUntilIdle();
+  const int64_t pinned = cache_->stats().pinned_blocks;
+  ASSERT_GT(pinned, 16 - 13);  // what follows cannot fit beside them
+  Request big = Greedy(0);
+  big.prompt.assign(200, 300);  // 13 blocks with its output
+  big.max_tokens = 8;
+  Stream* s = Submit(big);
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(s->finished);
+  EXPECT_TRUE(s->error.ok()) << s->error;
+  EXPECT_EQ(s->reason, FinishReason::kLength);
+  EXPECT_EQ(s->tokens.size(), 8u);
+  const KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.session_releases_pressure, 1);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
 TEST_F(EngineLoopTest, StopStringsAreNeverStreamedInPart) {
   MakeCache(64, 4);
   MakeEngine();
@@ -248,13 +336,29 @@ TEST_F(EngineLoopTest, RejectsWhatCanNeverRun) {
   bad = Greedy(0);
   bad.sampling.top_p = 2;
   EXPECT_THAT(engine_->Submit(bad, nullptr).status().message(), HasSubstr("top_p"));
-  ASSERT_TRUE(engine_->Submit(Greedy(0), nullptr).ok());
-  ASSERT_TRUE(engine_->Submit(Greedy(1), nullptr).ok());
-  EXPECT_EQ(engine_->Submit(Greedy(2), nullptr).status().code(),
+  // A prompt that fits, with more output than the rest of the pool can hold: it could only
+  // be cut short, so it is refused up front. The KV of every token but the last is kept.
+  Request fits = Greedy(0);
+  const int32_t prompt = static_cast<int32_t>(fits.prompt.size());
+  ASSERT_LT(prompt, 128);
+  fits.max_tokens = 128 - prompt + 1;
+  Request too_long = fits;
+  ++too_long.max_tokens;
+  s = engine_->Submit(too_long, nullptr);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr(absl::StrCat("max_tokens: ", too_long.max_tokens,
+                                                           " with a ", prompt, "-token prompt")));
+  EXPECT_THAT(s.status().message(), HasSubstr(absl::StrCat("max_tokens <= ", fits.max_tokens)));
+  EXPECT_EQ(engine_->Stats().requests_rejected, 2);
+  ASSERT_TRUE(engine_->Submit(fits, nullptr).ok());
+  Request other = Greedy(1);
+  other.max_tokens = 8;
+  ASSERT_TRUE(engine_->Submit(other, nullptr).ok());
+  EXPECT_EQ(engine_->Submit(other, nullptr).status().code(),
             absl::StatusCode::kResourceExhausted);  // queue full
   engine_->BeginDrain();
   engine_->RunUntilIdle();
-  EXPECT_EQ(engine_->Submit(Greedy(2), nullptr).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->Submit(other, nullptr).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(EngineLoopTest, SessionKeepsKvBetweenTurnsAndReleasesItWhenIdle) {

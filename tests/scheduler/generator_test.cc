@@ -4,17 +4,18 @@
 
 #include "scheduler/generator.h"
 
-#include <fstream>
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "cache/clock.h"
 #include "kernels/cpu_backend.h"
 #include "model/llama2c_loader.h"
+#include "tests/cache/fake_backend.h"
 #include "tools/engine_setup.h"
 
 namespace kvd {
@@ -109,6 +110,39 @@ TEST_F(GeneratorTest, RejectsBadRequestsAndFreesEverything) {
   auto ok = gen.Run({golden_[1].request, golden_[3].request});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)[0].output, golden_[1].output);
+}
+
+TEST_F(GeneratorTest, RunReturnsOnlyOnceEveryRequestHasFinished) {
+  // KV memory that cannot grow past its first chunk of 8 blocks: a prompt that needs more is
+  // aborted when its blocks cannot be had. The request behind it still runs to its end
+  // before Run returns the error (its callbacks point into Run's frame).
+  FakeBackend arena_memory;
+  const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
+  const int64_t block_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes();
+  KvCacheOptions o;
+  o.chunk_bytes = block_bytes * 8;
+  o.initial_pool_bytes = o.chunk_bytes;
+  o.max_pool_bytes = o.chunk_bytes * 4;
+  o.defrag_background_planning = false;
+  auto cache = KvCacheManager::Create(o, shape, &arena_memory, &clock_);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  arena_memory.FailAllocationsAfter(arena_memory.num_allocations());
+  Generator gen(model_.get(), cache->get());
+  GenerationRequest big;
+  big.prompt.assign(200, 300);  // 13 blocks
+  big.max_new_tokens = 4;
+  GenerationRequest small = golden_[2].request;
+  small.max_new_tokens = 20;
+  std::vector<int32_t> small_output;
+  auto results = gen.Run({big, small}, [&](size_t i, int32_t token) {
+    if (i == 1) small_output.push_back(token);
+  });
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small_output,
+            std::vector<int32_t>(golden_[2].output.begin(), golden_[2].output.begin() + 20));
+  const KvCacheStats st = (*cache)->stats();
+  EXPECT_EQ(st.num_sequences, 0);
+  EXPECT_EQ(st.used_blocks, 0);
 }
 
 TEST_F(GeneratorTest, ContextLimitEndsGeneration) {
