@@ -153,8 +153,8 @@ std::vector<ConfigKey> BuildKeys() {
   // model
   keys.push_back(StringKey(
       "model.path", "any path, or empty",
-      "Model to serve: llama2.c .bin, .gguf, HF safetensors directory or synthetic:<preset>; "
-      "empty = the embedded default (stories260K)",
+      "Model to serve: a llama2.c .bin checkpoint or synthetic:<preset> (GGUF and HF "
+      "safetensors are not loaded yet); empty = the embedded default (stories260K)",
       [](auto& c) -> auto& { return c.model.path; }, [](const std::string&) { return true; }));
   keys.push_back(StringKey(
       "model.tokenizer", "any path, or empty", "Tokenizer file; empty = the one beside the model",
@@ -231,7 +231,8 @@ std::vector<ConfigKey> BuildKeys() {
       [](auto& c) -> auto& { return c.kv_cache.session.idle_timeout; }, true));
   keys.push_back(FractionKey(
       "kv_cache_config.session.max_pinned_fraction",
-      "Most of the pool that session pins may hold (oldest unpinned first)",
+      "Most of the pool that session pins may hold (oldest unpinned first; a running request "
+      "that needs the blocks unpins the oldest sessions below it too)",
       [](auto& c) -> auto& { return c.kv_cache.session.max_pinned_fraction; }));
   keys.push_back(BoolKey(
       "kv_cache_config.defrag.enabled",

@@ -121,9 +121,8 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<InferenceConfig> ParseConfigYaml(std::string_view yaml) {
+// ParseConfigYaml without the checks between keys.
+absl::StatusOr<InferenceConfig> ParseUnvalidated(std::string_view yaml) {
   InferenceConfig config;
   try {
     const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
@@ -142,11 +141,11 @@ absl::StatusOr<InferenceConfig> ParseConfigYaml(std::string_view yaml) {
     return absl::InvalidArgumentError(absl::StrCat("invalid YAML at line ", e.mark.line + 1,
                                                    ", column ", e.mark.column + 1, ": ", e.msg));
   }
-  if (absl::Status status = config.Validate(); !status.ok()) return status;
   return config;
 }
 
-absl::StatusOr<InferenceConfig> LoadConfigFile(const std::string& path) {
+// LoadConfigFile without the checks between keys.
+absl::StatusOr<InferenceConfig> LoadUnvalidated(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
@@ -157,21 +156,13 @@ absl::StatusOr<InferenceConfig> LoadConfigFile(const std::string& path) {
   if (file.bad()) {
     return absl::InvalidArgumentError(absl::StrCat("error reading config file '", path, "'"));
   }
-  absl::StatusOr<InferenceConfig> config = ParseConfigYaml(contents.str());
+  absl::StatusOr<InferenceConfig> config = ParseUnvalidated(contents.str());
   if (!config.ok()) return Prefixed(config.status(), absl::StrCat(path, ": "));
   return config;
 }
 
-absl::Status ApplyOverride(InferenceConfig& config, std::string_view dotted_key,
-                           std::string_view value) {
-  if (const ConfigKey* key = FindConfigKey(dotted_key); key != nullptr) {
-    return key->set(config, value);
-  }
-  if (IsConfigSection(dotted_key)) return SectionIsNotAKey(dotted_key, "");
-  return UnknownKey(dotted_key, "");
-}
-
-absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::string> assignments) {
+// ApplyOverrides without the checks between keys.
+absl::Status ApplyAll(InferenceConfig& config, absl::Span<const std::string> assignments) {
   for (const std::string& assignment : assignments) {
     const size_t equals = assignment.find('=');
     if (equals == std::string::npos) {
@@ -186,6 +177,51 @@ absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::strin
       return status;
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<InferenceConfig> ParseConfigYaml(std::string_view yaml) {
+  absl::StatusOr<InferenceConfig> config = ParseUnvalidated(yaml);
+  if (!config.ok()) return config;
+  if (absl::Status status = config->Validate(); !status.ok()) return status;
+  return config;
+}
+
+absl::StatusOr<InferenceConfig> LoadConfigFile(const std::string& path) {
+  absl::StatusOr<InferenceConfig> config = LoadUnvalidated(path);
+  if (!config.ok()) return config;
+  if (absl::Status status = config->Validate(); !status.ok()) {
+    return Prefixed(status, absl::StrCat(path, ": "));
+  }
+  return config;
+}
+
+absl::StatusOr<InferenceConfig> LoadConfig(const std::optional<std::string>& path,
+                                           absl::Span<const std::string> overrides) {
+  InferenceConfig config;
+  if (path.has_value()) {
+    absl::StatusOr<InferenceConfig> loaded = LoadUnvalidated(*path);
+    if (!loaded.ok()) return loaded;
+    config = *std::move(loaded);
+  }
+  if (absl::Status status = ApplyAll(config, overrides); !status.ok()) return status;
+  if (absl::Status status = config.Validate(); !status.ok()) return status;
+  return config;
+}
+
+absl::Status ApplyOverride(InferenceConfig& config, std::string_view dotted_key,
+                           std::string_view value) {
+  if (const ConfigKey* key = FindConfigKey(dotted_key); key != nullptr) {
+    return key->set(config, value);
+  }
+  if (IsConfigSection(dotted_key)) return SectionIsNotAKey(dotted_key, "");
+  return UnknownKey(dotted_key, "");
+}
+
+absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::string> assignments) {
+  if (absl::Status status = ApplyAll(config, assignments); !status.ok()) return status;
   return config.Validate();
 }
 

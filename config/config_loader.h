@@ -1,6 +1,7 @@
 #ifndef KVD_CONFIG_CONFIG_LOADER_H_
 #define KVD_CONFIG_CONFIG_LOADER_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,15 @@ absl::Status ApplyOverride(InferenceConfig& config, std::string_view dotted_key,
 // Applies each "dotted.key=value" in order (as given to `kvd serve --set`), then Validate().
 // Stops at the first error.
 absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::string> assignments);
+
+// The configuration `kvd serve` runs: the defaults, then the file at `path` (none: defaults
+// only), then each override in order, then Validate() once on the result. The file alone need
+// not pass Validate(): an override may complete it (a file's initial_size above the default
+// max_size, with max_size set on the command line). Errors as LoadConfigFile (per-key checks,
+// prefixed with the path) and ApplyOverrides; a failed Validate() names the keys only, since
+// the file and the overrides made the value together.
+absl::StatusOr<InferenceConfig> LoadConfig(const std::optional<std::string>& path,
+                                           absl::Span<const std::string> overrides);
 
 // The whole config as YAML, every key present, in the README's order, values in their
 // canonical spelling (e.g. 16GB, 30s). ParseConfigYaml(DumpConfigYaml(c)) == c for any c

@@ -6,10 +6,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -24,7 +27,12 @@ namespace kvd {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 16 * 1024;
-constexpr int kIoTimeoutMs = 2000;
+// Connections are served one at a time, so each phase of one is bounded as a whole, not per
+// recv/send: a client that trickles a byte now and then must not hold /metrics for long.
+constexpr std::chrono::milliseconds kReadTimeout{2000};
+constexpr std::chrono::milliseconds kWriteTimeout{2000};
+
+using Deadline = std::chrono::steady_clock::time_point;
 
 std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
@@ -59,23 +67,79 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
   return absl::OkStatus();
 }
 
-bool SendAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+// Waits until `fd` is ready for `events` or `deadline` passes; false on timeout or error.
+bool WaitReady(int fd, short events, Deadline deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n > 0) return true;  // readable, writable, or an error/hangup the next call reports
+  }
+}
+
+bool SendAll(int fd, absl::string_view data) {
+  const Deadline deadline = std::chrono::steady_clock::now() + kWriteTimeout;
+  while (!data.empty()) {
+    if (!WaitReady(fd, POLLOUT, deadline)) return false;
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) return false;
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
 }
 
+// `extra_headers`: complete header lines, each ending in \r\n.
 void Reply(int fd, absl::string_view status, absl::string_view content_type, absl::string_view body,
-           bool head_only) {
-  std::string out =
-      absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
-                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
+           bool head_only, absl::string_view extra_headers = "") {
+  std::string out = absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
+                                 "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
+                                 "Connection: close\r\n\r\n");
   if (!head_only) out.append(body.data(), body.size());
   SendAll(fd, out);
+}
+
+// Makes `path` free for a new unix socket: nothing there, or a socket that no server answers
+// on any more (left behind by a run that died), which is removed. Anything else at the path,
+// a regular file, say, or a live server's socket, is never touched: Unavailable naming it.
+absl::Status RemoveStaleSocket(const std::string& path, const std::string& address) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::UnavailableError(Errno(absl::StrCat("cannot listen on ", address, ": ", path)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, ": ", path,
+                     " exists and is not a socket; allowed: a path that does not exist or holds "
+                     "a stale socket"));
+  }
+  // Non-blocking: a live server with a full backlog answers EAGAIN rather than stalling here.
+  const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (probe < 0) return absl::UnavailableError(Errno("socket"));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int rc = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int connect_errno = errno;
+  CloseFd(probe);
+  if (rc == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, ": address in use (a server answers on ", path, ")"));
+  }
+  if (connect_errno != ECONNREFUSED) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, ": ", path, ": ", std::strerror(connect_errno)));
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(
+        Errno(absl::StrCat("cannot remove the stale socket ", path, " for ", address)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -97,7 +161,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     if (fd < 0) return absl::UnavailableError(Errno("socket"));
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, unix_path.data(), unix_path.size());
-    ::unlink(unix_path.c_str());  // a stale socket from an earlier run
+    if (absl::Status s = RemoveStaleSocket(unix_path, address); !s.ok()) {
+      CloseFd(fd);
+      return s;
+    }
     if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       const std::string err = Errno(absl::StrCat("cannot bind ", address));
       CloseFd(fd);
@@ -212,10 +279,8 @@ void HttpServer::Serve() {
 }
 
 void HttpServer::HandleConnection(int fd) {
-  timeval timeout{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   // Read the request head; a GET has no body worth reading.
+  const Deadline deadline = std::chrono::steady_clock::now() + kReadTimeout;
   std::string request;
   char buf[4096];
   while (request.find("\r\n\r\n") == std::string::npos) {
@@ -223,8 +288,15 @@ void HttpServer::HandleConnection(int fd) {
       Reply(fd, "400 Bad Request", "text/plain; charset=utf-8", "request too large\n", false);
       return;
     }
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
+    if (!WaitReady(fd, POLLIN, deadline)) {
+      if (!request.empty()) {
+        Reply(fd, "408 Request Timeout", "text/plain; charset=utf-8",
+              "the request head did not arrive in time\n", false);
+      }
+      return;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) {
       if (request.empty()) return;  // the peer connected and left
       break;                        // tolerate a head cut short: answer what we have
@@ -240,7 +312,8 @@ void HttpServer::HandleConnection(int fd) {
   const std::string& method = parts[0];
   const bool head = method == "HEAD";
   if (method != "GET" && !head) {
-    Reply(fd, "405 Method Not Allowed", "text/plain; charset=utf-8", "only GET and HEAD\n", false);
+    Reply(fd, "405 Method Not Allowed", "text/plain; charset=utf-8", "only GET and HEAD\n", false,
+          "Allow: GET, HEAD\r\n");
     return;
   }
   std::string path = parts[1];

@@ -14,10 +14,15 @@ namespace kvd {
 // A deliberately small HTTP/1.1 server for GET endpoints such as /metrics: one thread
 // accepts connections and answers them one at a time (a scrape takes microseconds), each
 // with `Connection: close`. GET and HEAD of a registered path call its handler; any other
-// path is 404, any other method 405, a malformed or oversized request 400.
+// path is 404, any other method 405 (with `Allow: GET, HEAD`), a malformed or oversized
+// request 400. Because connections take turns, each is bounded as a whole: its request head
+// must arrive within 2 s (else 408, or a silent close if nothing came) and its reply must be
+// taken within 2 s, so a slow or stuck client delays a scrape by seconds, never indefinitely.
 //
 // Listens on "host:port" (IPv4, a host name, or "[v6]:port"; port 0 picks a free port, and
-// address() reports the real one) or "unix:/path".
+// address() reports the real one) or "unix:/path". A socket left at the path by a server
+// that is gone is replaced; a live server's socket, or anything that is not a socket, is
+// left alone and Start fails.
 //
 // Thread safety: handlers run on the server thread and must be thread safe with respect to
 // the rest of the program. Start/Stop are called from one owning thread. The destructor
@@ -31,7 +36,8 @@ class HttpServer {
   using Handler = std::function<Response()>;
 
   // Binds, listens and starts serving `routes` (path -> handler). Errors: InvalidArgument
-  // for a malformed address, Unavailable when the address cannot be bound.
+  // for a malformed address, Unavailable when the address cannot be bound (in use, or a unix
+  // path that holds something other than a stale socket); the message names the address.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
                                                            std::map<std::string, Handler> routes);
 

@@ -83,6 +83,20 @@ bool WriteEvent(const StreamEvent& event, const std::string& request_id,
   return stream->Write(buffer);
 }
 
+// Reads the call's one request message as wire bytes.
+absl::StatusOr<std::string> ReadRequestBytes(
+    grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+  grpc::ByteBuffer raw;
+  if (!stream->Read(&raw)) return absl::InvalidArgumentError("request: no request message sent");
+  std::vector<grpc::Slice> slices;
+  if (!raw.Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable message");
+  std::string wire;
+  for (const grpc::Slice& slice : slices) {
+    wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return wire;
+}
+
 // The status a call ends with once its final event has been written.
 grpc::Status StatusForFinish(FinishReason reason) {
   switch (reason) {
@@ -104,14 +118,23 @@ grpc::Status StatusForFinish(FinishReason reason) {
 InferenceService::InferenceService(EngineLoop* engine, RequestValidator validator,
                                    ServedModelInfo model)
     : engine_(engine), validator_(std::move(validator)), model_(std::move(model)) {
-  // Generate (method 0 of kvd.v1.Inference) reads raw bytes: see the class comment. A
-  // server-streaming call is, from the server's side, a bidi stream with one read.
+  // Generate and CloseSession (methods 0 and 1 of kvd.v1.Inference) read raw bytes: see the
+  // class comment. A server-streaming or unary call is, from the server's side, a bidi stream
+  // with one read.
+  using RawHandler =
+      grpc::internal::BidiStreamingHandler<InferenceService, grpc::ByteBuffer, grpc::ByteBuffer>;
   MarkMethodStreamed(0,
-                     new grpc::internal::BidiStreamingHandler<InferenceService, grpc::ByteBuffer,
-                                                              grpc::ByteBuffer>(
+                     new RawHandler(
                          [](InferenceService* service, grpc::ServerContext* context,
                             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
                            return service->GenerateRaw(context, stream);
+                         },
+                         this));
+  MarkMethodStreamed(1,
+                     new RawHandler(
+                         [](InferenceService* service, grpc::ServerContext* context,
+                            grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                           return service->CloseSessionRaw(context, stream);
                          },
                          this));
 }
@@ -119,20 +142,10 @@ InferenceService::InferenceService(EngineLoop* engine, RequestValidator validato
 grpc::Status InferenceService::GenerateRaw(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
-  grpc::ByteBuffer raw;
-  if (!stream->Read(&raw)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: no GenerateRequest sent");
-  }
-  std::vector<grpc::Slice> slices;
-  if (!raw.Dump(&slices).ok()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: unreadable message");
-  }
-  std::string wire;
-  for (const grpc::Slice& slice : slices) {
-    wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
+  absl::StatusOr<std::string> wire = ReadRequestBytes(stream);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
   v1::GenerateRequest proto;
-  if (absl::Status s = ParseGenerateRequest(wire, &proto); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = ParseGenerateRequest(*wire, &proto); !s.ok()) return ToGrpcStatus(s);
   if (draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is draining; retry elsewhere");
   }
@@ -154,14 +167,19 @@ grpc::Status InferenceService::GenerateRaw(
   absl::Time gave_up_at;
   while (!finished) {
     for (const StreamEvent& event : queue->PopAll(kPollInterval)) {
-      if (event.finished && !event.error.ok()) return ToGrpcStatus(event.error);
+      // A final event that carries an error (the drain timeout stopped the engine, the pool
+      // cannot hold the request) is still written first: the client gets its finish reason
+      // (`aborted`), its usage and the text flushed at the end, then the error status.
       if (!client_gone && !WriteEvent(event, request_id, stream)) {
         client_gone = true;
         gave_up_at = absl::Now();
         engine_->Cancel(*handle);
       }
       if (event.finished) {
-        if (!client_gone) return StatusForFinish(event.finish_reason);
+        if (!client_gone) {
+          return event.error.ok() ? StatusForFinish(event.finish_reason)
+                                  : ToGrpcStatus(event.error);
+        }
         finished = true;
         break;
       }
@@ -182,10 +200,26 @@ grpc::Status InferenceService::GenerateRaw(
   return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
 }
 
-grpc::Status InferenceService::CloseSession(grpc::ServerContext*,
-                                            const v1::CloseSessionRequest* request,
-                                            v1::CloseSessionResponse*) {
-  const std::string& id = request->session_id();
+grpc::Status InferenceService::CloseSessionRaw(
+    grpc::ServerContext*, grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+  absl::StatusOr<std::string> wire = ReadRequestBytes(stream);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
+  v1::CloseSessionRequest request;
+  if (absl::Status s = ParseRequestMessage(*wire, &request); !s.ok()) return ToGrpcStatus(s);
+  if (grpc::Status status = CloseSessionParsed(request); !status.ok()) return status;
+  grpc::ByteBuffer buffer;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<v1::CloseSessionResponse>::Serialize(v1::CloseSessionResponse(),
+                                                                      &buffer, &own_buffer)
+           .ok() ||
+      !stream->Write(buffer)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::CloseSessionParsed(const v1::CloseSessionRequest& request) {
+  const std::string& id = request.session_id();
   const int32_t max_bytes = validator_.limits().max_id_bytes;
   if (id.empty() || static_cast<int64_t>(id.size()) > max_bytes) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -237,6 +271,7 @@ grpc::Status InferenceService::GetCacheStats(grpc::ServerContext*, const v1::Get
   out->set_session_releases_idle(static_cast<uint64_t>(c.session_releases_idle));
   out->set_session_releases_pin_cap(static_cast<uint64_t>(c.session_releases_pin_cap));
   out->set_session_releases_closed(static_cast<uint64_t>(c.session_releases_closed));
+  out->set_session_releases_pressure(static_cast<uint64_t>(c.session_releases_pressure));
   out->set_defrag_moves(static_cast<uint64_t>(c.defrag_moves));
   out->set_preemptions(static_cast<uint64_t>(s.preemptions));
   out->set_requests_waiting(static_cast<uint32_t>(s.requests_waiting));

@@ -33,12 +33,15 @@ struct ServedModelInfo {
 // or whose deadline passes, gets its request cancelled through EngineLoop::Cancel (its
 // blocks are freed within one engine step). Statuses: INVALID_ARGUMENT for bad fields
 // (naming the field), RESOURCE_EXHAUSTED / UNAVAILABLE from admission, CANCELLED,
-// DEADLINE_EXCEEDED; after BeginDrain() new calls get UNAVAILABLE at once.
+// DEADLINE_EXCEEDED; after BeginDrain() new calls get UNAVAILABLE at once. A request the
+// engine ends with an error (stopped at the drain timeout: UNAVAILABLE; the KV pool cannot
+// hold it: RESOURCE_EXHAUSTED) still gets its final message (finish reason `aborted`, usage,
+// the last text) before that status.
 //
-// Generate reads its request as raw bytes (the method is registered "streamed", see
-// InferenceService()), so that a string field that is not UTF-8 is INVALID_ARGUMENT naming
-// the field rather than protobuf's anonymous parse failure. On the wire the method is the
-// ordinary server-streaming Generate.
+// Generate and CloseSession read their requests as raw bytes (the methods are registered
+// "streamed", see InferenceService()), so that a string field that is not UTF-8 is
+// INVALID_ARGUMENT naming the field rather than protobuf's anonymous parse failure. On the
+// wire they are the ordinary server-streaming Generate and unary CloseSession.
 //
 // Thread safe: gRPC calls the handlers concurrently. Does not own the engine (nor the
 // validator's tokenizer); they must outlive the gRPC server this service is registered with.
@@ -54,8 +57,6 @@ class InferenceService final : public v1::Inference::Service {
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
 
-  grpc::Status CloseSession(grpc::ServerContext* context, const v1::CloseSessionRequest* request,
-                            v1::CloseSessionResponse* response) override;
   grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
   grpc::Status GetCacheStats(grpc::ServerContext* context, const v1::GetCacheStatsRequest* request,
@@ -65,6 +66,11 @@ class InferenceService final : public v1::Inference::Service {
   // The Generate handler, on raw bytes (see the class comment).
   grpc::Status GenerateRaw(grpc::ServerContext* context,
                            grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+  // The CloseSession handler, on raw bytes; parses, then calls CloseSessionParsed.
+  grpc::Status CloseSessionRaw(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+  grpc::Status CloseSessionParsed(const v1::CloseSessionRequest& request);
 
   EngineLoop* const engine_;
   const RequestValidator validator_;

@@ -108,7 +108,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counters("kvd_sessions_released", "Sessions whose pins were released, by reason.",
              {{{{"reason", "idle"}}, static_cast<double>(c.session_releases_idle)},
               {{{"reason", "pin_cap"}}, static_cast<double>(c.session_releases_pin_cap)},
-              {{{"reason", "closed"}}, static_cast<double>(c.session_releases_closed)}});
+              {{{"reason", "closed"}}, static_cast<double>(c.session_releases_closed)},
+              {{{"reason", "pressure"}}, static_cast<double>(c.session_releases_pressure)}});
 
   // Defragmentation.
   w.Counter("kvd_defrag_moved_blocks", "KV blocks moved by the defragmenter.",

@@ -1,11 +1,11 @@
 #include "server/prometheus_writer.h"
 
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "config/value_codec.h"
 #include "scheduler/engine_stats.h"
 
 namespace kvd {
@@ -50,12 +50,14 @@ std::string EscapeHelp(absl::string_view help) {
 std::string PrometheusWriter::FormatValue(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  // Counts read as integers ("1000000", where the shortest form would be "1e+06").
   if (value == std::trunc(value) && std::fabs(value) < 9.007199254740992e15) {
     return absl::StrCat(static_cast<int64_t>(value));
   }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.17g", value);
-  return buf;
+  // The shortest text that reads back to the same double: bucket bounds such as 0.1 print
+  // as "0.1", not "0.10000000000000001", so `le` labels match what dashboards query.
+  static const ValueCodec<double> kNumber = NumberCodec();
+  return kNumber.format(value);
 }
 
 std::string PrometheusWriter::EscapeLabelValue(absl::string_view value) {

@@ -20,8 +20,9 @@ using MetricLabels = std::vector<std::pair<std::string, std::string>>;
 // Builds one scrape in the Prometheus text exposition format, version 0.0.4: for every
 // metric family a `# HELP` and a `# TYPE` line, then its samples, one per line:
 //   name{label="value",...} value
-// Values are printed exactly (integers as integers, other numbers with 17 significant
-// digits, +Inf/-Inf/NaN spelled as Prometheus does); label values are escaped (\\, \", \n).
+// Values are printed exactly (integers as integers, other numbers in the shortest form that
+// reads back to the same double, +Inf/-Inf/NaN spelled as Prometheus does); label values are
+// escaped (\\, \", \n).
 //
 // Invariants the writer keeps (CHECK-fails otherwise, since they are programming errors):
 // names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]*, and each family

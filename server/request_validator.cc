@@ -49,16 +49,20 @@ absl::Status CheckTokenIds(absl::string_view field, absl::Span<const uint32_t> i
 }  // namespace
 
 absl::Status ParseGenerateRequest(absl::string_view wire, v1::GenerateRequest* request) {
-  const auto malformed = [] {
-    return absl::InvalidArgumentError(
-        "request: not a valid kvd.v1.GenerateRequest message (malformed protobuf data)");
+  return ParseRequestMessage(wire, request);
+}
+
+absl::Status ParseRequestMessage(absl::string_view wire, google::protobuf::Message* request) {
+  const google::protobuf::Descriptor* descriptor = request->GetDescriptor();
+  const auto malformed = [descriptor] {
+    return absl::InvalidArgumentError(absl::StrCat("request: not a valid ", descriptor->full_name(),
+                                                   " message (malformed protobuf data)"));
   };
   // protobuf refuses a proto3 string that is not UTF-8 without saying which (and logs an
   // error); check the string fields first on the raw fields, which parse without checks.
   // Requests are small next to the work they ask for, so parsing twice costs nothing.
   google::protobuf::UnknownFieldSet fields;
   if (!fields.ParseFromArray(wire.data(), static_cast<int>(wire.size()))) return malformed();
-  const google::protobuf::Descriptor* descriptor = v1::GenerateRequest::descriptor();
   for (int i = 0; i < fields.field_count(); ++i) {
     const google::protobuf::UnknownField& field = fields.field(i);
     if (field.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;

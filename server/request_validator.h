@@ -11,6 +11,10 @@
 #include "model/tokenizer.h"
 #include "scheduler/request.h"
 
+namespace google::protobuf {
+class Message;
+}  // namespace google::protobuf
+
 namespace kvd::v1 {
 class GenerateRequest;  // kvd/v1/kvd.pb.h; kept out of this header on purpose
 }  // namespace kvd::v1
@@ -72,6 +76,10 @@ class RequestValidator {
 // InvalidArgument "prompt: not valid UTF-8 ...". Malformed wire data is InvalidArgument
 // too. Thread safe.
 absl::Status ParseGenerateRequest(absl::string_view wire, v1::GenerateRequest* request);
+
+// The same for any request message (CloseSession's too): a top-level string field that is
+// not UTF-8 is InvalidArgument naming it, malformed data InvalidArgument naming the type.
+absl::Status ParseRequestMessage(absl::string_view wire, google::protobuf::Message* request);
 
 }  // namespace kvd
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
+#include "cache/kv_layout.h"
+#include "config/byte_size.h"
 #include "config/config_enums.h"
 #include "config/config_loader.h"
 #include "config/inference_config.h"
@@ -47,7 +50,9 @@ constexpr char kUsage[] =
     "Prometheus metrics at /metrics. Settings come from FILE (config/README.md lists every\n"
     "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
     "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
-    "the daemon exits 0. On cuda the weights and the KV cache are bf16, synthetic models are\n"
+    "the daemon exits 0; a second SIGTERM/SIGINT during the drain ends it at once (requests\n"
+    "still running end with finish reason aborted) and the daemon exits 0. On cuda the weights and "
+    "the KV cache are bf16, synthetic models are\n"
     "generated in device memory from model.seed, and decode steps replay CUDA graphs.";
 
 // KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
@@ -57,6 +62,9 @@ const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
+
+// How often the drain looks for a second termination signal while requests run on.
+constexpr absl::Duration kDrainSignalPoll = absl::Milliseconds(50);
 
 FlagSet MakeFlags() {
   FlagSet f(kUsage);
@@ -101,12 +109,6 @@ struct ServeSetup {
 };
 
 absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<std::string>& sets) {
-  InferenceConfig config;
-  if (flags.Has("config")) {
-    auto loaded = LoadConfigFile(flags.GetString("config"));
-    if (!loaded.ok()) return loaded.status();
-    config = *std::move(loaded);
-  }
   std::vector<std::string> overrides = sets;
   for (const auto& [flag, key] : {std::pair<const char*, const char*>{"model", "model.path"},
                                   {"device", "model.device"},
@@ -114,8 +116,12 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
                                   {"metrics-address", "server.metrics_address"}}) {
     if (flags.Has(flag)) overrides.push_back(absl::StrCat(key, "=", flags.GetString(flag)));
   }
-  if (absl::Status s = ApplyOverrides(config, overrides); !s.ok()) return s;
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  // Validated once, on the file and the overrides together (config/README.md).
+  absl::StatusOr<InferenceConfig> loaded = LoadConfig(
+      flags.Has("config") ? std::optional<std::string>(flags.GetString("config")) : std::nullopt,
+      overrides);
+  if (!loaded.ok()) return loaded.status();
+  InferenceConfig config = *std::move(loaded);
   auto device = ResolveDevice(Name(config.model.device));
   if (!device.ok()) {
     return absl::Status(device.status().code(),
@@ -133,6 +139,22 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
                      " is not supported by the engine yet; allowed: 0 (off)"));
   }
   return ServeSetup{std::move(config), *device};
+}
+
+const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+// The pool must hold at least one KV block, or the cache's error would name its internal
+// chunk size rather than the key the user set.
+absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
+                                    const KvShape& shape) {
+  auto layout = KvLayout::Create(shape, options.kv_dtype, options.block_size);
+  if (!layout.ok()) return absl::OkStatus();  // KvCacheManager::Create reports it
+  const int64_t block_bytes = layout->block_bytes();
+  if (kv.memory_pool.max_size_bytes >= block_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kv_cache_config.memory_pool.max_size: ", FormatByteSize(kv.memory_pool.max_size_bytes),
+      " is smaller than one KV block of this model (", block_bytes,
+      " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
 }
 
 // `kv_dtype`: the backend's native KV dtype (quantization `none` or its explicit name).
@@ -252,6 +274,9 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   const KvCacheOptions cache_options =
       CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend));
   const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
+  if (absl::Status s = CheckPoolHoldsOneBlock(config.kv_cache, cache_options, shape); !s.ok()) {
+    return s;
+  }
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
     return absl::Status(cache.status().code(),
@@ -284,6 +309,9 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, so a second daemon on the same port would bind too and
+  // split the connections with the first; refusing makes "address in use" a startup error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int grpc_port = 0;
   builder.AddListeningPort(config.server.grpc_address, grpc::InsecureServerCredentials(),
                            &grpc_port);
@@ -291,8 +319,10 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   d.grpc_server = builder.BuildAndStart();
   const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
   if (d.grpc_server == nullptr || (!is_unix && grpc_port == 0)) {
-    return absl::UnavailableError(
-        absl::StrCat("server.grpc_address: cannot listen on '", config.server.grpc_address, "'"));
+    return absl::UnavailableError(absl::StrCat("server.grpc_address: cannot listen on '",
+                                               config.server.grpc_address,
+                                               "' (address in use, or not an address of this "
+                                               "host); allowed: a free host:port or unix:/path"));
   }
   // Overall ("") and per service; SetServingStatus(false) on drain flips both.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(true);
@@ -397,14 +427,26 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
   d.service->BeginDrain();
   d.engine->BeginDrain();
-  out << "kvd: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ": draining (up to "
-      << absl::FormatDuration(drain) << ")\n"
+  out << "kvd: " << SignalName(signal) << ": draining (up to " << absl::FormatDuration(drain)
+      << ")\n"
       << std::flush;
-  const bool idle = d.engine->WaitIdle(drain);
+  // Waits for the engine to go idle, in slices, so that a second signal (an operator who
+  // wants the process gone now) cuts the drain short instead of waiting out drain_timeout.
+  const absl::Time drain_end = absl::Now() + drain;
+  bool idle = false;
+  int second_signal = 0;
+  while (true) {
+    idle = d.engine->WaitIdle(std::min(kDrainSignalPoll, drain_end - absl::Now()));
+    if (idle || absl::Now() >= drain_end) break;
+    second_signal = signals.Wait(absl::ZeroDuration());
+    if (second_signal != 0) break;
+  }
   if (!idle) {
     const EngineStats stats = d.engine->Stats();
-    out << "kvd: drain timeout: aborting " << stats.requests_running + stats.requests_waiting
-        << " requests\n";
+    out << "kvd: "
+        << (second_signal == 0 ? std::string("drain timeout")
+                               : absl::StrCat("second ", SignalName(second_signal)))
+        << ": aborting " << stats.requests_running + stats.requests_waiting << " requests\n";
   }
   d.engine->Stop();  // anything left gets its final (aborted) event
   d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));

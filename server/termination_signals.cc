@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 
@@ -14,7 +15,14 @@ TerminationSignals::TerminationSignals() {
   pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
 }
 
-TerminationSignals::~TerminationSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+TerminationSignals::~TerminationSignals() {
+  // A signal that arrived after the last Wait() (a second SIGTERM during the drain) is still
+  // pending; unblocking would deliver it with the default action and kill a process that is
+  // exiting cleanly. Take them all first.
+  while (Wait(absl::ZeroDuration()) != 0) {
+  }
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
 
 int TerminationSignals::Wait(absl::Duration timeout) {
   while (true) {
@@ -22,7 +30,8 @@ int TerminationSignals::Wait(absl::Duration timeout) {
     if (timeout == absl::InfiniteDuration()) {
       signal = sigwaitinfo(&signals_, nullptr);
     } else {
-      const timespec ts = absl::ToTimespec(timeout);
+      // sigtimedwait refuses a negative time (EINVAL, which would spin here): poll instead.
+      const timespec ts = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
       signal = sigtimedwait(&signals_, nullptr, &ts);
       if (signal < 0 && errno == EAGAIN) return 0;
     }

@@ -13,8 +13,9 @@ namespace kvd {
 // neither interrupt work nor run code in an async-signal context.
 //
 // REQUIRES: constructed before the process starts any other thread (gRPC, the backend's
-// pool), so that no thread is left with the signals unblocked. The destructor restores the
-// previous mask of the constructing thread. Wait() is called from that thread.
+// pool), so that no thread is left with the signals unblocked. The destructor discards the
+// signals still pending (so a late one cannot kill the process as it exits), then restores
+// the previous mask of the constructing thread. Wait() is called from that thread.
 class TerminationSignals {
  public:
   TerminationSignals();
@@ -22,7 +23,8 @@ class TerminationSignals {
   TerminationSignals(const TerminationSignals&) = delete;
   TerminationSignals& operator=(const TerminationSignals&) = delete;
 
-  // Returns the signal (SIGINT or SIGTERM) once one is pending, or 0 after `timeout`.
+  // Returns the signal (SIGINT or SIGTERM) once one is pending, or 0 after `timeout` (a zero
+  // timeout polls).
   int Wait(absl::Duration timeout = absl::InfiniteDuration());
 
  private:

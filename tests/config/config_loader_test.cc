@@ -1,6 +1,9 @@
 #include "config/config_loader.h"
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -273,6 +276,40 @@ TEST(ApplyOverrideTest, OverridesWinOverTheFile) {
   EXPECT_EQ(config->kv_cache.quantization, KvQuantization::kBF16);
   EXPECT_EQ(config->kv_cache.max_batch_size, 4);
   EXPECT_EQ(config->kv_cache.memory_pool.max_size_bytes, 32'000'000'000);
+}
+
+// config/README.md: file, then overrides, then Validate() once on the result.
+TEST(LoadConfigTest, ValidatesTheFileAndTheOverridesTogether) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/load_config_test.yaml");
+  std::ofstream(path) << "kv_cache_config:\n  memory_pool:\n    initial_size: 16GiB\n";
+  // Alone the file is invalid (16GiB above the default max_size of 8GiB)...
+  EXPECT_THAT(Message(LoadConfigFile(path).status()), HasSubstr("initial_size"));
+  // ...which the override repairs.
+  const std::vector<std::string> bigger = {"kv_cache_config.memory_pool.max_size=32GiB"};
+  absl::StatusOr<InferenceConfig> config = LoadConfig(path, bigger);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->kv_cache.memory_pool.initial_size_bytes, int64_t{16} << 30);
+  EXPECT_EQ(config->kv_cache.memory_pool.max_size_bytes, int64_t{32} << 30);
+
+  // The other way round: a valid file that an override breaks fails, naming the keys.
+  const std::vector<std::string> smaller = {"kv_cache_config.memory_pool.max_size=32GiB",
+                                            "kv_cache_config.memory_pool.initial_size=64GiB"};
+  EXPECT_THAT(Message(LoadConfig(path, smaller).status()),
+              HasSubstr("at most kv_cache_config.memory_pool.max_size"));
+  // No file: defaults and overrides; file errors keep naming the file.
+  ASSERT_TRUE(LoadConfig(std::nullopt, {}).ok());
+  EXPECT_EQ(*LoadConfig(std::nullopt, {}), InferenceConfig{});
+  EXPECT_EQ(LoadConfig("/nonexistent/kvd.yaml", {}).status().code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+// config/README.md: an IPv6 address must be quoted in YAML, where `[` starts a list.
+TEST(ParseConfigYamlTest, IPv6AddressesAreQuoted) {
+  absl::StatusOr<InferenceConfig> config =
+      ParseConfigYaml("server:\n  grpc_address: \"[::]:50051\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.grpc_address, "[::]:50051");
+  EXPECT_FALSE(ParseConfigYaml("server:\n  grpc_address: [::]:50051\n").ok());
 }
 
 TEST(DumpConfigYamlTest, RoundTripsThroughParse) {

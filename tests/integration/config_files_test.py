@@ -102,6 +102,25 @@ class BadConfigTest(unittest.TestCase):
         self.assertIn("none", err)  # says what this build supports
 
 
+class AddressInUseTest(unittest.TestCase):
+    """A second daemon on a running one's gRPC port fails at startup naming the address (gRPC
+    would otherwise share the port through SO_REUSEPORT and split the clients between the
+    two); the first keeps serving."""
+
+    def test_grpc_port_of_a_running_daemon(self):
+        first = h.Daemon(title="kvd (first)")
+        self.addCleanup(first.kill)
+        code, out, err = h.run_kvd_serve(["--model", h.Paths.model(), "--grpc-address",
+                                          first.grpc_address, "--set", "server.num_threads=1"])
+        self.assertEqual(code, 1, "stdout:\n%s\nstderr:\n%s" % (out, err))
+        self.assertRegex(err, r"server\.grpc_address.*%s.*in use" % re.escape(first.grpc_address))
+        self.assertNotIn("serving gRPC", out)
+        case = h.load_golden()[0]
+        tokens, _, _ = first.generate(h.greedy_request(case, max_tokens=8))
+        self.assertEqual(tokens, case["output_tokens"][:8])
+        self.assertEqual(first.stop(), 0, first.process.output())
+
+
 class SeedConfigTest(unittest.TestCase):
     """The seeds' YAML with quantization none (16GB/32GB pool) starts and serves; the pool is
     committed lazily, so the process stays small."""

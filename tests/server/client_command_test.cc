@@ -8,6 +8,7 @@
 
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvd {
@@ -50,6 +51,35 @@ TEST(ClientCommandTest, MalformedTokenIdIsAUsageErrorNamingIt) {
     EXPECT_EQ(r.code, 2) << ids;
     EXPECT_THAT(r.err, HasSubstr("--prompt-token-ids")) << ids;
   }
+}
+
+// The request's fields are uint32, float and uint64: a number they cannot hold is refused
+// before any call, naming the flag and the value, rather than sent wrapped (4294967299 -> 3,
+// -1 -> 4294967295) or turned into an undefined deadline.
+TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--max-tokens", "4294967299"},
+                                                        {"--max-tokens", "-1"},
+                                                        {"--top-k", "-1"},
+                                                        {"--top-k", "4294967296"},
+                                                        {"--seed", "-1"},
+                                                        {"--temperature", "1e300"},
+                                                        {"--temperature", "nan"},
+                                                        {"--top-p", "inf"},
+                                                        {"--timeout", "inf"},
+                                                        {"--timeout", "1e300"},
+                                                        {"--timeout", "nan"},
+                                                        {"--timeout", "-1"}}) {
+    const Result r = Client({"--prompt", "hi", "--address", "127.0.0.1:1", flag, value});
+    EXPECT_EQ(r.code, 2) << flag << " " << value << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(flag + ": " + value + " is out of range; allowed: "));
+  }
+}
+
+TEST(ClientCommandTest, HelpStatesTheRanges) {
+  const Result r = Client({"--help"});
+  EXPECT_THAT(r.out, HasSubstr("0 .. 4294967295"));
+  EXPECT_THAT(r.out, HasSubstr("0 .. 315360000"));
 }
 
 }  // namespace

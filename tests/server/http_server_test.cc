@@ -9,8 +9,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -83,8 +87,9 @@ TEST(HttpServerTest, UnknownPathIs404AndOtherMethods405) {
   const int port = (*server)->port();
   EXPECT_THAT(Roundtrip(port, "GET / HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 404 Not Found"));
   EXPECT_THAT(Roundtrip(port, "GET /metricsx HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 404"));
-  EXPECT_THAT(Roundtrip(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
-              StartsWith("HTTP/1.1 405"));
+  const std::string post = Roundtrip(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_THAT(post, StartsWith("HTTP/1.1 405"));
+  EXPECT_THAT(post, HasSubstr("\r\nAllow: GET, HEAD\r\n"));  // RFC 9110: a 405 says what is
   EXPECT_THAT(Roundtrip(port, "garbage\r\n\r\n"), StartsWith("HTTP/1.1 400"));
   EXPECT_EQ(calls.load(), 0);
 }
@@ -109,6 +114,84 @@ TEST(HttpServerTest, ServesOnAUnixSocketAndRemovesItOnStop) {
   (*server)->Stop();
   (*server)->Stop();  // idempotent
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+std::string UnixSocketPath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/kvd_http_", ::getpid(), "_", name, ".sock");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+TEST(HttpServerTest, AUnixPathHoldingSomethingElseIsLeftAloneAndNamed) {
+  const std::string path = UnixSocketPath("file");
+  std::ofstream(path) << "precious";
+  auto server = HttpServer::Start("unix:" + path, {});
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("not a socket"));
+  EXPECT_EQ(ReadFile(path), "precious");
+  ::unlink(path.c_str());
+}
+
+TEST(HttpServerTest, AStaleUnixSocketIsReplacedButALiveOneIsNot) {
+  const std::string path = UnixSocketPath("stale");
+  {  // A socket file whose server is gone (closed without unlinking, as after a crash).
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+  }
+  std::atomic<int> calls{0};
+  auto live = HttpServer::Start("unix:" + path, MetricsRoute(&calls));
+  ASSERT_TRUE(live.ok()) << live.status();
+
+  auto second = HttpServer::Start("unix:" + path, {});
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
+  // The first server still owns its socket.
+  EXPECT_THAT(Roundtrip(0, "GET /metrics HTTP/1.1\r\n\r\n", path), StartsWith("HTTP/1.1 200"));
+}
+
+// Connections are served one at a time; a client that trickles its request must not hold
+// the next scrape for longer than the 2 s read bound (it used to, for as long as it dripped).
+TEST(HttpServerTest, ATricklingClientDelaysTheNextScrapeBySecondsNotIndefinitely) {
+  std::atomic<int> calls{0};
+  auto server = HttpServer::Start("127.0.0.1:0", MetricsRoute(&calls));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+
+  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::atomic<bool> stop{false};
+  std::thread drip([&] {
+    // One byte every 200 ms, never a complete head, for up to 8 s.
+    for (int i = 0; i < 40 && !stop.load(); ++i) {
+      if (::send(slow, "X", 1, MSG_NOSIGNAL) != 1) break;  // the server gave up on it
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server reads `slow` first
+
+  const auto start = std::chrono::steady_clock::now();
+  const std::string reply = Roundtrip(port, "GET /metrics HTTP/1.1\r\n\r\n");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  stop.store(true);
+  drip.join();
+  ::close(slow);
+  EXPECT_THAT(reply, StartsWith("HTTP/1.1 200"));
+  EXPECT_LT(waited, std::chrono::milliseconds(4000));
 }
 
 TEST(HttpServerTest, StopClosesTheListener) {

@@ -101,6 +101,30 @@ class InferenceServiceTest : public ::testing::Test {
     return s;
   }
 
+  // Sends `wire` as the request of `method` and returns the call's status (raw bytes, since
+  // protobuf will not build a message whose string field is not UTF-8).
+  grpc::Status RawCall(const std::string& method, const std::string& wire) {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext context;
+    grpc::Slice slice(wire);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::CompletionQueue cq;
+    // Send the bytes, half-close, read until the status: works for unary and streaming.
+    auto call = generic.PrepareCall(&context, method, &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    EXPECT_TRUE(cq.Next(&tag, &ok) && ok);
+    call->Write(request, reinterpret_cast<void*>(2));
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    call->WritesDone(reinterpret_cast<void*>(3));
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return status;
+  }
+
   // Waits until the engine holds no request and no KV block.
   bool WaitForIdleCache() {
     const absl::Time end = absl::Now() + absl::Seconds(10);
@@ -169,30 +193,34 @@ TEST_F(InferenceServiceTest, BadRequestIsInvalidArgumentAndServingContinues) {
 }
 
 TEST_F(InferenceServiceTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
-  grpc::GenericStub generic(channel_);
-  grpc::ClientContext context;
   const std::string wire(
       "\x0a\x02"
       "a\xff",
       4);  // prompt = "a\xff"
-  grpc::Slice slice(wire);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::CompletionQueue cq;
-  // A raw server-streaming call: send the bytes, read until the status.
-  auto call = generic.PrepareCall(&context, "/kvd.v1.Inference/Generate", &cq);
-  void* tag;
-  bool ok;
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  call->Write(request, reinterpret_cast<void*>(2));
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  call->WritesDone(reinterpret_cast<void*>(3));
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(4));
-  ASSERT_TRUE(cq.Next(&tag, &ok));
+  const grpc::Status status = RawCall("/kvd.v1.Inference/Generate", wire);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), StartsWith("prompt: is not valid UTF-8"));
+}
+
+TEST_F(InferenceServiceTest, CloseSessionWithInvalidUtf8IdIsInvalidArgumentNamingTheField) {
+  const std::string wire(
+      "\x0a\x02"
+      "\xff\xfe",
+      4);  // session_id = "\xff\xfe"
+  const grpc::Status status = RawCall("/kvd.v1.Inference/CloseSession", wire);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), StartsWith("session_id: is not valid UTF-8"));
+
+  // Malformed bytes name the message type; a well-formed close still answers.
+  const grpc::Status garbage = RawCall("/kvd.v1.Inference/CloseSession", "\xff\xff\xff");
+  EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(garbage.error_message(), HasSubstr("kvd.v1.CloseSessionRequest"));
+  grpc::ClientContext context;
+  v1::CloseSessionRequest close;
+  close.set_session_id("never-opened");
+  v1::CloseSessionResponse closed;
+  EXPECT_EQ(stub_->CloseSession(&context, close, &closed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(InferenceServiceTest, ClientCancelFreesTheRequestsBlocks) {
@@ -224,6 +252,34 @@ TEST_F(InferenceServiceTest, PassedDeadlineIsDeadlineExceededAndLeaksNothing) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitForIdleCache());
+}
+
+// What the drain timeout does to a request still running: the engine stops, and the client
+// still gets a final message (finish reason "aborted", usage counting every token it was
+// sent, the text flushed so far), then UNAVAILABLE.
+TEST_F(InferenceServiceTest, EngineStopEndsAStreamWithAnAbortedFinalMessageThenUnavailable) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest request;
+  request.set_prompt("Once upon a time");
+  request.set_max_tokens(507);  // the whole context: long enough to be running at Stop()
+  request.set_ignore_eos(true);
+  auto reader = stub_->Generate(&context, request);
+  v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  uint32_t tokens = r.token_ids_size();
+  engine_->Stop();
+  v1::GenerateResponse last = r;
+  while (reader->Read(&r)) {
+    tokens += r.token_ids_size();
+    last = r;
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(last.finish_reason(), "aborted");
+  EXPECT_EQ(last.usage().completion_tokens(), tokens);
+  EXPECT_LT(tokens, 507u);
+  EXPECT_EQ(last.usage().prompt_tokens(), 5u);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
 }
 
 TEST_F(InferenceServiceTest, DrainingRefusesNewCallsWithUnavailable) {

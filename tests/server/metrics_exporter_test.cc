@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/prometheus_writer.h"
 
 namespace kvd {
@@ -176,6 +178,7 @@ EngineStats BusyStats() {
   c.pinned_blocks = 40;
   c.session_releases_idle = 4;
   c.session_releases_closed = 1;
+  c.session_releases_pressure = 2;
   c.prefix_query_tokens = 900;
   c.prefix_hit_tokens = 300;
   c.defrag_pauses.num_pauses = 3;
@@ -256,7 +259,8 @@ TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
   for (const Sample& s : scrape.Find("kvd_sessions_released_total")) {
     released[s.labels.at("reason")] = s.value;
   }
-  EXPECT_EQ(released, (std::map<std::string, double>{{"idle", 4}, {"pin_cap", 0}, {"closed", 1}}));
+  EXPECT_EQ(released, (std::map<std::string, double>{
+                          {"idle", 4}, {"pin_cap", 0}, {"closed", 1}, {"pressure", 2}}));
 
   // The histogram is cumulative: 1, 1+4, 1+4+2, then +Inf holds all 10.
   std::vector<double> ttft;
@@ -295,7 +299,40 @@ TEST(PrometheusWriterTest, FormatsValuesExactly) {
   EXPECT_EQ(PrometheusWriter::FormatValue(INFINITY), "+Inf");
   EXPECT_EQ(PrometheusWriter::FormatValue(-INFINITY), "-Inf");
   EXPECT_EQ(PrometheusWriter::FormatValue(NAN), "NaN");
-  EXPECT_EQ(std::stod(PrometheusWriter::FormatValue(0.1)), 0.1);  // round-trips
+  EXPECT_EQ(PrometheusWriter::FormatValue(0.1), "0.1");  // the shortest text that reads back
+  EXPECT_EQ(PrometheusWriter::FormatValue(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(std::stod(PrometheusWriter::FormatValue(1.0 / 3)), 1.0 / 3);
+  EXPECT_EQ(PrometheusWriter::FormatValue(5e-05), "5e-05");
+}
+
+// `le` labels are matched as text by dashboards and alerts (le="0.1"), so a bound is spelled
+// as it was written, not with 17 significant digits.
+TEST(PrometheusWriterTest, HistogramBoundsAreSpelledShortest) {
+  Histogram h({0.00005, 0.1, 0.25, 2.5, 100});
+  h.Observe(0.05);
+  PrometheusWriter w;
+  w.HistogramFamily("kvd_test_seconds", "Test.", h);
+  for (const char* le : {"5e-05", "0.1", "0.25", "2.5", "100", "+Inf"}) {
+    EXPECT_THAT(w.text(), HasSubstr(absl::StrCat("kvd_test_seconds_bucket{le=\"", le, "\"}")));
+  }
+  // And so is every bucket of the real exporter.
+  const std::string scrape = MetricsExporter::Render(BusyStats(), Info());
+  EXPECT_FALSE(std::regex_search(scrape, std::regex("le=\"[^\"]*[0-9]{12}")))
+      << "an le label with 12+ digits in a row";
+}
+
+// server/README.md's metric table is the reference users read: it names every family.
+TEST(MetricsExporterTest, ReadmeListsEveryFamily) {
+  std::ifstream file(KVD_SOURCE_DIR "/server/README.md");
+  std::ostringstream readme;
+  readme << file.rdbuf();
+  ASSERT_FALSE(readme.str().empty());
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  for (const auto& [family, type] : scrape.type) {
+    const bool listed = readme.str().find("`" + family + "`") != std::string::npos ||
+                        readme.str().find("`" + family + "{") != std::string::npos;
+    EXPECT_TRUE(listed) << "server/README.md does not list " << family << " (" << type << ")";
+  }
 }
 
 TEST(PrometheusWriterTest, EscapesLabelValuesAndHelp) {

@@ -15,6 +15,7 @@ namespace kvd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kModel[] = KVD_SHARED_DIR "/models/stories260K.bin";
 
@@ -64,6 +65,36 @@ TEST(ServeCommandTest, BadConfigFileNamesTheKey) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("kv_cache_config.block_size"));
   EXPECT_EQ(r.out, "");  // nothing was started
+}
+
+// The file and the overrides are validated together, once: a file that only an override
+// completes is fine (here: initial_size above the default max_size, max_size on the command
+// line), so startup gets as far as the model.
+TEST(ServeCommandTest, OverridesCompleteTheFileBeforeValidation) {
+  const std::string path = WriteConfig("needs_override.yaml",
+                                       "kv_cache_config:\n"
+                                       "  memory_pool:\n"
+                                       "    initial_size: 16GiB\n");
+  const Result r = Serve({"--config", path, "--set", "kv_cache_config.memory_pool.max_size=32GiB",
+                          "--model", "/nonexistent/model.bin", "--metrics-address", ""});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent/model.bin"));
+  EXPECT_THAT(r.err, Not(HasSubstr("initial_size")));
+}
+
+TEST(ServeCommandTest, PoolSmallerThanOneBlockNamesMaxSize) {
+  const Result r = Serve({"--model", kModel, "--grpc-address", "127.0.0.1:0", "--metrics-address",
+                          "", "--set", "kv_cache_config.memory_pool.initial_size=0", "--set",
+                          "kv_cache_config.memory_pool.max_size=1B"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kv_cache_config.memory_pool.max_size: 1B is smaller than one KV "
+                               "block"));
+  EXPECT_THAT(r.err, HasSubstr("allowed: at least"));
+  EXPECT_EQ(r.out, "");
+}
+
+TEST(ServeCommandTest, HelpSaysWhatASecondSignalDoes) {
+  EXPECT_THAT(Serve({"--help"}).out, HasSubstr("a second SIGTERM/SIGINT"));
 }
 
 TEST(ServeCommandTest, BadOverrideNamesTheKey) {

@@ -1,0 +1,55 @@
+#include "server/termination_signals.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+
+namespace kvd {
+namespace {
+
+// Each case runs in a child process of its own (a death test), since it signals itself:
+// there the constructing thread is the only one, as TerminationSignals requires.
+
+TEST(TerminationSignalsDeathTest, WaitTakesAPendingSignal) {
+  EXPECT_EXIT(
+      {
+        TerminationSignals signals;
+        ::kill(::getpid(), SIGTERM);
+        std::exit(signals.Wait(absl::Seconds(10)) == SIGTERM ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(TerminationSignalsDeathTest, WaitTimesOutWithZero) {
+  EXPECT_EXIT(
+      {
+        TerminationSignals signals;
+        std::exit(signals.Wait(absl::ZeroDuration()) == 0 &&
+                          signals.Wait(absl::Milliseconds(-5)) == 0
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// A second SIGTERM during the drain is still pending when the daemon finishes: it must not
+// kill the process on its way out (it used to: the restored mask delivered it).
+TEST(TerminationSignalsDeathTest, SignalsLeftPendingDoNotKillTheProcessOnDestruction) {
+  EXPECT_EXIT(
+      {
+        {
+          TerminationSignals signals;
+          ::kill(::getpid(), SIGTERM);
+          if (signals.Wait() != SIGTERM) std::exit(1);
+          ::kill(::getpid(), SIGTERM);  // the second one, never waited for
+          ::kill(::getpid(), SIGINT);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace kvd
