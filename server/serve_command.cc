@@ -20,7 +20,6 @@
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
 #include "cache/kv_layout.h"
-#include "config/byte_size.h"
 #include "config/config_enums.h"
 #include "config/config_loader.h"
 #include "config/inference_config.h"
@@ -32,6 +31,7 @@
 #include "server/inference_service.h"
 #include "server/metrics_exporter.h"
 #include "server/request_validator.h"
+#include "server/serve_options.h"
 #include "server/termination_signals.h"
 #include "tools/device.h"
 #include "tools/flags.h"
@@ -51,14 +51,9 @@ constexpr char kUsage[] =
     "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
     "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
     "the daemon exits 0; a second SIGTERM/SIGINT during the drain ends it at once (requests\n"
-    "still running end with finish reason aborted) and the daemon exits 0. On cuda the weights and "
-    "the KV cache are bf16, synthetic models are\n"
-    "generated in device memory from model.seed, and decode steps replay CUDA graphs.";
-
-// KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
-// reference, bf16 on CUDA); CUDA also accepts bf16 by name.
-const std::vector<std::string> kCpuQuantizations = {"none"};
-const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
+    "still running end with finish reason aborted) and the daemon exits 0. On cuda the\n"
+    "weights and the KV cache are bf16, synthetic models are generated in device memory\n"
+    "from model.seed, and decode steps replay CUDA graphs.";
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
@@ -127,77 +122,11 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
     return absl::Status(device.status().code(),
                         absl::StrCat("model.device: ", device.status().message()));
   }
-  if (absl::Status s = CheckQuantizationSupported(
-          config.kv_cache, *device == Device::kCuda ? kCudaQuantizations : kCpuQuantizations);
-      !s.ok()) {
-    return s;
-  }
-  if (config.kv_cache.sliding_window.window_tokens != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("kv_cache_config.sliding_window.window_tokens: ",
-                     config.kv_cache.sliding_window.window_tokens,
-                     " is not supported by the engine yet; allowed: 0 (off)"));
-  }
+  if (absl::Status st = CheckServable(config, *device); !st.ok()) return st;
   return ServeSetup{std::move(config), *device};
 }
 
 const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
-
-// The pool must hold at least one KV block, or the cache's error would name its internal
-// chunk size rather than the key the user set.
-absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
-                                    const KvShape& shape) {
-  auto layout = KvLayout::Create(shape, options.kv_dtype, options.block_size);
-  if (!layout.ok()) return absl::OkStatus();  // KvCacheManager::Create reports it
-  const int64_t block_bytes = layout->block_bytes();
-  if (kv.memory_pool.max_size_bytes >= block_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "kv_cache_config.memory_pool.max_size: ", FormatByteSize(kv.memory_pool.max_size_bytes),
-      " is smaller than one KV block of this model (", block_bytes,
-      " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
-}
-
-// `kv_dtype`: the backend's native KV dtype (quantization `none` or its explicit name).
-KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype) {
-  KvCacheOptions options;
-  options.block_size = kv.block_size;
-  options.kv_dtype = kv_dtype;
-  options.max_pool_bytes = kv.memory_pool.max_size_bytes;
-  // Chunks are the unit of growth and of return; a pool smaller than one default chunk is
-  // one chunk. An initial size of 0 still reserves the first chunk.
-  options.chunk_bytes = std::min(options.chunk_bytes, options.max_pool_bytes);
-  options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
-  options.enable_prefix_caching = kv.enable_prefix_caching;
-  options.eviction_policy = "lru";
-  options.session_idle_timeout = kv.session.idle_timeout;
-  options.max_pinned_fraction = kv.session.max_pinned_fraction;
-  options.enable_defrag = kv.defrag.enabled;
-  options.defrag_max_moves_per_step = kv.defrag.max_moves_per_step;
-  options.defrag_interval = kv.defrag.interval;
-  options.defrag_max_pause = kv.defrag.max_pause;
-  return options;
-}
-
-EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
-  EngineOptions options;
-  options.max_batch_size = config.kv_cache.max_batch_size;
-  options.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
-  options.prefill_chunk_tokens = config.scheduler.prefill_chunk_tokens;
-  options.max_waiting_requests = config.server.max_waiting_requests;
-  options.predictor_quantile = config.scheduler.predictor_quantile;
-  switch (config.scheduler.admission_policy) {
-    case AdmissionPolicyKind::kPredicted:
-      options.admission = AdmissionMode::kPredicted;
-      break;
-    case AdmissionPolicyKind::kReserveMax:
-      options.admission = AdmissionMode::kReserveMax;
-      break;
-    case AdmissionPolicyKind::kOptimistic:
-      options.admission = AdmissionMode::kOptimistic;
-      break;
-  }
-  return options;
-}
 
 // Everything the daemon runs on, in construction order (destroyed in reverse).
 struct Daemon {

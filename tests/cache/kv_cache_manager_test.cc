@@ -6,6 +6,7 @@
 #include "cache/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cache/cache_manager_fixture.h"
 #include "tests/cache/fake_backend.h"
 #include "tests/cache/kv_test_util.h"
 
@@ -22,21 +23,7 @@ std::vector<BlockId> Blocks(const KvCacheManager& m, SeqId id) {
   return {m.BlockIds(id).begin(), m.BlockIds(id).end()};
 }
 
-class KvCacheManagerTest : public ::testing::Test {
- protected:
-  std::unique_ptr<KvCacheManager> Make(const KvCacheOptions& options) {
-    absl::StatusOr<std::unique_ptr<KvCacheManager>> m =
-        KvCacheManager::Create(options, TinyShape(), &backend_, &clock_);
-    EXPECT_TRUE(m.ok()) << m.status();
-    return m.ok() ? *std::move(m) : nullptr;
-  }
-  void ExpectValid(const KvCacheManager& m) {
-    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
-  }
-
-  FakeBackend backend_;
-  FakeClock clock_;
-};
+using KvCacheManagerTest = testing_util::CacheManagerTest;
 
 TEST_F(KvCacheManagerTest, RoundsPoolSizesToWholeChunksOfPowerOfTwoBlocks) {
   KvCacheOptions o = TinyOptions();

@@ -10,6 +10,7 @@
 #include "cache/kv_layout.h"
 #include "cache/prefix_index.h"
 #include "gtest/gtest.h"
+#include "tests/cache/cache_manager_fixture.h"
 #include "tests/cache/fake_backend.h"
 #include "tests/cache/kv_test_util.h"
 
@@ -40,21 +41,7 @@ std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& 
   return a;
 }
 
-class PrefixCollisionTest : public ::testing::Test {
- protected:
-  std::unique_ptr<KvCacheManager> Make() {
-    absl::StatusOr<std::unique_ptr<KvCacheManager>> m =
-        KvCacheManager::Create(TinyOptions(), TinyShape(), &backend_, &clock_);
-    EXPECT_TRUE(m.ok()) << m.status();
-    return m.ok() ? *std::move(m) : nullptr;
-  }
-  void ExpectValid(const KvCacheManager& m) {
-    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
-  }
-
-  FakeBackend backend_;
-  FakeClock clock_;
-};
+using PrefixCollisionTest = testing_util::CacheManagerTest;
 
 using KeyClaim = PrefixIndex::KeyClaim;
 

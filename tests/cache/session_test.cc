@@ -9,6 +9,7 @@
 #include "cache/kv_cache_manager.h"
 #include "cache/session_table.h"
 #include "gtest/gtest.h"
+#include "tests/cache/cache_manager_fixture.h"
 #include "tests/cache/fake_backend.h"
 #include "tests/cache/kv_test_util.h"
 
@@ -21,14 +22,8 @@ using testing_util::Step;
 using testing_util::TinyOptions;
 using testing_util::TinyShape;
 
-class SessionTest : public ::testing::Test {
+class SessionTest : public testing_util::CacheManagerTest {
  protected:
-  std::unique_ptr<KvCacheManager> Make(KvCacheOptions o) {
-    return *KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
-  }
-  void ExpectValid(const KvCacheManager& m) {
-    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
-  }
   // One turn: prompt, computed fully, plus `generated` decoded tokens; then freed.
   void Turn(KvCacheManager& m, SeqId id, const std::vector<int32_t>& prompt, int32_t generated,
             std::string_view session, int32_t expect_cached) {
@@ -50,9 +45,6 @@ class SessionTest : public ::testing::Test {
     for (int32_t i = 0; i < generated; ++i) h.push_back(900 + i);
     return h;
   }
-
-  FakeBackend backend_;
-  FakeClock clock_;
 };
 
 TEST_F(SessionTest, NextTurnOnlyPrefillsItsNewTokensIncludingThePartialBlock) {

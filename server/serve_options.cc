@@ -1,0 +1,89 @@
+#include "server/serve_options.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "config/byte_size.h"
+#include "config/config_enums.h"
+
+namespace kvd {
+namespace {
+
+// KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
+// reference, bf16 on CUDA); CUDA also accepts bf16 by name.
+const std::vector<std::string> kCpuQuantizations = {"none"};
+const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
+
+}  // namespace
+
+absl::Status CheckServable(const InferenceConfig& config, Device device) {
+  if (absl::Status s = CheckQuantizationSupported(
+          config.kv_cache, device == Device::kCuda ? kCudaQuantizations : kCpuQuantizations);
+      !s.ok()) {
+    return s;
+  }
+  if (config.kv_cache.sliding_window.window_tokens != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("kv_cache_config.sliding_window.window_tokens: ",
+                     config.kv_cache.sliding_window.window_tokens,
+                     " is not supported by the engine yet; allowed: 0 (off)"));
+  }
+  return absl::OkStatus();
+}
+
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype) {
+  KvCacheOptions options;
+  options.block_size = kv.block_size;
+  options.kv_dtype = kv_dtype;
+  options.max_pool_bytes = kv.memory_pool.max_size_bytes;
+  // Chunks are the unit of growth and of return; a pool smaller than one default chunk is
+  // one chunk. An initial size of 0 still reserves the first chunk.
+  options.chunk_bytes = std::min(options.chunk_bytes, options.max_pool_bytes);
+  options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
+  options.enable_prefix_caching = kv.enable_prefix_caching;
+  options.eviction_policy = "lru";
+  options.session_idle_timeout = kv.session.idle_timeout;
+  options.max_pinned_fraction = kv.session.max_pinned_fraction;
+  options.enable_defrag = kv.defrag.enabled;
+  options.defrag_max_moves_per_step = kv.defrag.max_moves_per_step;
+  options.defrag_interval = kv.defrag.interval;
+  options.defrag_max_pause = kv.defrag.max_pause;
+  return options;
+}
+
+EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
+  EngineOptions options;
+  options.max_batch_size = config.kv_cache.max_batch_size;
+  options.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+  options.prefill_chunk_tokens = config.scheduler.prefill_chunk_tokens;
+  options.max_waiting_requests = config.server.max_waiting_requests;
+  options.predictor_quantile = config.scheduler.predictor_quantile;
+  switch (config.scheduler.admission_policy) {
+    case AdmissionPolicyKind::kPredicted:
+      options.admission = AdmissionMode::kPredicted;
+      break;
+    case AdmissionPolicyKind::kReserveMax:
+      options.admission = AdmissionMode::kReserveMax;
+      break;
+    case AdmissionPolicyKind::kOptimistic:
+      options.admission = AdmissionMode::kOptimistic;
+      break;
+  }
+  return options;
+}
+
+absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
+                                    const KvShape& shape) {
+  auto layout = KvLayout::Create(shape, options.kv_dtype, options.block_size);
+  if (!layout.ok()) return absl::OkStatus();  // KvCacheManager::Create reports it
+  const int64_t block_bytes = layout->block_bytes();
+  if (kv.memory_pool.max_size_bytes >= block_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kv_cache_config.memory_pool.max_size: ", FormatByteSize(kv.memory_pool.max_size_bytes),
+      " is smaller than one KV block of this model (", block_bytes,
+      " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
+}
+
+}  // namespace kvd

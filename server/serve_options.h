@@ -1,0 +1,35 @@
+#ifndef KVD_SERVER_SERVE_OPTIONS_H_
+#define KVD_SERVER_SERVE_OPTIONS_H_
+
+// What `kvd serve` makes of a validated InferenceConfig: the options of the KV cache and the
+// engine it builds, and the checks that depend on the device or the model rather than on
+// the config alone (so their errors can still name the key the user set).
+
+#include "absl/status/status.h"
+#include "cache/kv_cache_options.h"
+#include "cache/kv_layout.h"
+#include "config/inference_config.h"
+#include "kernels/dtype.h"
+#include "scheduler/engine_loop.h"
+#include "tools/device.h"
+
+namespace kvd {
+
+// OK when the engine on `device` runs this config: its KV quantization (`none`, the
+// backend's native dtype, everywhere; `bf16` by name on CUDA) and no sliding window (not
+// implemented). Otherwise the error names the key and what is allowed.
+absl::Status CheckServable(const InferenceConfig& config, Device device);
+
+// The cache's options; `kv_dtype` is the backend's native KV dtype.
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype);
+
+EngineOptions EngineOptionsFrom(const InferenceConfig& config);
+
+// InvalidArgument naming kv_cache_config.memory_pool.max_size when the pool cannot hold one
+// KV block of `shape` (the cache's own error would name its internal chunk size).
+absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
+                                    const KvShape& shape);
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_SERVE_OPTIONS_H_
