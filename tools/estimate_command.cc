@@ -1,5 +1,8 @@
 #include "tools/estimate_command.h"
 
+#include <cstdint>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -46,7 +49,12 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   req.num_kv_heads = spec->num_kv_heads;
   req.head_dim = spec->head_dim;
   req.kv_dtype = *dtype;
-  req.block_size = static_cast<int32_t>(flags.GetInt("block-size"));
+  const int64_t block_size = flags.GetInt("block-size");
+  if (block_size < 1 || block_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--block-size: ", block_size, " is outside [1, ",
+                                                   std::numeric_limits<int32_t>::max(), "]"));
+  }
+  req.block_size = static_cast<int32_t>(block_size);
   req.batch = flags.GetInt("batch");
   req.seq_len = flags.GetInt("seq-len");
   if (flags.Has("budget")) {

@@ -51,6 +51,10 @@ TEST(KvdEstimateTest, TableAndErrors) {
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget 12XB");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("--budget"));
+  // Not cut to 32 bits (4294967312 would have become 16).
+  r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --block-size 4294967312");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("--block-size: 4294967312 is outside [1, 2147483647]"));
   r = RunKvd("estimate --model synthetic:llama3-8b --seq-len 10");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("--batch"));
