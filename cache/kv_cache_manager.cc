@@ -55,7 +55,8 @@ KvCacheManager::KvCacheManager(const KvCacheOptions& options, const KvLayout& la
       // crafted token blocks at keys they cannot compute.
       index_(layout.block_size(),
              layout.Fingerprint() ^ (options.prefix_extra_key * 0x9e3779b97f4a7c15ULL),
-             PrefixIndex::RandomSecret()),
+             options.prefix_key_secret.has_value() ? *options.prefix_key_secret
+                                                   : PrefixIndex::RandomSecret()),
       sessions_(clock, options.session_idle_timeout) {}
 
 KvCacheManager::~KvCacheManager() {
@@ -180,12 +181,16 @@ bool KvCacheManager::Reserve(SeqId id, int32_t n) {
   KVD_CACHE_CHECK(n >= 0, "Reserve: n must be >= 0");
   const int32_t need = BlocksToReserve(id, n);
   if (need == 0) return true;
-  // Releasing a chain makes only the blocks no one else holds obtainable: go on until enough.
-  while (need > pool_->NumObtainable()) {
-    std::optional<SessionTable::Released> r =
-        sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
-    if (!r.has_value()) return false;
-    ReleaseSessions({*std::move(r)});
+  if (need > pool_->NumObtainable()) {
+    // Releasing a chain makes obtainable only the blocks that no one but sessions holds; when
+    // even all of those would not do, no session is dropped for nothing.
+    if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
+    while (need > pool_->NumObtainable()) {
+      std::optional<SessionTable::Released> r =
+          sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
+      KVD_CACHE_CHECK(r.has_value(), "Reserve: releasable pins ran out early");
+      ReleaseSessions({*std::move(r)});
+    }
   }
   std::vector<BlockId> got;
   got.reserve(need);
@@ -300,6 +305,12 @@ void KvCacheManager::Free(SeqId id) {
     }
   }
   seqs_.erase(it);
+}
+
+int64_t KvCacheManager::ReleasablePinnedBlocks() const {
+  int64_t n = 0;
+  sessions_.ForEachPin([&](BlockId b, int32_t pins) { n += pool_->RefCount(b) == pins ? 1 : 0; });
+  return n;
 }
 
 void KvCacheManager::FreeForRecompute(SeqId id) {

@@ -71,8 +71,8 @@ class KvCacheManager {
   // Ensures slots for positions [num_computed, num_computed + n): takes free blocks, grows
   // the arena, then evicts cached blocks; when those fall short, releases detached sessions'
   // pins, oldest first, until they do (a running sequence comes before an idle session's
-  // cache). Returns false, having taken nothing, when the pool cannot supply them even so
-  // (the caller preempts someone and retries). REQUIRES: n >= 0.
+  // cache). Returns false, changing nothing, when the pool cannot supply them even so (the
+  // caller preempts someone and retries). REQUIRES: n >= 0.
   bool Reserve(SeqId id, int32_t n);
   // New blocks Reserve(id, n) would take.
   int32_t BlocksToReserve(SeqId id, int32_t n) const;
@@ -161,6 +161,9 @@ class KvCacheManager {
   void ReleaseSessions(const std::vector<SessionTable::Released>& released);
   void RegisterFullBlocks(SeqState& s);
   int64_t MaxPinnedBlocks() const;
+  // Pinned blocks that releasing every detached session would make obtainable: those held
+  // by sessions only.
+  int64_t ReleasablePinnedBlocks() const;
   bool ShouldShrink() const;
   void DefragStep();
   void ApplyMoves();

@@ -2,6 +2,7 @@
 #define KVD_CACHE_KV_CACHE_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +42,10 @@ struct KvCacheOptions {
   // Mixed into every prefix key with the KV layout: e.g. a digest of the model's weights,
   // so caches of different models can never match.
   uint64_t prefix_extra_key = 0;
+  // The secret mixed into every prefix key (PrefixIndex). Unset, the default: drawn from the
+  // OS entropy source per cache. Tests set it (0 gives the unkeyed keys, where crafted
+  // collisions are known) to exercise what happens when keys collide.
+  std::optional<uint64_t> prefix_key_secret;
 
   absl::Status Validate() const;
 };

@@ -1,6 +1,8 @@
 #include "cache/kv_layout.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -54,17 +56,35 @@ absl::StatusOr<KvLayout> KvLayout::Create(const KvShape& shape, DType dtype, int
     return absl::InvalidArgumentError(absl::StrFormat(
         "int4 KV needs head_dim divisible by %d, got %d", kInt4GroupSize, shape.head_dim));
   }
+  // Sizes past these are no real model, and the products below would overflow (undefined):
+  // the regions are counted in int32, and one block of all of them must fit in int64.
+  auto too_large = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV shape too large: num_layers=%d num_kv_heads=%d head_dim=%d block_size=%d: %s",
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, block_size, what));
+  };
+  if (shape.num_layers > std::numeric_limits<int32_t>::max() / 2) {
+    return too_large("2 * num_layers regions do not fit in 32 bits");
+  }
+  const int64_t heads_x_tokens = int64_t{shape.num_kv_heads} * block_size;  // < 2^62
+  int64_t region_bits = 0;
+  int64_t region_scale = int64_t{4} * shape.num_kv_heads;  // fp8: one fp32 scale a head
+  int64_t region_all = 0;
+  int64_t block_all = 0;
+  if (__builtin_mul_overflow(heads_x_tokens, head_bits, &region_bits) ||
+      (dtype != DType::kFp8E4M3 &&
+       __builtin_mul_overflow(heads_x_tokens, ScaleBytesPerTokenHead(dtype, shape.head_dim),
+                              &region_scale)) ||
+      __builtin_add_overflow(region_bits / 8, region_scale, &region_all) ||
+      __builtin_mul_overflow(region_all, int64_t{2} * shape.num_layers, &block_all)) {
+    return too_large("one block's bytes do not fit in 64 bits");
+  }
   KvLayout layout;
   layout.shape_ = shape;
   layout.dtype_ = dtype;
   layout.block_size_ = block_size;
-  layout.region_block_bytes_ = int64_t{shape.num_kv_heads} * block_size * head_bits / 8;
-  if (dtype == DType::kFp8E4M3) {
-    layout.region_block_scale_bytes_ = int64_t{4} * shape.num_kv_heads;
-  } else {
-    layout.region_block_scale_bytes_ =
-        int64_t{shape.num_kv_heads} * block_size * ScaleBytesPerTokenHead(dtype, shape.head_dim);
-  }
+  layout.region_block_bytes_ = region_bits / 8;
+  layout.region_block_scale_bytes_ = region_scale;
   return layout;
 }
 

@@ -43,6 +43,14 @@ absl::StatusOr<MemoryEstimate> MemoryEstimator::Estimate(const MemoryEstimateReq
     return absl::InvalidArgumentError(
         absl::StrCat("budget_bytes must be >= 0, got ", r.budget_bytes));
   }
+  // Before the layout, whose own size check would not name d_model.
+  const std::optional<int64_t> seed_bytes_per_token =
+      CheckedProduct({2, r.num_layers, r.d_model, DTypeBits(r.kv_dtype)});
+  if (!seed_bytes_per_token.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_layers=", r.num_layers, " d_model=", r.d_model,
+                     " is too large: 2 * num_layers * d_model * bits does not fit in 64 bits"));
+  }
   absl::StatusOr<KvLayout> layout =
       KvLayout::Create({r.num_layers, r.num_kv_heads, r.head_dim}, r.kv_dtype, r.block_size);
   if (!layout.ok()) return layout.status();
@@ -52,13 +60,6 @@ absl::StatusOr<MemoryEstimate> MemoryEstimator::Estimate(const MemoryEstimateReq
   e.bytes_per_block = layout->block_bytes();
   // Not layout->BlocksForTokens: its round-up addition overflows near the int64 maximum.
   e.blocks_per_sequence = r.seq_len / r.block_size + (r.seq_len % r.block_size != 0 ? 1 : 0);
-  const std::optional<int64_t> seed_bytes_per_token =
-      CheckedProduct({2, r.num_layers, r.d_model, DTypeBits(r.kv_dtype)});
-  if (!seed_bytes_per_token.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_layers=", r.num_layers, " d_model=", r.d_model,
-                     " is too large: 2 * num_layers * d_model * bits does not fit in 64 bits"));
-  }
   e.seed_bytes_per_token = *seed_bytes_per_token / 8;
   const std::optional<int64_t> data_bytes = CheckedProduct({r.batch, r.seq_len, e.bytes_per_token});
   if (!data_bytes.has_value()) {

@@ -84,6 +84,10 @@ class SessionTable {
   int32_t num_sessions() const { return static_cast<int32_t>(sessions_.size()); }
   absl::Duration idle_timeout() const { return idle_timeout_; }
   void ForEach(const std::function<void(const Session&)>& fn) const;
+  // fn(block, how many detached sessions pin it), for every pinned block.
+  void ForEachPin(const std::function<void(BlockId, int32_t)>& fn) const {
+    for (const auto& [b, pins] : pins_) fn(b, pins);
+  }
   // Rewrites pinned chains after defragmentation moved blocks (old id -> new id).
   void RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves);
 

@@ -51,9 +51,10 @@ class EngineLoop::Impl {
   void ExpireDeadlines();
   bool Admissible(const Sequence& candidate) const;
   int64_t TargetBlocks(const Sequence& s) const;
-  enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom };
+  enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom, kFailed };
   // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on
-  // kSessionBusy or kNoRoom nothing of it stays in the cache.
+  // kSessionBusy or kNoRoom nothing of it stays in the cache; kFailed: the cache refused it
+  // for another reason, and s is finished with that error.
   AdmitResult Admit(Sequence& s, int32_t budget, int32_t& n);
   // Frees the victim's blocks and requeues it for recompute.
   void Preempt(Sequence* victim);

@@ -70,11 +70,12 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
   const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
   int64_t target = static_cast<int64_t>(s.tokens.size());
   switch (options_.admission) {
+    // The last token's KV is never computed (as Submit counts).
     case AdmissionMode::kReserveMax:
-      target = prompt + s.request.max_tokens;
+      target = prompt + s.request.max_tokens - 1;
       break;
     case AdmissionMode::kPredicted:
-      target = std::max<int64_t>(target, prompt + s.predicted_output);
+      target = std::max<int64_t>(target, prompt + s.predicted_output - 1);
       break;
     case AdmissionMode::kOptimistic:
       break;
@@ -105,8 +106,12 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
 EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budget, int32_t& n) {
   absl::StatusOr<int32_t> cached =
       cache_->AddSequence(static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
-  // FailedPrecondition: another turn of its session is running; it waits for that one.
-  if (!cached.ok()) return AdmitResult::kSessionBusy;
+  if (!cached.ok()) {
+    // FailedPrecondition: another turn of its session is running; it waits for that one.
+    if (absl::IsFailedPrecondition(cached.status())) return AdmitResult::kSessionBusy;
+    Finish(s, FinishReason::kAborted, cached.status());
+    return AdmitResult::kFailed;
+  }
   s.num_computed = *cached;
   n = std::min({s.pending(), budget, options_.prefill_chunk_tokens});
   if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
@@ -208,8 +213,8 @@ bool EngineLoop::Impl::Step() {
     if (!Admissible(s)) break;
     int32_t n = 0;
     const AdmitResult admitted = Admit(s, budget, n);
-    if (admitted == AdmitResult::kSessionBusy) {
-      ++k;
+    if (admitted == AdmitResult::kSessionBusy || admitted == AdmitResult::kFailed) {
+      ++k;  // kFailed: finished, removed after the step
       continue;
     }
     if (admitted == AdmitResult::kNoRoom) break;

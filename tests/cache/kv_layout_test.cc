@@ -1,5 +1,9 @@
 #include "cache/kv_layout.h"
 
+#include <cstdint>
+#include <limits>
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace kvd {
@@ -48,6 +52,19 @@ TEST(KvLayoutTest, RejectsShapesThatAreNotWholeBytes) {
   EXPECT_FALSE(KvLayout::Create({2, 1, 3}, DType::kInt4, 16).ok());   // 12 bits a head
   EXPECT_FALSE(KvLayout::Create({2, 1, 48}, DType::kInt4, 16).ok());  // groups of 32
   EXPECT_TRUE(KvLayout::Create({2, 1, 8}, DType::kInt4, 16).ok());    // one group of 8
+}
+
+TEST(KvLayoutTest, RejectsShapesWhoseSizesOverflow) {
+  // Errors naming the shape, where the sizes would overflow (undefined behaviour).
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  absl::StatusOr<KvLayout> l = KvLayout::Create({kMax, 8, 128}, DType::kBF16, 16);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(l.status().message().find("num_layers=2147483647"), std::string::npos) << l.status();
+  l = KvLayout::Create({1 << 29, kMax, kMax}, DType::kF32, kMax);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(l.status().message().find("do not fit in 64 bits"), std::string::npos) << l.status();
+  // The largest that fit still work.
+  EXPECT_TRUE(KvLayout::Create({kMax / 2, 1, 8}, DType::kInt8, 1).ok());
 }
 
 TEST(KvLayoutTest, FingerprintSeparatesDtypesAndBlockSizes) {

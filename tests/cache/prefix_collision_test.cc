@@ -86,7 +86,12 @@ TEST(PrefixKeySecretTest, ClaimVouchesForAKeyOnlyWhenItsHolderHasTheSamePrefix) 
 }
 
 TEST_F(PrefixCollisionTest, ACraftedCollisionNeverHandsOutKvOfAnotherPrefix) {
-  auto m = Make();
+  // Unkeyed keys, as a client who knew the secret would see them: the pair collides, and
+  // only the registration rule (RegisterFullBlocks, PrefixIndex::Claim) stands between the
+  // attacker's blocks and the victim's prefix.
+  KvCacheOptions o = TinyOptions();
+  o.prefix_key_secret = 0;
+  auto m = Make(o);
   const std::vector<int32_t> tail = {5, 6, 7, 8};
   // A victim caches the popular first block.
   ASSERT_EQ(*m->AddSequence(1, Concat(kPopular, {9})), 0);

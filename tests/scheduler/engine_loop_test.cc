@@ -159,6 +159,25 @@ TEST_F(EngineLoopTest, ReserveMaxNeverPreempts) {
   EXPECT_EQ(engine_->Stats().preemptions, 0);
 }
 
+TEST_F(EngineLoopTest, ReserveMaxCountsOnlyTheKvARequestCanUse) {
+  // The last token's KV is never computed: 5 + 108 - 1 = 112 tokens fill 7 blocks and
+  // 5 + 12 - 1 = 16 fill one, so the two fit the 8-block pool together and run at once.
+  MakeCache(8, 1);
+  MakeEngine({.admission = AdmissionMode::kReserveMax});
+  Request big = Greedy(3);
+  big.max_tokens = 108;
+  Request small = Greedy(2);
+  small.max_tokens = 12;
+  Stream* b = Submit(big);
+  Stream* s = Submit(small);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(s->order, 0);  // it did not wait for the big one
+  EXPECT_EQ(b->order, 1);
+  EXPECT_EQ(b->tokens,
+            std::vector<int32_t>(golden_[3].output.begin(), golden_[3].output.begin() + 108));
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
 TEST_F(EngineLoopTest, CancelFreesBlocksWithinAStep) {
   MakeCache(64, 4);
   MakeEngine();
