@@ -22,7 +22,8 @@ namespace kvd {
 // the client, or for room (the pool could not otherwise supply a running sequence, or the
 // session's own turn was preempted).
 enum class SessionReleaseReason { kIdle, kPinCap, kClosed, kPressure };
-inline constexpr int kNumSessionReleaseReasons = 4;
+inline constexpr int kNumSessionReleaseReasons =
+    static_cast<int>(SessionReleaseReason::kPressure) + 1;
 
 // One multi-turn session: between turns it pins the block chain that holds the KV of its
 // history so the next turn only prefills new tokens.

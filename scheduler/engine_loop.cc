@@ -50,6 +50,12 @@ EngineLoop::Impl::Impl(const EngineOptions& options, LlamaModel* model, KvCacheM
   published_ = stats_;
 }
 
+int64_t EngineLoop::Impl::MaxKvTokens(const Request& r) const {
+  // The last token is emitted but never fed back, so its KV is never computed.
+  return std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1,
+                           model_->spec().max_context_tokens);
+}
+
 absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallback on_event) {
   const ModelSpec& spec = model_->spec();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
@@ -72,29 +78,24 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
   if (tokenizer_ == nullptr && !request.stop.empty()) {
     return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
   }
-  if (cache_->layout().BlocksForTokens(request.prompt.size()) > max_blocks_) {
-    absl::MutexLock lock(&mu_);
-    ++published_.requests_rejected;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "prompt of ", request.prompt.size(), " tokens needs ",
-        cache_->layout().BlocksForTokens(request.prompt.size()), " KV blocks; the whole pool has ",
-        max_blocks_));
-  }
-
   // Every accepted request can run to its end alone, so none is cut short for want of
-  // memory: its prompt and all but its last token (whose KV is never computed) fit the pool.
-  const int64_t kv_tokens =
-      std::min<int64_t>(static_cast<int64_t>(request.prompt.size()) + request.max_tokens - 1,
-                        spec.max_context_tokens);
+  // memory: the most KV it can need fits the whole pool.
+  const int64_t kv_tokens = MaxKvTokens(request);
   if (cache_->layout().BlocksForTokens(kv_tokens) > max_blocks_) {
     absl::MutexLock lock(&mu_);
     ++published_.requests_rejected;
+    const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+    const int64_t prompt_blocks = cache_->layout().BlocksForTokens(prompt);
+    if (prompt_blocks > max_blocks_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("prompt of ", prompt, " tokens needs ", prompt_blocks,
+                       " KV blocks; the whole pool has ", max_blocks_));
+    }
     const int64_t pool_tokens = max_blocks_ * cache_->block_size();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_tokens: ", request.max_tokens, " with a ", request.prompt.size(),
-                     "-token prompt needs KV for up to ", kv_tokens,
-                     " tokens; the whole pool holds ", pool_tokens, " (max_tokens <= ",
-                     pool_tokens - static_cast<int64_t>(request.prompt.size()) + 1, " fits)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_tokens: ", request.max_tokens, " with a ", prompt, "-token prompt needs KV for up to ",
+        kv_tokens, " tokens; the whole pool holds ", pool_tokens,
+        " (max_tokens <= ", pool_tokens - prompt + 1, " fits)"));
   }
 
   auto seq = std::make_unique<Sequence>();

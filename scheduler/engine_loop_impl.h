@@ -51,6 +51,9 @@ class EngineLoop::Impl {
   void ExpireDeadlines();
   bool Admissible(const Sequence& candidate) const;
   int64_t TargetBlocks(const Sequence& s) const;
+  // KV positions `r` can need at most: its prompt and all its output but the last token,
+  // within the model's context.
+  int64_t MaxKvTokens(const Request& r) const;
   enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom, kFailed };
   // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on
   // kSessionBusy or kNoRoom nothing of it stays in the cache; kFailed: the cache refused it

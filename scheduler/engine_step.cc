@@ -70,11 +70,10 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
   const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
   int64_t target = static_cast<int64_t>(s.tokens.size());
   switch (options_.admission) {
-    // The last token's KV is never computed (as Submit counts).
     case AdmissionMode::kReserveMax:
-      target = prompt + s.request.max_tokens - 1;
+      target = MaxKvTokens(s.request);
       break;
-    case AdmissionMode::kPredicted:
+    case AdmissionMode::kPredicted:  // as MaxKvTokens, for the predicted output
       target = std::max<int64_t>(target, prompt + s.predicted_output - 1);
       break;
     case AdmissionMode::kOptimistic:
@@ -85,7 +84,7 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
 }
 
 bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
-  if (running_.empty()) return true;  // Submit checked that the prompt fits the pool
+  if (running_.empty()) return true;  // Submit checked that it fits the pool alone
   // Blocks the running sequences are still expected to take, plus the candidate's.
   int64_t committed = 0;
   for (const SeqPtr& s : running_) {
