@@ -285,7 +285,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // 1.006-1.021 of copy at 8 x 4k, 32 x 4k, 64 x 4k, 16 x 16k and 4 x 128k against
 // 0.732-0.735 / 0.963-0.964 / 1.014-1.018 / 1.004-1.016 / 1.038-1.044 with two; with the
 // memory system this full, a deeper queue only waits longer (and takes 97 KB of shared
-// memory a CTA, not 65).
+// memory a CTA, not 65). Nor did other shapes of the same boxes help the short batches
+// (gpu_bench sweep, two rounds, each shape at its best split count, per call): 8 or 12 warps
+// in 2 stages and 8 warps in 3, each at one CTA per SM, and 6 warps at two, read
+// 0.700-0.732 of copy at 8 x 4k against this one's 0.720-0.731, and 0.251-0.265 at 1 x 4k
+// against 0.258-0.264. At 32 x 4k and 64 x 4k the one-CTA shapes were 2-5% slower and 6
+// warps within 1%. (Sixteen launches back to back in a graph, 8 warps at one CTA per SM
+// read 0.519-0.522 at 1 x 4k against 0.479-0.484: an attention call that is a few
+// microseconds of a batch-1 step whose weights take milliseconds.)
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
