@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <cstdint>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,6 +35,71 @@ absl::Status ValidateRopeAppend(const RopeParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: append_kv k_stride ", p.k_stride, " and v_stride ", p.v_stride,
                      " must be >= ", width, " (num_kv_heads * head_dim)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// [begin, end) of `rows` rows of `width` floats, `stride` apart, as addresses.
+struct FloatSpan {
+  uintptr_t begin;
+  uintptr_t end;
+};
+
+FloatSpan RowsSpan(const float* base, int32_t rows, int32_t width, int32_t stride) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base);
+  const int64_t floats = int64_t{rows - 1} * stride + width;
+  return {begin, begin + static_cast<uintptr_t>(floats) * sizeof(float)};
+}
+
+bool Overlap(FloatSpan a, FloatSpan b) { return a.begin < b.end && b.begin < a.end; }
+
+}  // namespace
+
+absl::Status ValidateSiluMul(const SiluMulParams& p) {
+  if (p.out == nullptr) return absl::InvalidArgumentError("SiluMul: out is null");
+  if (p.gate == nullptr) return absl::InvalidArgumentError("SiluMul: gate is null");
+  if (p.up == nullptr) return absl::InvalidArgumentError("SiluMul: up is null");
+  if (p.gate_stride < p.dim || p.up_stride < p.dim) {
+    return absl::InvalidArgumentError(absl::StrCat("SiluMul: gate_stride (", p.gate_stride,
+                                                   ") and up_stride (", p.up_stride,
+                                                   ") must be >= dim (", p.dim, ")"));
+  }
+  const FloatSpan out = RowsSpan(p.out, p.num_rows, p.dim, p.dim);
+  for (const auto& [name, input, stride] :
+       {std::tuple<const char*, const float*, int32_t>{"gate", p.gate, p.gate_stride},
+        {"up", p.up, p.up_stride}}) {
+    const bool row_for_row = input == p.out && stride == p.dim;
+    if (!row_for_row && Overlap(out, RowsSpan(input, p.num_rows, p.dim, stride))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SiluMul: out overlaps ", name, " other than as the same rows (", name,
+                       "_stride ", stride, ", dim ", p.dim, "): out may be ", name,
+                       " itself only when ", name, "_stride == dim"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCopyBlocks(const CopyBlocksParams& p) {
+  auto invalid = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyBlocks: ", what...));
+  };
+  if (p.num_pairs < 0) return invalid("num_pairs is ", p.num_pairs);
+  if (p.chunks == nullptr) return invalid("chunks is null");
+  if (p.src == nullptr) return invalid("src is null");
+  if (p.dst == nullptr) return invalid("dst is null");
+  if (p.num_regions <= 0 || p.block_bytes <= 0) {
+    return invalid("num_regions (", p.num_regions, ") and block_bytes (", p.block_bytes,
+                   ") must be positive");
+  }
+  if (p.chunk_shift < 0 || p.chunk_shift > 30) {
+    return invalid("chunk_shift must be in [0, 30], got ", p.chunk_shift);
+  }
+  // Shifted right, not left: block_bytes << chunk_shift can wrap past int64.
+  if ((p.chunk_region_bytes >> p.chunk_shift) < p.block_bytes) {
+    return invalid("chunk_region_bytes (", p.chunk_region_bytes,
+                   ") cannot hold 1 << chunk_shift blocks of block_bytes (", p.block_bytes, ")");
   }
   return absl::OkStatus();
 }

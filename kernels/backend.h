@@ -67,6 +67,7 @@ class Backend {
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
   // With append_kv, every backend first checks ValidateRopeAppend (below).
   virtual absl::Status Rope(const RopeParams& p) = 0;
+  // Every backend checks ValidateSiluMul (below).
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
   virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
@@ -74,6 +75,7 @@ class Backend {
   // cache of this head_dim when given (so a model should have Rope write it), rather than
   // ignoring it.
   virtual bool ReadsBf16Q(int32_t /*head_dim*/) const { return false; }
+  // Every backend checks ValidateCopyBlocks (below) when there are pairs.
   virtual absl::Status CopyBlocks(const CopyBlocksParams& p) = 0;
   // Samples one token per row (SampleParams). Greedy rows are exact on every backend;
   // sampled rows follow kernels/cpu_sampling.h, which the CPU backend runs exactly and a
@@ -91,6 +93,19 @@ class Backend {
 // of at least num_kv_heads * head_dim. InvalidArgument naming "Rope: append_kv" otherwise.
 // Each backend adds its own checks of the cache view and the slots.
 absl::Status ValidateRopeAppend(const RopeParams& p);
+
+// The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend
+// checks those first): out, gate and up are given, the strides are at least dim, and out
+// overlaps an input only as that input itself with stride dim, so that each row is read
+// before it is overwritten by the same row (any other overlap would make the result depend
+// on the order the rows run in). InvalidArgument naming "SiluMul" and the field otherwise.
+absl::Status ValidateSiluMul(const SiluMulParams& p);
+
+// The backend-neutral checks of a CopyBlocks with pairs: num_pairs not negative, chunks, src
+// and dst given, num_regions and block_bytes positive, chunk_shift in [0, 30] and a region of
+// a chunk holding its 1 << chunk_shift blocks. InvalidArgument naming "CopyBlocks" and the
+// field otherwise. The block ids are each backend's to check where it can read them.
+absl::Status ValidateCopyBlocks(const CopyBlocksParams& p);
 
 }  // namespace kvd
 

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/status_macros.h"
 #include "absl/strings/string_view.h"
+#include "kernels/backend.h"
 #include "kernels/dtype.h"
+#include "kernels/status_macros.h"
 
 namespace kvd {
 namespace {
@@ -186,13 +187,7 @@ absl::Status CpuSiluMul(const SiluMulParams& p, ThreadPool& pool) {
   KVD_RETURN_IF_ERROR(RequireNonNegativeRows(kOp, "num_rows", p.num_rows));
   if (p.num_rows == 0) return absl::OkStatus();
   KVD_RETURN_IF_ERROR(RequirePositive(kOp, "dim", p.dim));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "out", p.out));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "gate", p.gate));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "up", p.up));
-  if (p.gate_stride < p.dim || p.up_stride < p.dim) {
-    return Invalid(kOp, absl::StrCat("gate_stride (", p.gate_stride, ") and up_stride (",
-                                     p.up_stride, ") must be >= dim (", p.dim, ")"));
-  }
+  KVD_RETURN_IF_ERROR(ValidateSiluMul(p));
   pool.ParallelFor(p.num_rows, RowGrain(p.dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = p.gate + r * p.gate_stride;

@@ -32,7 +32,8 @@ absl::Status CpuRmsNorm(const RmsNormParams& p, ThreadPool& pool);
 // rotated q rows rounded to bf16 there (q_bf16_stride >= num_q_heads * head_dim).
 absl::Status CpuRope(const RopeParams& p, ThreadPool& pool);
 
-// out = (gate * (1 / (1 + expf(-gate)))) * up. `out` may alias gate or up.
+// out = (gate * (1 / (1 + expf(-gate)))) * up. `out` may be gate or up itself when that
+// input's stride is dim; any other overlap is InvalidArgument (ValidateSiluMul).
 absl::Status CpuSiluMul(const SiluMulParams& p, ThreadPool& pool);
 
 }  // namespace kvd

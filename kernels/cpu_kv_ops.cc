@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/backend.h"
 #include "kernels/kv_addressing.h"
 #include "kernels/status_macros.h"
 
@@ -72,23 +73,8 @@ absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
 
 absl::Status CpuCopyBlocks(const CopyBlocksParams& p, ThreadPool& pool) {
   constexpr absl::string_view kOp = "CopyBlocks";
-  if (p.num_pairs < 0) return Invalid(kOp, absl::StrCat("num_pairs is ", p.num_pairs));
-  if (p.num_pairs == 0) return absl::OkStatus();
-  if (p.chunks == nullptr) return Invalid(kOp, "chunks is null");
-  if (p.src == nullptr) return Invalid(kOp, "src is null");
-  if (p.dst == nullptr) return Invalid(kOp, "dst is null");
-  if (p.num_regions <= 0 || p.block_bytes <= 0) {
-    return Invalid(kOp, absl::StrCat("num_regions (", p.num_regions, ") and block_bytes (",
-                                     p.block_bytes, ") must be positive"));
-  }
-  if (p.chunk_shift < 0 || p.chunk_shift > 30) {
-    return Invalid(kOp, absl::StrCat("chunk_shift must be in [0, 30], got ", p.chunk_shift));
-  }
-  if (p.chunk_region_bytes < (p.block_bytes << p.chunk_shift)) {
-    return Invalid(kOp, absl::StrCat("chunk_region_bytes (", p.chunk_region_bytes,
-                                     ") cannot hold 1 << chunk_shift blocks of block_bytes (",
-                                     p.block_bytes, ")"));
-  }
+  if (p.num_pairs == 0) return absl::OkStatus();  // negative: ValidateCopyBlocks
+  if (absl::Status s = ValidateCopyBlocks(p); !s.ok()) return s;
   // CopyBlocksParams carries no chunk count, so the upper bound of an id cannot be checked
   // here (see the header); negative ids and ids in a null chunk are rejected.
   for (int32_t i = 0; i < p.num_pairs; ++i) {

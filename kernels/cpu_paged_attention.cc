@@ -64,13 +64,21 @@ absl::Status Validate(const PagedAttentionParams& p) {
     return Invalid(absl::StrCat("q_stride (", p.q_stride, ") and out_stride (", p.out_stride,
                                 ") must be >= num_q_heads * head_dim (", width, ")"));
   }
+  if (p.max_q_len < 0) return Invalid(absl::StrCat("max_q_len is ", p.max_q_len, ", not >= 0"));
   const BlockTableView& b = p.blocks;
   if (p.q_indptr[0] < 0 || b.indptr[0] < 0) return Invalid("q_indptr[0] or blocks.indptr[0] < 0");
   for (int32_t s = 0; s < b.num_seqs; ++s) {
+    // Compared before subtracting: a decrease to a large negative entry would wrap the
+    // difference to a positive length.
+    if (p.q_indptr[s + 1] < p.q_indptr[s]) {
+      return Invalid(absl::StrCat("q_indptr decreases at sequence ", s));
+    }
+    if (b.indptr[s + 1] < b.indptr[s]) {
+      return Invalid(absl::StrCat("blocks.indptr decreases at sequence ", s));
+    }
+    // Both entries are in [0, INT32_MAX] (entry 0 is checked above), so these fit.
     const int32_t q_len = p.q_indptr[s + 1] - p.q_indptr[s];
     const int32_t num_blocks = b.indptr[s + 1] - b.indptr[s];
-    if (q_len < 0) return Invalid(absl::StrCat("q_indptr decreases at sequence ", s));
-    if (num_blocks < 0) return Invalid(absl::StrCat("blocks.indptr decreases at sequence ", s));
     for (int32_t i = b.indptr[s]; i < b.indptr[s + 1]; ++i) {
       if (absl::Status st =
               ValidateBlockId("PagedAttention", "blocks.indices", b.indices[i], p.cache.chunks,
@@ -78,6 +86,11 @@ absl::Status Validate(const PagedAttentionParams& p) {
           !st.ok()) {
         return st;
       }
+    }
+    // A device backend skips work the promise rules out, so the reference holds callers to it.
+    if (p.max_q_len > 0 && q_len > p.max_q_len) {
+      return Invalid(absl::StrCat("sequence ", s, " has q_len ", q_len, " > max_q_len ",
+                                  p.max_q_len, " (the batch's promise)"));
     }
     if (q_len == 0) continue;
     if (num_blocks == 0) return Invalid(absl::StrCat("sequence ", s, " has queries but no blocks"));

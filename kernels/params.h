@@ -128,6 +128,8 @@ struct EmbeddingParams {
 };
 
 // Writes new tokens' K and V into the arena. Slot = block_id * block_size + offset.
+// REQUIRES: no slot appears twice (tokens are written in parallel, so which of two writes to
+// one slot lands is not defined).
 struct AppendKvParams {
   KvCacheView cache;
   const float* k = nullptr;               // [num_tokens][k_stride], num_kv_heads*head_dim used
@@ -167,7 +169,8 @@ struct PagedAttentionParams {
 };
 
 // Copies whole blocks (every layer, K and V) src[i] -> dst[i], for defragmentation and
-// copy-on-write. REQUIRES: no block appears both as a source and a destination.
+// copy-on-write. REQUIRES: no block appears both as a source and a destination, and no
+// destination twice.
 struct CopyBlocksParams {
   void* const* chunks = nullptr;  // arena chunk table, as in KvCacheView
   int32_t chunk_shift = 0;

@@ -391,6 +391,9 @@ bool CudaBackend::ReadsBf16Q(int32_t head_dim) const {
 absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
   constexpr absl::string_view kOp = "SiluMul";
   if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, RowsShape(p.num_rows, p.dim));
+  if (p.num_rows > 0) {
+    KVD_RETURN_IF_ERROR(ValidateSiluMul(p));
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchSiluMul(p, stream_), kOp);
@@ -509,18 +512,11 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
 
 absl::Status CudaBackend::CopyBlocks(const CopyBlocksParams& p) {
   constexpr absl::string_view kOp = "CopyBlocks";
-  if (p.num_pairs < 0 || p.num_regions < 0 || p.block_bytes < 0 || p.chunk_region_bytes < 0) {
-    return Invalid(kOp, absl::StrCat("num_pairs ", p.num_pairs, ", num_regions ", p.num_regions,
-                                     ", block_bytes ", p.block_bytes, ", chunk_region_bytes ",
-                                     p.chunk_region_bytes, ": none may be negative"));
-  }
-  if (p.num_pairs == 0) return absl::OkStatus();
-  if (p.chunks == nullptr || p.src == nullptr || p.dst == nullptr) {
-    return Invalid(kOp, "null chunk table or block list");
-  }
+  if (p.num_pairs == 0) return absl::OkStatus();  // negative: ValidateCopyBlocks
   if (p.num_regions > 65535) {
     return Invalid(kOp, absl::StrCat("num_regions ", p.num_regions, " > 65535"));
   }
+  KVD_RETURN_IF_ERROR(ValidateCopyBlocks(p));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchCopyBlocks(p, stream_), kOp);

@@ -275,6 +275,17 @@ TEST(ElementwiseOpsTest, BadParamsAreInvalidArgumentNamingOpAndField) {
     p = silu;
     p.gate_stride = 3;
     expect_invalid(backend.SiluMul(p), "SiluMul", "gate_stride");
+    // out over a fused [rows][gate | up] buffer: writing row 1 would overwrite the input of a
+    // row the pool may not have read yet. Only an input with stride dim may be out itself.
+    p = silu;
+    p.gate_stride = p.up_stride = 8;
+    p.up = buf.data() + 4;
+    expect_invalid(backend.SiluMul(p), "SiluMul", "out overlaps gate");
+    p.out = buf.data() + 16;  // apart from both inputs
+    EXPECT_TRUE(backend.SiluMul(p).ok());
+    p.gate = buf.data() + 32;
+    p.out = buf.data() + 4;  // up's first row, but up's rows are 8 apart
+    expect_invalid(backend.SiluMul(p), "SiluMul", "out overlaps up");
   }
 }
 

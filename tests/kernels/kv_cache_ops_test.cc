@@ -241,6 +241,10 @@ TEST(KvCacheOpsTest, BadCopyBlocksParamsAreInvalidArgumentAndWriteNothing) {
   expect_invalid("num_regions", [](CopyBlocksParams& p, Ids&, Ids&) { p.num_regions = 0; });
   expect_invalid("chunk_region_bytes",
                  [](CopyBlocksParams& p, Ids&, Ids&) { p.chunk_region_bytes -= 4; });
+  // 2^62 << chunk_shift (1) wraps past int64: the region must still be found too small.
+  expect_invalid("chunk_region_bytes",
+                 [](CopyBlocksParams& p, Ids&, Ids&) { p.block_bytes = int64_t{1} << 62; });
+  expect_invalid("chunk_shift", [](CopyBlocksParams& p, Ids&, Ids&) { p.chunk_shift = 31; });
   expect_invalid("block -1", [](CopyBlocksParams&, Ids& src, Ids&) { src[1] = -1; });
   expect_invalid("null", [](CopyBlocksParams&, Ids&, Ids& dst) { dst[0] = 3; });  // chunk 1
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -287,6 +288,19 @@ TEST(PagedAttentionTest, BadParamsAreInvalidArgumentAndWriteNothing) {
     p.last_block_len()[0] = 1;  // ... holding 1 token, for 3 causal queries
   });
   expect_invalid("q_indptr decreases", [](P& p) { p.q_indptr()[1] = 5; });
+  // A decrease to a large negative entry must not pass as a long sequence (1 - INT32_MIN
+  // wraps to a positive length in int32): it is caught at the sequence where it happens.
+  expect_invalid("q_indptr decreases at sequence 0", [](P& p) {
+    p.q_indptr()[0] = 1;
+    p.q_indptr()[1] = std::numeric_limits<int32_t>::min();
+  });
+  expect_invalid("blocks.indptr decreases at sequence 0", [](P& p) {
+    p.block_indptr()[0] = 1;
+    p.block_indptr()[1] = std::numeric_limits<int32_t>::min();
+  });
+  // Sequence 0 has 3 query rows: a promise of at most 1 (or a negative one) is broken.
+  expect_invalid("max_q_len 1", [](P& p) { p.params().max_q_len = 1; });
+  expect_invalid("max_q_len is -1", [](P& p) { p.params().max_q_len = -1; });
   expect_invalid("no blocks", [](P& p) { p.block_indptr()[2] = p.block_indptr()[1]; });
 }
 
