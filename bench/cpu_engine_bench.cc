@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -65,7 +66,7 @@ int Main(int argc, char** argv) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int repeats = static_cast<int>(std::max<int64_t>(1, flags.GetInt("repeats")));
   CpuBackend backend(threads);
-  auto model = LlamaModel::Create(*weights, &backend);
+  auto model = LlamaModel::Create(*std::move(weights), &backend);
   if (!model.ok()) return 1;
   RealClock clock;
 

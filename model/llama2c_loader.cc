@@ -3,16 +3,21 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <new>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/regular_file.h"
 
 namespace kvd {
 
@@ -237,6 +242,21 @@ int64_t ExpectedBytes(const Header& header, const std::vector<Segment>& segments
   return bytes;
 }
 
+// The host memory the kernel says is available for new allocations without swapping
+// (/proc/meminfo's MemAvailable), or nothing where that is not known. A container's memory
+// limit is not in it; an allocation past that limit fails as std::bad_alloc or not at all.
+std::optional<int64_t> AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    long long kib = 0;  // "MemAvailable:   12345 kB"
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1 && kib >= 0) {
+      return int64_t{kib} * 1024;
+    }
+  }
+  return std::nullopt;
+}
+
 // An open checkpoint whose header parsed and whose size matches it.
 struct CheckedFile {
   std::ifstream stream;
@@ -246,19 +266,9 @@ struct CheckedFile {
 };
 
 absl::Status OpenAndCheck(const std::string& path, CheckedFile& file) {
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) {
-    return absl::NotFoundError(absl::StrCat(Where(path), ": no such file"));
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(path), ": not a regular file"));
-  }
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat(Where(path), ": cannot stat: ", ec.message()));
-  }
-  const int64_t file_bytes = static_cast<int64_t>(size);
+  const absl::StatusOr<int64_t> size = RegularFileSize(path, Where(path));
+  if (!size.ok()) return size.status();
+  const int64_t file_bytes = *size;
 
   file.stream.open(path, std::ios::binary);
   if (!file.stream) {
@@ -298,13 +308,29 @@ absl::StatusOr<ModelSpec> ReadLlama2cSpec(const std::string& path) {
 absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path) {
   CheckedFile file;
   if (absl::Status s = OpenAndCheck(path, file); !s.ok()) return s;
+  int64_t needed = 0;
+  for (const Segment& segment : file.segments) {
+    if (segment.dest != nullptr) needed += segment.num_floats * int64_t{sizeof(float)};
+  }
+  if (const std::optional<int64_t> available = AvailableHostBytes();
+      available.has_value() && needed > *available) {
+    return absl::ResourceExhaustedError(absl::StrCat(Where(path), ": its weights need ", needed,
+                                                     " bytes of host memory, more than the ",
+                                                     *available, " available"));
+  }
   file.stream.seekg(file.header.header_bytes, std::ios::beg);
   for (const Segment& segment : file.segments) {
     const int64_t num_bytes = segment.num_floats * int64_t{sizeof(float)};
     if (segment.dest == nullptr) {
       file.stream.seekg(num_bytes, std::ios::cur);
     } else {
-      segment.dest->resize(segment.num_floats);
+      try {
+        segment.dest->resize(segment.num_floats);
+      } catch (const std::bad_alloc&) {  // a limit the estimate above did not see
+        return absl::ResourceExhaustedError(absl::StrCat(Where(path), ": out of host memory for ",
+                                                         num_bytes, " bytes of weights (", needed,
+                                                         " in all)"));
+      }
       file.stream.read(reinterpret_cast<char*>(segment.dest->data()), num_bytes);
     }
     // The size was checked, so this only trips if the file changes underneath us.

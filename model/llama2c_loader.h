@@ -42,7 +42,9 @@ namespace kvd {
 //
 // Both functions are stateless and thread safe.
 
-// Loads the whole checkpoint into host fp32 weights.
+// Loads the whole checkpoint into host fp32 weights. ResourceExhausted naming the bytes
+// when the weights need more host memory than the system has available (MemAvailable), or
+// an allocation fails.
 absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path);
 
 // Reads only the header (and checks the file size against it); cheap for any model size.

@@ -11,10 +11,20 @@ namespace kvd {
 
 namespace {
 
+// Frees a host tensor's memory (clear() alone keeps the capacity).
+void Release(std::vector<float>& v) { std::vector<float>().swap(v); }
+
+// Uploads the parts as one tensor, rows of each in order, and releases them.
 absl::StatusOr<DeviceBuffer> UploadConcat(Backend* backend,
-                                          std::initializer_list<const std::vector<float>*> parts) {
+                                          std::initializer_list<std::vector<float>*> parts) {
   std::vector<float> joined;
-  for (const auto* p : parts) joined.insert(joined.end(), p->begin(), p->end());
+  size_t total = 0;
+  for (const auto* p : parts) total += p->size();
+  joined.reserve(total);
+  for (auto* p : parts) {
+    joined.insert(joined.end(), p->begin(), p->end());
+    Release(*p);
+  }
   return backend->UploadWeights(joined.data(), joined.size());
 }
 
@@ -26,7 +36,7 @@ absl::Status CheckSize(const char* name, const std::vector<float>& v, int64_t ex
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelWeights& weights,
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(ModelWeights weights,
                                                                Backend* backend) {
   KVD_RETURN_IF_ERROR(weights.spec.Validate());
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights.spec, backend));
@@ -75,7 +85,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateFromFactory(const 
   return model;
 }
 
-absl::Status LlamaModel::Upload(const ModelWeights& w) {
+absl::Status LlamaModel::Upload(ModelWeights& w) {
   const ModelSpec& s = spec_;
   const int64_t dim = s.dim, hidden = s.hidden_dim;
   const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
@@ -92,10 +102,11 @@ absl::Status LlamaModel::Upload(const ModelWeights& w) {
     KVD_RETURN_IF_ERROR(CheckSize("classifier", w.classifier, s.vocab_size * dim));
   }
 
-  auto upload = [&](const std::vector<float>& v, DeviceBuffer* out) -> absl::Status {
+  auto upload = [&](std::vector<float>& v, DeviceBuffer* out) -> absl::Status {
     auto buf = backend_->UploadWeights(v.data(), v.size());
     if (!buf.ok()) return buf.status();
     *out = std::move(*buf);
+    Release(v);
     return absl::OkStatus();
   };
   KVD_RETURN_IF_ERROR(upload(w.token_embedding, &token_embedding_));
@@ -104,7 +115,7 @@ absl::Status LlamaModel::Upload(const ModelWeights& w) {
 
   layers_.resize(s.num_layers);
   for (int32_t l = 0; l < s.num_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
+    LayerWeights& lw = w.layers[l];
     const std::string at = absl::StrCat("layers[", l, "].");
     KVD_RETURN_IF_ERROR(CheckSize((at + "attn_norm").c_str(), lw.attn_norm, dim));
     KVD_RETURN_IF_ERROR(CheckSize((at + "wq").c_str(), lw.wq, q_dim * dim));

@@ -70,9 +70,11 @@ struct DecodeGraphStats {
 // safe: one engine thread calls Forward.
 class LlamaModel {
  public:
-  // Uploads the weights. `backend` must outlive the model.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelWeights& weights,
-                                                            Backend* backend);
+  // Uploads the weights, freeing each host tensor once it is uploaded: weights moved in
+  // (std::move) take at most their size plus one layer's joined Q/K/V or gate/up tensor of
+  // host memory while they load, where a copy kept by the caller would double that.
+  // `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(ModelWeights weights, Backend* backend);
   // Weights made by `make`, once per tensor in index order: for synthetic models too large
   // for host fp32 (llama3-8b is 16 GB in bf16). InvalidArgument for an invalid spec or a
   // buffer smaller than the tensor; otherwise the factory's error.
@@ -143,7 +145,7 @@ class LlamaModel {
   };
 
   LlamaModel(const ModelSpec& spec, Backend* backend) : spec_(spec), backend_(backend) {}
-  absl::Status Upload(const ModelWeights& weights);
+  absl::Status Upload(ModelWeights& weights);  // leaves the host tensors empty
   absl::Status EnsureScratch(int32_t num_tokens, int32_t num_logit_rows);
   absl::Status UploadBatch(const ForwardBatch& batch);
   // Enqueues the whole forward pass of `b`; logits land in logits_.

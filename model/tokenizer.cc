@@ -1,18 +1,20 @@
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <queue>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "model/regular_file.h"
 
 namespace kvd {
 namespace {
@@ -88,15 +90,21 @@ struct MergeAfter {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::string& path,
                                                                   int32_t expected_vocab_size) {
+  const std::string what = absl::StrFormat("tokenizer file '%s'", path);
+  const absl::StatusOr<int64_t> size = RegularFileSize(path, what);
+  if (!size.ok()) return size.status();
+  if (*size > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes, more than a tokenizer's limit of %d", what, *size, kMaxFileBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrFormat("tokenizer file '%s': cannot open: %s", path, std::strerror(errno)));
+    return absl::NotFoundError(absl::StrFormat("%s: cannot open: %s", what, std::strerror(errno)));
   }
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
+  std::string data(static_cast<size_t>(*size), '\0');
+  if (!in.read(data.data(), *size)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("tokenizer file '%s': read error after %d bytes", path, data.size()));
+        absl::StrFormat("%s: read error after %d bytes", what, in.gcount()));
   }
   auto corrupt = [&path](size_t offset, const std::string& what) {
     return absl::InvalidArgumentError(
@@ -135,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
       return corrupt(offset, absl::StrFormat("truncated piece of token %d: need %d bytes, %d left",
                                              token, num_bytes, data.size() - offset));
     }
+    tokenizer->longest_piece_ = std::max(tokenizer->longest_piece_, num_bytes);
     tokenizer->pieces_.push_back(data.substr(offset, num_bytes));
     tokenizer->scores_.push_back(score);
     offset += num_bytes;
@@ -206,7 +215,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
 
   std::priority_queue<MergeCandidate, std::vector<MergeCandidate>, MergeAfter> heap;
   std::string pair;
-  pair.reserve(2 * static_cast<size_t>(max_token_length_));
+  pair.reserve(2 * static_cast<size_t>(longest_piece_));
   auto consider = [&](int32_t left) {
     if (left < 0) return;
     const int32_t right = symbols[left].next;
@@ -268,7 +277,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FindBesideModel(const std:
   std::vector<std::string> tried;
   for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
     const std::string path = (dir / name).string();
-    if (!std::filesystem::exists(path)) continue;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec) && !ec) continue;  // an error: LoadLlama2c names it
     auto tokenizer = LoadLlama2c(path, vocab_size);
     if (tokenizer.ok()) return tokenizer;
     tried.push_back(absl::StrCat(path, ": ", tokenizer.status().message()));

@@ -28,14 +28,17 @@ class Tokenizer {
   static constexpr int32_t kBosId = 1;
   static constexpr int32_t kEosId = 2;
   static constexpr int32_t kFirstByteId = 3;  // id of "<0x00>"
+  // The largest tokenizer file LoadLlama2c reads (Llama 2's 32k vocabulary is 0.4 MB).
+  static constexpr int64_t kMaxFileBytes = int64_t{256} << 20;
 
   // Reads a llama2.c tokenizer.bin:
   //   int32 max_token_length
   //   repeated until EOF: float32 score, int32 num_bytes, num_bytes bytes of the piece
   // (little endian). The file does not store the vocabulary size; entries are read to EOF.
-  // Errors: NotFound if the file cannot be opened; InvalidArgument naming the file and the
-  // byte offset for a truncated or corrupt file (short header, negative or too long piece,
-  // NaN score, missing byte pieces) and when expected_vocab_size >= 0 does not match.
+  // Errors: NotFound if nothing is at `path`; InvalidArgument for what is not a regular file
+  // or is larger than kMaxFileBytes, naming the file and the byte offset for a truncated or
+  // corrupt file (short header, negative or too long piece, NaN score, missing byte
+  // pieces), and when expected_vocab_size >= 0 does not match (RegularFileSize for the rest).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2c(const std::string& path,
                                                                 int32_t expected_vocab_size = -1);
 
@@ -88,7 +91,8 @@ class Tokenizer {
 
   Tokenizer() = default;
 
-  int32_t max_token_length_ = 0;
+  int32_t max_token_length_ = 0;     // the file's header, at least longest_piece_
+  int32_t longest_piece_ = 0;        // bytes of the longest piece read
   std::vector<std::string> pieces_;  // [vocab_size]
   std::vector<float> scores_;        // [vocab_size]
   std::vector<int16_t> byte_of_;     // [vocab_size] raw byte of a "<0xXX>" piece, else -1

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -443,6 +444,47 @@ TEST(Llama2cLoaderTest, AbsurdSizesAreRefusedWithoutAllocating) {
   s = LoadBytes("huge_header.bin", bytes);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), AllOf(HasSubstr("expected"), HasSubstr("truncated")));
+}
+
+TEST(Llama2cLoaderTest, WeightsLargerThanHostMemoryAreResourceExhausted) {
+  // A consistent header whose weights take about 3.8 TB, in a sparse file of that size: the
+  // loader must refuse before allocating, not be killed for memory part way through.
+  const Params p{.dim = 16384,
+                 .hidden_dim = 16384,
+                 .n_layers = 512,
+                 .n_heads = 128,
+                 .n_kv_heads = 128,
+                 .vocab_size = 32000,
+                 .seq_len = 4096};
+  const int64_t dim = p.dim, hidden = p.hidden_dim, head = p.dim / p.n_heads;
+  const int64_t kv_dim = head * p.n_kv_heads;
+  // llama2.c's order: embedding, per-layer norms and matrices, final norm, RoPE tables.
+  const int64_t floats =
+      p.vocab_size * dim +
+      p.n_layers * (2 * dim + dim * dim * 2 + dim * kv_dim * 2 + 3 * dim * hidden) + dim +
+      p.seq_len * head;
+  std::string header;
+  AppendParams(header, p, p.vocab_size);
+  const std::string path = UniqueTempPath("huge_sparse.bin");
+  WriteFile(path, header);
+  std::filesystem::resize_file(path, header.size() + floats * int64_t{sizeof(float)});
+  ASSERT_TRUE(ReadLlama2cSpec(path).ok()) << ReadLlama2cSpec(path).status();
+  const absl::Status s = LoadLlama2cCheckpoint(path).status();
+  std::filesystem::remove(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Needed: every tensor but the RoPE tables, which are skipped.
+  const int64_t needed = (floats - p.seq_len * head) * int64_t{sizeof(float)};
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr(absl::StrCat(needed, " bytes")),
+                                 HasSubstr("available")));
+}
+
+TEST(Llama2cLoaderTest, APathThatCannotBeExaminedNamesTheReason) {
+  const std::string path = UniqueTempPath("loop.bin");
+  std::filesystem::create_symlink(std::filesystem::path(path).filename(), path);
+  const absl::Status s = LoadLlama2cCheckpoint(path).status();
+  std::filesystem::remove(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr("symbolic links")));
 }
 
 TEST(Llama2cLoaderTest, UnsupportedVersionsAreNamed) {

@@ -1,7 +1,12 @@
 #include "model/tokenizer.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -15,6 +20,7 @@
 namespace kvd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -459,6 +465,74 @@ TEST(TokenizerLoadTest, NonPositiveMaxTokenLengthIsRejected) {
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_THAT(tokenizer.status().message(), HasSubstr("max_token_length 0"));
 }
+
+TEST(TokenizerLoadTest, WhatIsNotARegularFileIsRefusedNamingIt) {
+  // A directory (read as a stream it throws), and a device that would be read forever.
+  for (const std::string& path : {::testing::TempDir(), std::string("/dev/zero")}) {
+    auto tokenizer = Tokenizer::LoadLlama2c(path);
+    ASSERT_FALSE(tokenizer.ok()) << path;
+    EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(tokenizer.status().message(),
+                AllOf(HasSubstr(path), HasSubstr("not a regular file")));
+  }
+}
+
+TEST(TokenizerLoadTest, APathThatCannotBeExaminedIsAnErrorNotACrash) {
+  // tok512.bin beside the model is a symbolic link to itself.
+  const std::string dir = ::testing::TempDir() + "/kvd_tokenizer_test_loop";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink("tok512.bin", dir + "/tok512.bin");
+  auto direct = Tokenizer::LoadLlama2c(dir + "/tok512.bin");
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(direct.status().message(), HasSubstr("symbolic links"));
+  auto beside = Tokenizer::FindBesideModel(dir + "/model.bin", 512);
+  ASSERT_FALSE(beside.ok());
+  EXPECT_EQ(beside.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(beside.status().message(), HasSubstr("symbolic links"));
+  std::filesystem::remove_all(dir);
+}
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVD_HAS_ASAN_FEATURE 1
+#endif
+#endif
+#ifndef KVD_HAS_ASAN_FEATURE
+#define KVD_HAS_ASAN_FEATURE 0
+#endif
+
+// AddressSanitizer maps terabytes of shadow memory: an address-space limit cannot apply.
+#if !defined(__SANITIZE_ADDRESS__) && !KVD_HAS_ASAN_FEATURE
+// The process's mapped address space now (/proc/self/statm's first field, in pages).
+size_t CurrentAddressSpaceBytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(TokenizerLoadTest, AnOverstatedMaxTokenLengthCostsNoMemory) {
+  // The header's max_token_length is only an upper bound of the pieces: 2^31 - 1 here, with
+  // pieces of at most 6 bytes. Encoding sizes its buffers from the pieces, so it runs in a
+  // process that may not map 1 GiB more (it reserved 4 GiB a call before).
+  const std::string path = WriteTemp("overstated", Serialize(0x7fffffff, BaseEntries()));
+  auto tokenizer = Tokenizer::LoadLlama2c(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EXIT(
+      {
+        rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        rlimit lowered = limit;
+        lowered.rlim_cur = CurrentAddressSpaceBytes() + (size_t{1} << 30);
+        setrlimit(RLIMIT_AS, &lowered);
+        const std::vector<int32_t> ids = (*tokenizer)->Encode("Once upon a time", true);
+        std::exit(ids.size() > 1 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+#endif
 
 TEST(TokenizerLoadTest, NanScoreIsRejected) {
   std::vector<Entry> entries = BaseEntries();

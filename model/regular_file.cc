@@ -1,0 +1,29 @@
+#include "model/regular_file.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvd {
+
+absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    const std::string message = absl::StrCat(what, ": cannot examine the path: ", ec.message());
+    return ec == std::errc::permission_denied ? absl::PermissionDeniedError(message)
+                                              : absl::InvalidArgumentError(message);
+  }
+  if (!std::filesystem::exists(status))
+    return absl::NotFoundError(absl::StrCat(what, ": no such file"));
+  if (!std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a regular file"));
+  }
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot stat: ", ec.message()));
+  return static_cast<int64_t>(size);
+}
+
+}  // namespace kvd
