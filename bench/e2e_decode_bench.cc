@@ -316,7 +316,10 @@ int Main(int argc, char** argv) {
     return fail(absl::InvalidArgumentError("--model must be synthetic:<preset>"));
   }
   auto device = ResolveDevice(flags.GetString("device"));
-  if (!device.ok()) return fail(device.status());
+  if (!device.ok()) {
+    return fail(absl::Status(device.status().code(),
+                             absl::StrCat("--device: ", device.status().message())));
+  }
   auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return fail(backend.status());
   const int32_t steps = static_cast<int32_t>(std::max<int64_t>(1, flags.GetInt("steps")));

@@ -19,7 +19,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  serve      run the daemon: gRPC API, health, reflection and /metrics\n"
     "  client     stream a completion from a running daemon\n"
-    "  generate   complete one prompt on the CPU engine and print the text\n"
+    "  generate   complete one prompt in this process and print the text (on CUDA when a\n"
+    "             GPU is visible, else on the CPU; --device picks)\n"
     "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
     "\n"
     "`kvd <command> --help` describes a command's flags.\n";

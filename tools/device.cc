@@ -66,18 +66,18 @@ absl::StatusOr<Device> ResolveDevice(std::string_view name) {
   if (name == "cpu") return Device::kCpu;
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device '", std::string(name), "' is not one of cpu, cuda, auto"));
+        absl::StrCat("'", std::string(name), "' is not one of cpu, cuda, auto"));
   }
 #if defined(KVD_HAVE_CUDA)
   const int count = CudaDeviceCount();
   if (count > 0) return Device::kCuda;
   if (name == "auto") return Device::kCpu;
-  return absl::UnavailableError("--device cuda: no CUDA device is visible (no GPU or no driver)");
+  return absl::UnavailableError("'cuda': no CUDA device is visible (no GPU or no driver)");
 #else
   if (name == "auto") return Device::kCpu;
   return absl::FailedPreconditionError(
-      "--device cuda: this kvd was built without the CUDA backend (configure with a CUDA "
-      "toolkit and KVD_CUDA=ON)");
+      "'cuda': this kvd was built without the CUDA backend (configure with a CUDA toolkit and "
+      "KVD_CUDA=ON)");
 #endif
 }
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cache/memory_estimator.h"
 #include "config/byte_size.h"
@@ -22,45 +23,65 @@ FlagSet MakeFlags() {
       "\n"
       "KV-cache memory for B sequences of L tokens: per token, per block, for the batch, and\n"
       "how many such sequences fit in BYTES. Beside it, the d_model formula\n"
-      "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.");
+      "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.\n"
+      "The default, bf16, is what the CUDA backend stores; the CPU backend stores KV as f32\n"
+      "(twice the bytes): pass --kv-dtype f32 for CPU deployments.");
   f.AddString("model", "llama2.c checkpoint (only its header is read) or synthetic:<preset> "
                        "(tiny, llama2-7b, llama3-8b)");
   f.AddInt("batch", "number of sequences");
   f.AddInt("seq-len", "tokens per sequence (prompt + output)");
-  f.AddString("kv-dtype", "KV storage: f32, bf16, fp16, fp8, int8, int4", std::string("bf16"));
-  f.AddInt("block-size", "tokens per KV block", 16);
-  f.AddString("budget", "KV memory to fit into, e.g. 80GB or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
+  f.AddString("kv-dtype",
+              "KV storage, any case: f32 (the CPU backend), bf16 (CUDA), fp16, fp8, int8, int4",
+              std::string("bf16"));
+  f.AddInt("block-size", "tokens per KV block", 16,
+           IntRange{1, std::numeric_limits<int32_t>::max()});
+  f.AddString("budget",
+              "KV memory to fit into, > 0, e.g. 80GB or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
   f.AddBool("json", "print one JSON object instead of a table");
   return f;
+}
+
+// The KV dtype --kv-dtype names: a ParseDType name in any case, as the config reads its
+// kv_cache_config.quantization names (which are ParseDType names too). The config's "none",
+// the backend's native type, is refused with the two types it means: the estimate has no
+// backend to pick one.
+absl::StatusOr<DType> ParseKvDtype(const std::string& text) {
+  const std::string name = absl::AsciiStrToLower(text);
+  if (name == "none") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-dtype: '", text,
+        "' (kv_cache_config.quantization) is the backend's native KV type, which depends on "
+        "the device: pass f32 for the CPU backend, bf16 for CUDA"));
+  }
+  if (std::optional<DType> dtype = ParseDType(name)) return *dtype;
+  return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: unknown type '", text,
+                                                 "'; allowed: f32, bf16, fp16, fp8, int8, int4"));
 }
 
 absl::Status Run(const FlagSet& flags, std::ostream& out) {
   auto spec = LoadModelSpec(flags.GetString("model"));
   if (!spec.ok()) return spec.status();
-  const std::string dtype_name = flags.GetString("kv-dtype");
-  const std::optional<DType> dtype = ParseDType(dtype_name);
-  if (!dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-dtype: unknown type '", dtype_name, "'; allowed: f32, bf16, fp16, fp8, int8, int4"));
-  }
+  auto dtype = ParseKvDtype(flags.GetString("kv-dtype"));
+  if (!dtype.ok()) return dtype.status();
   MemoryEstimateRequest req;
   req.num_layers = spec->num_layers;
   req.d_model = spec->dim;
   req.num_kv_heads = spec->num_kv_heads;
   req.head_dim = spec->head_dim;
   req.kv_dtype = *dtype;
-  const int64_t block_size = flags.GetInt("block-size");
-  if (block_size < 1 || block_size > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("--block-size: ", block_size, " is outside [1, ",
-                                                   std::numeric_limits<int32_t>::max(), "]"));
-  }
-  req.block_size = static_cast<int32_t>(block_size);
+  req.block_size = static_cast<int32_t>(flags.GetInt("block-size"));  // ranged in MakeFlags
   req.batch = flags.GetInt("batch");
   req.seq_len = flags.GetInt("seq-len");
   if (flags.Has("budget")) {
     auto budget = ParseByteSize(flags.GetString("budget"));
     if (!budget.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
+    }
+    // The estimator reads 0 as "no budget"; a typed 0 is a mistake, not that (nothing fits).
+    if (*budget == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--budget: '", flags.GetString("budget"),
+                       "' is zero bytes; allowed: a byte size > 0 (leave --budget out for none)"));
     }
     req.budget_bytes = *budget;
   }

@@ -1,19 +1,47 @@
 #include "tools/flags.h"
 
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace kvd {
+
+namespace {
+
+// True when `text` is a decimal integer as absl::SimpleAtoi reads it (surrounding whitespace,
+// an optional sign, digits) of any size: SimpleAtoi failing on such text means out of range.
+bool IsDecimalInteger(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (!text.empty() && (text.front() == '+' || text.front() == '-')) text.remove_prefix(1);
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return absl::ascii_isdigit(c); });
+}
+
+constexpr IntRange kAllInt64 = {std::numeric_limits<int64_t>::min(),
+                                std::numeric_limits<int64_t>::max()};
+
+}  // namespace
 
 void FlagSet::AddString(std::string name, std::string help, std::optional<std::string> def) {
   order_.push_back(name);
   flags_[name] = {Kind::kString, std::move(help), std::move(def)};
 }
 
-void FlagSet::AddInt(std::string name, std::string help, std::optional<int64_t> def) {
+void FlagSet::AddInt(std::string name, std::string help, std::optional<int64_t> def,
+                     std::optional<IntRange> range) {
   order_.push_back(name);
   flags_[name] = {Kind::kInt, std::move(help),
+                  def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt, range};
+}
+
+void FlagSet::AddUint64(std::string name, std::string help, std::optional<uint64_t> def) {
+  order_.push_back(name);
+  flags_[name] = {Kind::kUint64, std::move(help),
                   def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt};
 }
 
@@ -63,11 +91,23 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       }
       value = args[++i];
     }
-    if (flag.kind == Kind::kInt) {
-      int64_t v;
-      if (!absl::SimpleAtoi(*value, &v)) {
+    if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) {
+      if (!IsDecimalInteger(*value)) {
         return absl::InvalidArgumentError(
             absl::StrCat("flag --", name, " wants an integer, got '", *value, "'"));
+      }
+      bool in_range;
+      if (flag.kind == Kind::kUint64) {
+        uint64_t v;
+        in_range = absl::SimpleAtoi(*value, &v);  // refuses a sign of '-'
+      } else {
+        int64_t v;
+        const IntRange range = flag.range.value_or(kAllInt64);
+        in_range = absl::SimpleAtoi(*value, &v) && v >= range.min && v <= range.max;
+      }
+      if (!in_range) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --", name, ": ", *value, " is outside ", RangeText(flag)));
       }
     } else if (flag.kind == Kind::kFloat) {
       double v;
@@ -93,6 +133,12 @@ int64_t FlagSet::GetInt(const std::string& name) const {
   return v;
 }
 
+uint64_t FlagSet::GetUint64(const std::string& name) const {
+  uint64_t v = 0;
+  (void)absl::SimpleAtoi(GetString(name), &v);
+  return v;
+}
+
 double FlagSet::GetFloat(const std::string& name) const {
   double v = 0;
   (void)absl::SimpleAtod(GetString(name), &v);
@@ -112,14 +158,27 @@ std::string FlagSet::Usage() const {
     const Flag& flag = flags_.at(name);
     std::string left = absl::StrCat("  --", name);
     if (flag.kind == Kind::kString) absl::StrAppend(&left, " TEXT");
-    if (flag.kind == Kind::kInt) absl::StrAppend(&left, " N");
+    if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) absl::StrAppend(&left, " N");
     if (flag.kind == Kind::kFloat) absl::StrAppend(&left, " X");
     absl::StrAppend(&out, absl::StrFormat("%-28s %s", left, flag.help));
-    if (flag.def) absl::StrAppend(&out, " (default ", *flag.def, ")");
+    std::vector<std::string> notes;
+    if (flag.def) notes.push_back(absl::StrCat("default ", *flag.def));
+    if (flag.range || flag.kind == Kind::kUint64) {
+      notes.push_back(absl::StrCat("range ", RangeText(flag)));
+    }
+    if (!notes.empty()) absl::StrAppend(&out, " (", absl::StrJoin(notes, "; "), ")");
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, absl::StrFormat("%-28s %s\n", "  --help", "print this help"));
   return out;
+}
+
+std::string FlagSet::RangeText(const Flag& flag) {
+  if (flag.kind == Kind::kUint64) {
+    return absl::StrCat("[0, ", std::numeric_limits<uint64_t>::max(), "]");
+  }
+  const IntRange range = flag.range.value_or(kAllInt64);
+  return absl::StrCat("[", range.min, ", ", range.max, "]");
 }
 
 }  // namespace kvd

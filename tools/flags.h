@@ -11,15 +11,28 @@
 
 namespace kvd {
 
+// The closed range [min, max] an integer flag accepts.
+struct IntRange {
+  int64_t min;
+  int64_t max;
+};
+
 // A subcommand's flags: declared once with their help text, then parsed from argv.
 // `--name value` and `--name=value` both work; boolean flags take no value. Unknown flags,
-// missing values and malformed numbers are errors that name the flag and the value.
+// missing values, malformed numbers and integers outside their flag's range are errors that
+// name the flag and the value as typed (and the range): a number is never wrapped or clamped.
 class FlagSet {
  public:
   explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}
 
   void AddString(std::string name, std::string help, std::optional<std::string> def = {});
-  void AddInt(std::string name, std::string help, std::optional<int64_t> def = {});
+  // An int64 flag; with `range`, Parse refuses values outside it, so a caller may narrow the
+  // value to any type that holds the range. Usage() shows the range.
+  // REQUIRES: range->min <= *def <= range->max when both are given.
+  void AddInt(std::string name, std::string help, std::optional<int64_t> def = {},
+              std::optional<IntRange> range = {});
+  // A uint64 flag (seeds): 0 .. 18446744073709551615; a negative value is out of range.
+  void AddUint64(std::string name, std::string help, std::optional<uint64_t> def = {});
   void AddFloat(std::string name, std::string help, std::optional<double> def = {});
   void AddBool(std::string name, std::string help);
 
@@ -29,7 +42,10 @@ class FlagSet {
   bool help() const { return help_; }
   bool Has(const std::string& name) const { return values_.contains(name); }
   std::string GetString(const std::string& name) const;
+  // REQUIRES: `name` was added with AddInt.
   int64_t GetInt(const std::string& name) const;
+  // REQUIRES: `name` was added with AddUint64.
+  uint64_t GetUint64(const std::string& name) const;
   double GetFloat(const std::string& name) const;
   bool GetBool(const std::string& name) const { return Has(name); }
   // Fails naming the first missing required flag.
@@ -39,12 +55,16 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kInt, kFloat, kBool };
+  enum class Kind { kString, kInt, kUint64, kFloat, kBool };
   struct Flag {
     Kind kind;
     std::string help;
     std::optional<std::string> def;
+    std::optional<IntRange> range;  // kInt only; none = all of int64
   };
+  // "[min, max]": the values an integer flag accepts.
+  static std::string RangeText(const Flag& flag);
+
   std::string usage_;
   std::vector<std::string> order_;
   std::map<std::string, Flag> flags_;

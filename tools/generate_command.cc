@@ -1,8 +1,11 @@
 #include "tools/generate_command.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +25,12 @@ namespace kvd {
 
 namespace {
 
+// The integer flags' ranges are those of the fields they set (int32), so the casts in Run()
+// keep every value Parse() lets through. --threads is capped as the config's
+// server.num_threads is.
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxCpuThreads = 1024;
+
 FlagSet MakeFlags() {
   FlagSet f(
       "kvd generate --model PATH --prompt TEXT [--tokenizer PATH] [--max-tokens N]\n"
@@ -31,21 +40,24 @@ FlagSet MakeFlags() {
       "Completes PROMPT with the model and prints the completion (the prompt is not\n"
       "repeated). llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
       "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
-      "reference); synthetic models are generated in device memory from --seed.");
+      "reference); synthetic models are generated in device memory from --seed. A number\n"
+      "outside its flag's range (below) is a usage error, never wrapped or clamped.");
   f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
               "whichever matches its vocabulary");
   f.AddString("prompt", "text to complete");
-  f.AddInt("max-tokens", "most tokens to generate", 256);
+  f.AddInt("max-tokens", "most tokens to generate", 256, IntRange{0, kMaxInt32});
   f.AddFloat("temperature", "0 = greedy; otherwise softmax temperature", 1.0);
   f.AddFloat("top-p", "nucleus sampling mass, in (0, 1]", 1.0);
-  f.AddInt("top-k", "keep the K most likely tokens; 0 = off", 0);
+  f.AddInt("top-k", "keep the K most likely tokens; 0 = off", 0, IntRange{0, kMaxInt32});
   f.AddFloat("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
-  f.AddInt("seed", "sampling seed; the same seed gives the same text", 0);
-  f.AddInt("block-size", "tokens per KV block", 16);
+  f.AddUint64("seed",
+              "sampling seed, as the config's model.seed; the same seed gives the same text", 0);
+  f.AddInt("block-size", "tokens per KV block", 16, IntRange{1, kMaxInt32});
   f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
-  f.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
+  f.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0,
+           IntRange{0, kMaxCpuThreads});
   f.AddBool("json", "print one JSON object instead of text");
   return f;
 }
@@ -66,7 +78,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
         "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
   }
   auto device = ResolveDevice(flags.GetString("device"));
-  if (!device.ok()) return device.status();
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("--device: ", device.status().message()));
+  }
   auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return backend.status();
 
@@ -77,11 +92,11 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
     if (synthetic) {
       auto spec = LoadModelSpec(model_ref);
       if (!spec.ok()) return spec.status();
-      return CreateRandomModel(*spec, static_cast<uint64_t>(flags.GetInt("seed")), backend->get());
+      return CreateRandomModel(*spec, flags.GetUint64("seed"), backend->get());
     }
     auto weights = LoadModel(model_ref);
     if (!weights.ok()) return weights.status();
-    return LlamaModel::Create(*weights, backend->get());
+    return LlamaModel::Create(*std::move(weights), backend->get());
   }();
   if (!model.ok()) return model.status();
   const ModelSpec& spec = (*model)->spec();
@@ -94,15 +109,11 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   GenerationRequest request;
   request.prompt = (*tokenizer)->Encode(flags.GetString("prompt"), /*add_bos=*/true);
   request.max_new_tokens = static_cast<int32_t>(flags.GetInt("max-tokens"));
-  if (request.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-tokens must be >= 0, got ", request.max_new_tokens));
-  }
   request.sampling.temperature = static_cast<float>(flags.GetFloat("temperature"));
   request.sampling.top_p = static_cast<float>(flags.GetFloat("top-p"));
   request.sampling.top_k = static_cast<int32_t>(flags.GetInt("top-k"));
   request.sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
-  request.sampling.seed = static_cast<uint64_t>(flags.GetInt("seed"));
+  request.sampling.seed = flags.GetUint64("seed");
   if (auto s = request.sampling.Validate(); !s.ok()) return s;
   request.stop_token_ids = {spec.bos_token_id};
 

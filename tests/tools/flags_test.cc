@@ -3,6 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
 namespace kvd {
 namespace {
 
@@ -34,6 +40,37 @@ TEST(FlagSetTest, ErrorsNameTheFlagAndValue) {
   EXPECT_THAT(Flags().Parse({"--model"}).message(), HasSubstr("needs a value"));
   EXPECT_THAT(Flags().Parse({"stray"}).message(), HasSubstr("'stray'"));
   EXPECT_THAT(Flags().Parse({"--json=yes"}).message(), HasSubstr("takes no value"));
+}
+
+TEST(FlagSetTest, IntegersOutsideTheirRangeAreRefusedNeverWrapped) {
+  FlagSet f("test");
+  f.AddInt("max-tokens", "limit", 256, IntRange{0, 2147483647});
+  f.AddInt("offset", "any int64");
+  f.AddUint64("seed", "seed", 0);
+  // Each would once have been cut to 32 bits (5, -2147483648) or wrapped (2^64 - 1).
+  for (const char* value : {"4294967301", "2147483648", "-1", "99999999999999999999"}) {
+    const absl::Status s = f.Parse({"--max-tokens", value});
+    EXPECT_THAT(s.message(),
+                HasSubstr(absl::StrCat("--max-tokens: ", value, " is outside [0, 2147483647]")));
+  }
+  EXPECT_THAT(f.Parse({"--offset=9223372036854775808"}).message(),
+              HasSubstr("--offset: 9223372036854775808 is outside [-9223372036854775808, "
+                        "9223372036854775807]"));
+  for (const char* value : {"-1", "18446744073709551616"}) {
+    EXPECT_THAT(
+        f.Parse({"--seed", value}).message(),
+        HasSubstr(absl::StrCat("--seed: ", value, " is outside [0, 18446744073709551615]")));
+  }
+  EXPECT_THAT(f.Parse({"--seed", "1e3"}).message(), HasSubstr("wants an integer, got '1e3'"));
+  ASSERT_TRUE(f.Parse({"--max-tokens", "2147483647", "--offset", "-9223372036854775808", "--seed",
+                       "18446744073709551615"})
+                  .ok());
+  EXPECT_EQ(f.GetInt("max-tokens"), 2147483647);
+  EXPECT_EQ(f.GetInt("offset"), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(f.GetUint64("seed"), std::numeric_limits<uint64_t>::max());
+  const std::string usage = f.Usage();
+  EXPECT_THAT(usage, HasSubstr("(default 256; range [0, 2147483647])"));
+  EXPECT_THAT(usage, HasSubstr("(default 0; range [0, 18446744073709551615])"));
 }
 
 TEST(FlagSetTest, RequireAndUsage) {

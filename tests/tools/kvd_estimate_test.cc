@@ -1,11 +1,13 @@
 // `kvd estimate` reproduces the seeds' worked example and the exact GQA figure.
 
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "config/config_enums.h"
 #include "tests/tools/run_kvd.h"
 
 namespace kvd {
@@ -51,9 +53,9 @@ TEST(KvdEstimateTest, TableAndErrors) {
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget 12XB");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("--budget"));
-  // Not cut to 32 bits (4294967312 would have become 16).
+  // Not cut to 32 bits (4294967312 would have become 16): a usage error.
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --block-size 4294967312");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("--block-size: 4294967312 is outside [1, 2147483647]"));
   r = RunKvd("estimate --model synthetic:llama3-8b --seq-len 10");
   EXPECT_EQ(r.exit_code, 2);
@@ -63,6 +65,46 @@ TEST(KvdEstimateTest, TableAndErrors) {
   for (const char* f : {"--model", "--batch", "--seq-len", "--kv-dtype", "--block-size",
                         "--budget", "--json"}) {
     EXPECT_THAT(r.out, HasSubstr(f));
+  }
+}
+
+TEST(KvdEstimateTest, KvDtypeTakesTheConfigsQuantizationNamesInAnyCase) {
+  const std::string args = "estimate --model synthetic:llama3-8b --batch 1 --seq-len 16 --json";
+  for (KvQuantization q : AllValues<KvQuantization>()) {
+    if (q == KvQuantization::kNone) continue;  // no one dtype: below
+    const std::string name(Name(q));
+    const KvdResult r = RunKvd(args + " --kv-dtype " + absl::AsciiStrToUpper(name));
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["kv_dtype"], name);
+  }
+  const KvdResult f32 = RunKvd(args + " --kv-dtype F32");
+  ASSERT_EQ(f32.exit_code, 0) << f32.out;
+  EXPECT_EQ(nlohmann::json::parse(f32.out)["bytes_per_token"], 2 * 131072);
+  // `none` is the backend's native type, which the estimate cannot see: it says which to pass.
+  for (const char* none : {"none", "None"}) {
+    const KvdResult r = RunKvd(args + " --kv-dtype " + none);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.out, HasSubstr("pass f32 for the CPU backend, bf16 for CUDA"));
+  }
+}
+
+TEST(KvdEstimateTest, HelpSaysTheCpuBackendStoresF32) {
+  // The default (bf16) is CUDA's; sizing a CPU deployment with it is off by 2x.
+  const KvdResult r = RunKvd("estimate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("the CPU backend stores KV as f32"));
+  EXPECT_THAT(r.out, HasSubstr("pass --kv-dtype f32 for CPU deployments"));
+}
+
+TEST(KvdEstimateTest, ZeroBudgetIsAnErrorNotDropped) {
+  // It once printed no budget row and no budget fields, as if --budget were absent.
+  for (const char* zero : {"0", "0GB"}) {
+    const KvdResult r =
+        RunKvd(std::string(
+                   "estimate --model synthetic:llama3-8b --batch 1 --seq-len 16 --json --budget ") +
+               zero);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(std::string("--budget: '") + zero + "' is zero bytes"));
   }
 }
 

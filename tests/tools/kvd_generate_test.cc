@@ -68,6 +68,52 @@ TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
   }
 }
 
+TEST(KvdGenerateTest, TopLevelUsageSaysGenerateRunsWhereDevicePoints) {
+  // --device defaults to auto: CUDA when a GPU is visible, not always the CPU.
+  const KvdResult top = RunKvd("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_THAT(top.out, HasSubstr("generate   complete one prompt in this process and print the "
+                                 "text (on CUDA when a\n             GPU is visible, else on the "
+                                 "CPU; --device picks)"));
+}
+
+TEST(KvdGenerateTest, IntegerFlagsOutsideTheirRangeAreUsageErrors) {
+  // Once cut to 32 bits or wrapped: 4294967301 tokens ran 5, 2147483648 read as -2147483648,
+  // top-k 4294967297 as 1, block size 4294967312 as 16, threads 4294967297 as 1 and -7 as
+  // all cores, seed -1 as 2^64 - 1.
+  struct Case {
+    const char* flag;
+    const char* value;
+    const char* range;
+  };
+  for (const Case& c :
+       {Case{"max-tokens", "4294967301", "[0, 2147483647]"},
+        Case{"max-tokens", "2147483648", "[0, 2147483647]"},
+        Case{"max-tokens", "-1", "[0, 2147483647]"}, Case{"top-k", "4294967297", "[0, 2147483647]"},
+        Case{"block-size", "4294967312", "[1, 2147483647]"},
+        Case{"threads", "4294967297", "[0, 1024]"}, Case{"threads", "-7", "[0, 1024]"},
+        Case{"seed", "-1", "[0, 18446744073709551615]"},
+        Case{"seed", "18446744073709551616", "[0, 18446744073709551615]"}}) {
+    const KvdResult r = RunKvd("generate --model " + kModel + " --prompt hi --temperature 0 --" +
+                               c.flag + " " + c.value);
+    EXPECT_EQ(r.exit_code, 2) << c.flag << " " << c.value << ": " << r.out;
+    EXPECT_THAT(r.out,
+                HasSubstr(std::string("--") + c.flag + ": " + c.value + " is outside " + c.range));
+  }
+}
+
+TEST(KvdGenerateTest, SeedTakesTheWholeUint64RangeAsTheConfigDoes) {
+  // model.seed allows [0, 2^64 - 1]; so does --seed, and each seed is its own stream.
+  const std::string args = "generate --model " + kModel +
+                           " --prompt 'The little dog' --max-tokens 40 --temperature 0.9 --json";
+  const KvdResult top = RunKvd(args + " --seed 18446744073709551615");
+  ASSERT_EQ(top.exit_code, 0) << top.out;
+  EXPECT_EQ(top.out, RunKvd(args + " --seed 18446744073709551615").out);
+  const KvdResult high_bit = RunKvd(args + " --seed 9223372036854775808");
+  ASSERT_EQ(high_bit.exit_code, 0) << high_bit.out;
+  EXPECT_NE(top.out, high_bit.out);
+}
+
 TEST(KvdGenerateTest, BadInputsFailClearly) {
   KvdResult r = RunKvd("generate --prompt hi");
   EXPECT_EQ(r.exit_code, 2);
@@ -83,7 +129,7 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   EXPECT_THAT(r.out, HasSubstr("block"));
   r = RunKvd("generate --model " + kModel + " --prompt hi --device gpu");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.out, HasSubstr("'gpu' is not one of cpu, cuda, auto"));
+  EXPECT_THAT(r.out, HasSubstr("--device: 'gpu' is not one of cpu, cuda, auto"));
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));

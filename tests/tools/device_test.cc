@@ -1,0 +1,55 @@
+// A device name's errors name the value; the command names where it came from (the
+// --device flag or the config's model.device), never a flag the user did not type.
+
+#include "tools/device.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "tests/tools/run_kvd.h"
+
+namespace kvd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bin";
+
+TEST(ResolveDeviceTest, ErrorsNameTheValueAndNoSource) {
+  EXPECT_EQ(ResolveDevice("tpu").status().message(), "'tpu' is not one of cpu, cuda, auto");
+  EXPECT_EQ(*ResolveDevice("cpu"), Device::kCpu);
+  const auto cuda = ResolveDevice("cuda");
+  if (cuda.ok()) GTEST_SKIP() << "a GPU is visible: cuda resolves";
+  EXPECT_THAT(cuda.status().message(), HasSubstr("'cuda'"));
+  EXPECT_THAT(cuda.status().message(), Not(HasSubstr("--device")));
+}
+
+TEST(KvdDeviceTest, GenerateNamesTheFlag) {
+  if (ResolveDevice("cuda").ok()) GTEST_SKIP() << "a GPU is visible: cuda would run";
+  const KvdResult r = RunKvd("generate --model " + kModel + " --prompt hi --device cuda");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("kvd generate: --device: 'cuda': "));
+}
+
+TEST(KvdDeviceTest, ServeWithTheConfigKeyNamesTheKeyNotTheFlag) {
+  if (ResolveDevice("cuda").ok()) GTEST_SKIP() << "a GPU is visible: cuda would start";
+  char dir_template[] = "/tmp/kvd_device_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string config = std::string(dir_template) + "/kvd.yaml";
+  std::ofstream(config) << "model:\n  device: cuda\n";
+  const KvdResult r = RunKvd("serve --model " + kModel + " --config " + config);
+  std::remove(config.c_str());
+  rmdir(dir_template);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("kvd serve: model.device: 'cuda': "));
+  EXPECT_THAT(r.out, Not(HasSubstr("--device")));
+}
+
+}  // namespace
+}  // namespace kvd
