@@ -34,11 +34,12 @@ FlagSet MakeFlags() {
   f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
   f.AddString("prompt", "text to complete");
   f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
-  f.AddInt("max-tokens", "most tokens to generate, 0 .. 4294967295; 0 = server default", 0);
+  constexpr IntRange kUint32{0, std::numeric_limits<uint32_t>::max()};  // the proto's fields
+  f.AddInt("max-tokens", "most tokens to generate; 0 = server default", 0, kUint32);
   f.AddFloat("temperature", "a finite number; 0 = greedy", 0.0);
   f.AddFloat("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
-  f.AddInt("top-k", "0 .. 4294967295; 0 = off", 0);
-  f.AddInt("seed", "sampling seed, 0 .. 9223372036854775807; 0 = server default", 0);
+  f.AddInt("top-k", "0 = off", 0, kUint32);
+  f.AddUint64("seed", "sampling seed; 0 = server default", 0);
   f.AddString("stop", "stop string (not printed)");
   f.AddString("session-id", "multi-turn session id");
   f.AddBool("ignore-eos", "do not stop at the model's end-of-text token");
@@ -49,17 +50,6 @@ FlagSet MakeFlags() {
 
 // Longest --timeout: far beyond any call, and far inside what a time point can hold.
 constexpr double kMaxTimeoutSeconds = 10.0 * 365 * 24 * 3600;
-
-// The flag's value if it lies in [min, max]; else writes a usage error naming the flag,
-// the value and the range to `err`.
-std::optional<int64_t> IntInRange(const FlagSet& flags, const std::string& name, int64_t min,
-                                  int64_t max, std::ostream& err) {
-  const int64_t value = flags.GetInt(name);
-  if (value >= min && value <= max) return value;
-  err << "kvd client: --" << name << ": " << flags.GetString(name)
-      << " is out of range; allowed: " << min << " .. " << max << "\n";
-  return std::nullopt;
-}
 
 // The flag's value if it is finite and in [min, max] (a float field cannot hold more, and a
 // deadline of "inf" seconds is no time point); else a usage error naming the flag, the value
@@ -105,29 +95,25 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   } else {
     request.set_prompt(flags.GetString("prompt"));
   }
-  // The proto's fields are uint32, float and uint64: range-check here, so that the server
-  // sees the number the user typed (or the user sees why not), never a wrapped one.
-  constexpr int64_t kMaxUint32 = std::numeric_limits<uint32_t>::max();
+  // The proto's fields are uint32, float and uint64: the integer flags' ranges are checked
+  // by Parse, the floats' here, so that the server sees the number the user typed (or the
+  // user sees why not), never a wrapped one.
   // Temperature and top-p ranges are the server's to check; here only what a float holds.
   constexpr double kMaxFloat = std::numeric_limits<float>::max();
   constexpr char kFloatRange[] = "a finite number within a float's range (|x| <= 3.4e38)";
-  const std::optional<int64_t> max_tokens = IntInRange(flags, "max-tokens", 0, kMaxUint32, err);
-  const std::optional<int64_t> top_k = IntInRange(flags, "top-k", 0, kMaxUint32, err);
-  const std::optional<int64_t> seed =
-      IntInRange(flags, "seed", 0, std::numeric_limits<int64_t>::max(), err);
   const std::optional<double> temperature =
       FloatInRange(flags, "temperature", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> top_p =
       FloatInRange(flags, "top-p", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> timeout = FloatInRange(
       flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
-  if (!max_tokens || !top_k || !seed || !temperature || !top_p || !timeout) return 2;
+  if (!temperature || !top_p || !timeout) return 2;
   request.set_ignore_eos(flags.GetBool("ignore-eos"));
-  request.set_max_tokens(static_cast<uint32_t>(*max_tokens));
+  request.set_max_tokens(static_cast<uint32_t>(flags.GetInt("max-tokens")));
   request.set_temperature(static_cast<float>(*temperature));
   request.set_top_p(static_cast<float>(*top_p));
-  request.set_top_k(static_cast<uint32_t>(*top_k));
-  request.set_seed(static_cast<uint64_t>(*seed));
+  request.set_top_k(static_cast<uint32_t>(flags.GetInt("top-k")));
+  request.set_seed(flags.GetUint64("seed"));
   if (flags.Has("stop")) request.add_stop(flags.GetString("stop"));
   if (flags.Has("session-id")) request.set_session_id(flags.GetString("session-id"));
 

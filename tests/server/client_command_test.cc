@@ -8,6 +8,7 @@
 
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace kvd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int code;
@@ -57,13 +59,20 @@ TEST(ClientCommandTest, MalformedTokenIdIsAUsageErrorNamingIt) {
 // before any call, naming the flag and the value, rather than sent wrapped (4294967299 -> 3,
 // -1 -> 4294967295) or turned into an undefined deadline.
 TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
+  for (const auto& [flag, value, range] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--max-tokens", "4294967299", "[0, 4294967295]"},
+           {"--max-tokens", "-1", "[0, 4294967295]"},
+           {"--top-k", "-1", "[0, 4294967295]"},
+           {"--top-k", "4294967296", "[0, 4294967295]"},
+           {"--seed", "-1", "[0, 18446744073709551615]"},
+           {"--seed", "18446744073709551616", "[0, 18446744073709551615]"}}) {
+    const Result r = Client({"--prompt", "hi", "--address", "127.0.0.1:1", flag, value});
+    EXPECT_EQ(r.code, 2) << flag << " " << value << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(flag + ": " + value + " is outside " + range));
+  }
   for (const auto& [flag, value] :
-       std::vector<std::pair<std::string, std::string>>{{"--max-tokens", "4294967299"},
-                                                        {"--max-tokens", "-1"},
-                                                        {"--top-k", "-1"},
-                                                        {"--top-k", "4294967296"},
-                                                        {"--seed", "-1"},
-                                                        {"--temperature", "1e300"},
+       std::vector<std::pair<std::string, std::string>>{{"--temperature", "1e300"},
                                                         {"--temperature", "nan"},
                                                         {"--top-p", "inf"},
                                                         {"--timeout", "inf"},
@@ -76,9 +85,17 @@ TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
   }
 }
 
+// The request's seed is a uint64, as the config's model.seed: the largest is sent, not refused.
+TEST(ClientCommandTest, SeedTakesTheWholeUint64Range) {
+  const Result r = Client({"--prompt", "hi", "--address", "127.0.0.1:1", "--timeout", "1", "--seed",
+                           "18446744073709551615"});
+  EXPECT_NE(r.code, 2) << r.err;  // the call fails (nothing listens), not the usage
+  EXPECT_THAT(r.err, Not(HasSubstr("--seed")));
+}
+
 TEST(ClientCommandTest, HelpStatesTheRanges) {
   const Result r = Client({"--help"});
-  EXPECT_THAT(r.out, HasSubstr("0 .. 4294967295"));
+  EXPECT_THAT(r.out, HasSubstr("[0, 4294967295]"));
   EXPECT_THAT(r.out, HasSubstr("0 .. 315360000"));
 }
 
