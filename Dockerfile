@@ -42,9 +42,14 @@ COPY --from=build /src/build/server/kvd /usr/local/bin/kvd
 COPY --from=build /opt/kvd/models/ /opt/kvd/models/
 COPY config/inference_config.yaml /usr/share/doc/kvd/inference_config.yaml
 
+# Where an empty model.path finds stories260K (as scripts/fetch-model does): a config
+# mounted with --config replaces the CMD below, --model included, and still serves it.
+ENV KVD_MODEL_CACHE=/opt/kvd/models
+
 USER kvd
 EXPOSE 50051 9090
 ENTRYPOINT ["/usr/local/bin/kvd"]
-# Every key at its default except these; mount a file and pass --config to change more.
+# Every key at its default except these; mount a file and pass --config to change more (the
+# defaults listen on 0.0.0.0:50051 and 0.0.0.0:9090, as here).
 CMD ["serve", "--model", "/opt/kvd/models/stories260K.bin", \
      "--grpc-address", "0.0.0.0:50051", "--metrics-address", "0.0.0.0:9090"]

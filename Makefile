@@ -35,18 +35,24 @@ bench: build
 
 # Runs the daemon on stories260K with the CPU backend (config/serve.yaml): installs missing
 # packages, builds kvd, finds or downloads the model (scripts/fetch-model), then serves in the
-# foreground until Ctrl-C (which drains and exits 0).
-SERVE_CONFIG    ?= config/serve.yaml
-GRPC_ADDRESS    ?= 127.0.0.1:50051
-METRICS_ADDRESS ?= 127.0.0.1:9400
+# foreground until Ctrl-C (which drains and exits 0). It listens where SERVE_CONFIG says
+# (config/serve.yaml: gRPC 127.0.0.1:50051, metrics 127.0.0.1:9400); GRPC_ADDRESS or
+# METRICS_ADDRESS, given on the make command line or in the environment, override that
+# (METRICS_ADDRESS= turns metrics off).
+SERVE_CONFIG ?= config/serve.yaml
+# $(call given,VAR): non-empty when VAR came from the command line or the environment, even
+# when empty; a default would hide the config file's address.
+given = $(filter command line environment,$(origin $(1)))
+SERVE_ADDRESS_FLAGS = $(strip \
+  $(if $(call given,GRPC_ADDRESS),--grpc-address "$(GRPC_ADDRESS)") \
+  $(if $(call given,METRICS_ADDRESS),--metrics-address "$(METRICS_ADDRESS)"))
 
 serve: configure
 	@cmake --build $(BUILD) --target kvd -j $(JOBS)
 	@model="$$(scripts/fetch-model)" && \
-	  echo "make serve: kvd on gRPC $(GRPC_ADDRESS), metrics http://$(METRICS_ADDRESS)/metrics;" \
-	    "try: $(BUILD)/server/kvd client --address $(GRPC_ADDRESS) --prompt 'Once upon a time'" && \
-	  exec $(BUILD)/server/kvd serve --config $(SERVE_CONFIG) --model "$$model" \
-	    --grpc-address $(GRPC_ADDRESS) --metrics-address $(METRICS_ADDRESS)
+	  echo "make serve: from another terminal, try: $(BUILD)/server/kvd client" \
+	    "--address <the address after 'serving gRPC on' below> --prompt 'Once upon a time'" && \
+	  exec $(BUILD)/server/kvd serve --config "$(SERVE_CONFIG)" --model "$$model" $(SERVE_ADDRESS_FLAGS)
 
 format:
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i

@@ -78,7 +78,7 @@ absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& opt
         absl::StrFormat("max_pool_bytes: %d is smaller than one chunk (%d bytes)",
                         options.max_pool_bytes, g.chunk_bytes));
   }
-  if (max_chunks > (int64_t{1} << 20) || (max_chunks << g.chunk_shift) > (int64_t{1} << 30)) {
+  if (max_chunks > kMaxChunks || (max_chunks << g.chunk_shift) > kMaxBlocks) {
     return absl::InvalidArgumentError(
         absl::StrFormat("max_pool_bytes: %d makes too many chunks or blocks; raise chunk_bytes",
                         options.max_pool_bytes));

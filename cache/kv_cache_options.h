@@ -54,11 +54,16 @@ struct KvCacheOptions {
 //   blocks_per_chunk = the largest power of two <= chunk_bytes / block bytes
 //                      (InvalidArgument if chunk_bytes is smaller than one block),
 //   max_chunks       = floor(max_pool_bytes / actual chunk bytes) (never above the
-//                      budget; InvalidArgument if it is smaller than one chunk),
+//                      budget; InvalidArgument if it is smaller than one chunk, or above
+//                      kMaxChunks chunks or kMaxBlocks blocks),
 //   initial_chunks   = ceil(initial_pool_bytes / actual chunk bytes), at least 1 and at
 //                      most max_chunks.
 // Block bytes are the arena bytes of one block, all layers, K and V (KvLayout).
 struct KvPoolGeometry {
+  // Most chunks and most blocks one pool may have (BlockPool refuses more blocks too).
+  static constexpr int64_t kMaxChunks = int64_t{1} << 20;
+  static constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+
   int32_t chunk_shift = 0;
   int32_t initial_chunks = 0;
   int32_t max_chunks = 0;

@@ -2,9 +2,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +148,16 @@ absl::StatusOr<InferenceConfig> ParseUnvalidated(std::string_view yaml) {
 
 // LoadConfigFile without the checks between keys.
 absl::StatusOr<InferenceConfig> LoadUnvalidated(const std::string& path) {
+  // An ifstream opens a directory and reads it as empty, which would be the defaults: an easy
+  // mistake to miss (`--config /etc/kvd`, the folder a Kubernetes ConfigMap is mounted on).
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file '", path, "' is ",
+                     std::filesystem::is_directory(status) ? "a directory" : "not a regular file",
+                     "; allowed: the path of a YAML file"));
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(

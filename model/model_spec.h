@@ -26,6 +26,9 @@ struct ModelSpec {
   bool shared_classifier = true;  // output projection is the token embedding table
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;
+  // Where a completion ends unless the request says otherwise. A llama2.c checkpoint ends a
+  // story with BOS (run.c stops there), whatever its file is called; other models with EOS.
+  int32_t stop_token_id = 2;
 
   // Returns InvalidArgument naming the first inconsistent field.
   absl::Status Validate() const;

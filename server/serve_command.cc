@@ -39,6 +39,24 @@
 
 namespace kvd {
 
+absl::StatusOr<std::string> DefaultModelPath() {
+  std::vector<std::string> candidates = {"../shared/models/stories260K.bin"};
+  // Where scripts/fetch-model puts it: $KVD_MODEL_CACHE, else ~/.cache/kvd.
+  if (const char* cache = std::getenv("KVD_MODEL_CACHE"); cache != nullptr && *cache != '\0') {
+    candidates.push_back(absl::StrCat(cache, "/stories260K.bin"));
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    candidates.push_back(absl::StrCat(home, "/.cache/kvd/stories260K.bin"));
+  }
+  for (const std::string& path : candidates) {
+    if (std::filesystem::exists(path)) return path;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "model.path is empty and the default model stories260K.bin is not in ",
+      absl::StrJoin(candidates, " or "),
+      "; pass --model PATH, or set KVD_MODEL_CACHE to the folder that holds it (default "
+      "~/.cache/kvd; scripts/fetch-model, which `make serve` runs, downloads it there)"));
+}
+
 namespace {
 
 constexpr char kUsage[] =
@@ -73,21 +91,6 @@ FlagSet MakeFlags() {
   return f;
 }
 
-// The embedded default model, when model.path is empty: the development copy beside the
-// checkout, else the user's cache (where `make serve` downloads it).
-absl::StatusOr<std::string> DefaultModelPath() {
-  std::vector<std::string> candidates = {"../shared/models/stories260K.bin"};
-  if (const char* home = std::getenv("HOME"); home != nullptr) {
-    candidates.push_back(absl::StrCat(home, "/.cache/kvd/stories260K.bin"));
-  }
-  for (const std::string& path : candidates) {
-    if (std::filesystem::exists(path)) return path;
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "model.path is empty and the default model stories260K.bin is not in ",
-      absl::StrJoin(candidates, " or "), "; pass --model PATH (`make serve` downloads it)"));
-}
-
 // The llama2.c tokenizer beside the model whose vocabulary matches the model's.
 absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& model_path,
                                                            int32_t vocab_size) {
@@ -101,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& mo
 struct ServeSetup {
   InferenceConfig config;
   Device device = Device::kCpu;
+  const char* device_source = "model.device";  // or "--device": what device errors name
 };
 
 absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<std::string>& sets) {
@@ -117,13 +121,14 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
       overrides);
   if (!loaded.ok()) return loaded.status();
   InferenceConfig config = *std::move(loaded);
+  const char* device_source = flags.Has("device") ? "--device" : "model.device";
   auto device = ResolveDevice(Name(config.model.device));
   if (!device.ok()) {
     return absl::Status(device.status().code(),
-                        absl::StrCat("model.device: ", device.status().message()));
+                        absl::StrCat(device_source, ": ", device.status().message()));
   }
   if (absl::Status st = CheckServable(config, *device); !st.ok()) return st;
-  return ServeSetup{std::move(config), *device};
+  return ServeSetup{std::move(config), *device, device_source};
 }
 
 const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
@@ -155,7 +160,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model
   }
   auto weights = LoadModel(model_path, seed);
   if (!weights.ok()) return weights.status();
-  return LlamaModel::Create(*weights, backend);
+  return LlamaModel::Create(*std::move(weights), backend);  // frees host tensors as it goes
 }
 
 absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out) {
@@ -171,7 +176,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   auto backend = MakeBackend(setup.device, threads);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
-                        absl::StrCat("model.device: ", backend.status().message()));
+                        absl::StrCat(setup.device_source, ": ", backend.status().message()));
   }
   d.backend = *std::move(backend);
   auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
@@ -200,12 +205,10 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
     d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
   }
 
-  const KvCacheOptions cache_options =
-      CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend));
   const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
-  if (absl::Status s = CheckPoolHoldsOneBlock(config.kv_cache, cache_options, shape); !s.ok()) {
-    return s;
-  }
+  const KvCacheOptions cache_options =
+      CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend), shape);
+  if (absl::Status s = CheckPoolSize(config.kv_cache, cache_options, shape); !s.ok()) return s;
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
     return absl::Status(cache.status().code(),
@@ -221,11 +224,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   limits.vocab_size = spec.vocab_size;
   limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
   limits.default_seed = config.model.seed;
-  // llama2.c checkpoints end a story with BOS (run.c stops there); other formats with EOS.
-  limits.default_stop_token_ids = {absl::StartsWith(model_path, "synthetic:") ||
-                                           absl::EndsWith(model_path, ".bin")
-                                       ? spec.bos_token_id
-                                       : spec.eos_token_id};
+  limits.default_stop_token_ids = {spec.stop_token_id};
   ServedModelInfo info;
   info.spec = spec;
   info.backend = std::string(d.backend->name());

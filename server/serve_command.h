@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace kvd {
 
 // `kvd serve --config FILE [--model PATH] [--device auto|cpu|cuda] [--grpc-address HOST:PORT]
@@ -30,6 +32,12 @@ namespace kvd {
 //
 // REQUIRES: called before the process starts any thread (see TerminationSignals).
 int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// The model `kvd serve` runs when model.path is empty: stories260K.bin in ../shared/models
+// (the development copy beside a checkout, relative to the working directory), else in the
+// folder $KVD_MODEL_CACHE names (default ~/.cache/kvd: where scripts/fetch-model puts it;
+// the container image sets it to /opt/kvd/models). NotFound listing the places otherwise.
+absl::StatusOr<std::string> DefaultModelPath();
 
 }  // namespace kvd
 

@@ -33,14 +33,28 @@ absl::Status CheckServable(const InferenceConfig& config, Device device) {
   return absl::OkStatus();
 }
 
-KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype) {
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const KvShape& shape) {
   KvCacheOptions options;
   options.block_size = kv.block_size;
   options.kv_dtype = kv_dtype;
   options.max_pool_bytes = kv.memory_pool.max_size_bytes;
-  // Chunks are the unit of growth and of return; a pool smaller than one default chunk is
-  // one chunk. An initial size of 0 still reserves the first chunk.
+  // Chunks are the unit of growth and of return, and not a config key (no error may hinge on
+  // them): 16 MiB, or the whole pool when smaller; at least one KV block (Llama-3-8B in bf16
+  // at block_size 256 has 32 MiB blocks); and, for pools past 16 TiB, large enough that the
+  // pool is at most kMaxChunks chunks (a power-of-two number of blocks, which KvPoolGeometry
+  // keeps as is). An initial size of 0 still reserves the first chunk.
   options.chunk_bytes = std::min(options.chunk_bytes, options.max_pool_bytes);
+  if (auto layout = KvLayout::Create(shape, kv_dtype, kv.block_size); layout.ok()) {
+    const int64_t block_bytes = layout->block_data_bytes();
+    options.chunk_bytes = std::max(options.chunk_bytes, block_bytes);
+    const int64_t fewest_chunk_bytes =
+        (options.max_pool_bytes + KvPoolGeometry::kMaxChunks - 1) / KvPoolGeometry::kMaxChunks;
+    if (options.chunk_bytes < fewest_chunk_bytes) {
+      int64_t blocks_per_chunk = 1;
+      while (block_bytes * blocks_per_chunk < fewest_chunk_bytes) blocks_per_chunk *= 2;
+      options.chunk_bytes = block_bytes * blocks_per_chunk;
+    }
+  }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
   options.enable_prefix_caching = kv.enable_prefix_caching;
   options.eviction_policy = "lru";
@@ -74,16 +88,30 @@ EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
   return options;
 }
 
-absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
-                                    const KvShape& shape) {
+absl::Status CheckPoolSize(const KvCacheConfig& kv, const KvCacheOptions& options,
+                           const KvShape& shape) {
   auto layout = KvLayout::Create(shape, options.kv_dtype, options.block_size);
   if (!layout.ok()) return absl::OkStatus();  // KvCacheManager::Create reports it
+  const int64_t max_bytes = kv.memory_pool.max_size_bytes;
   const int64_t block_bytes = layout->block_bytes();
-  if (kv.memory_pool.max_size_bytes >= block_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "kv_cache_config.memory_pool.max_size: ", FormatByteSize(kv.memory_pool.max_size_bytes),
-      " is smaller than one KV block of this model (", block_bytes,
-      " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
+  if (max_bytes < block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_config.memory_pool.max_size: ", FormatByteSize(max_bytes),
+        " is smaller than one KV block of this model (", block_bytes,
+        " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
+  }
+  // At most kMaxBlocks blocks, counted as the arena does (element data only). The chunk
+  // limit never binds here: CacheOptionsFrom sized the chunks for it.
+  const int64_t arena_block_bytes = layout->block_data_bytes();
+  if (max_bytes / arena_block_bytes > KvPoolGeometry::kMaxBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_config.memory_pool.max_size: ", FormatByteSize(max_bytes), " holds more than ",
+        KvPoolGeometry::kMaxBlocks, " KV blocks of this model (", arena_block_bytes,
+        " bytes each: ", layout->DebugString(), "); allowed: at most ",
+        FormatByteSize(arena_block_bytes * KvPoolGeometry::kMaxBlocks),
+        " (or a larger kv_cache_config.block_size)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvd

@@ -20,15 +20,19 @@ namespace kvd {
 // implemented). Otherwise the error names the key and what is allowed.
 absl::Status CheckServable(const InferenceConfig& config, Device device);
 
-// The cache's options; `kv_dtype` is the backend's native KV dtype.
-KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype);
+// The cache's options for a model whose KV has `shape`; `kv_dtype` is the backend's native
+// KV dtype. The chunk size, which is not a config key, is 16 MiB or the whole pool when that
+// is smaller, raised to at least one KV block and to what keeps the pool within
+// KvPoolGeometry::kMaxChunks chunks, so that any pool CheckPoolSize accepts has a geometry.
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const KvShape& shape);
 
 EngineOptions EngineOptionsFrom(const InferenceConfig& config);
 
-// InvalidArgument naming kv_cache_config.memory_pool.max_size when the pool cannot hold one
-// KV block of `shape` (the cache's own error would name its internal chunk size).
-absl::Status CheckPoolHoldsOneBlock(const KvCacheConfig& kv, const KvCacheOptions& options,
-                                    const KvShape& shape);
+// InvalidArgument naming kv_cache_config.memory_pool.max_size, with the size allowed, when
+// the pool cannot hold one KV block of `shape` or would hold more than
+// KvPoolGeometry::kMaxBlocks of them (the cache's own errors name its internal options).
+absl::Status CheckPoolSize(const KvCacheConfig& kv, const KvCacheOptions& options,
+                           const KvShape& shape);
 
 }  // namespace kvd
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -218,6 +219,18 @@ TEST(LoadConfigFileTest, MissingFileIsNotFoundAndNamesThePath) {
   absl::StatusOr<InferenceConfig> config = LoadConfigFile("/nonexistent/kvd.yaml");
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(config.status()), HasSubstr("/nonexistent/kvd.yaml"));
+}
+
+// A directory reads as an empty document through an ifstream, which would silently be the
+// defaults: `--config /etc/kvd` (the ConfigMap's mount point, not the file in it).
+TEST(LoadConfigFileTest, DirectoryIsInvalidArgumentAndNamesThePath) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/kvd_config_dir");
+  std::filesystem::create_directories(dir);
+  for (const absl::Status& status : {LoadConfigFile(dir).status(), LoadConfig(dir, {}).status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(Message(status), AllOf(HasSubstr(dir), HasSubstr("is a directory")));
+  }
+  std::filesystem::remove(dir);
 }
 
 TEST(ApplyOverrideTest, ChangesOnlyTheNamedKey) {

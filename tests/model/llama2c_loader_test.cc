@@ -232,6 +232,7 @@ TEST(Llama2cLoaderTest, Stories260KLoadsWithItsPublishedSpec) {
   EXPECT_EQ(s.norm_eps, 1e-5f);
   EXPECT_EQ(s.bos_token_id, 1);
   EXPECT_EQ(s.eos_token_id, 2);
+  EXPECT_EQ(s.stop_token_id, 1);  // a story ends with BOS, as run.c stops
 
   EXPECT_EQ(w->token_embedding.size(), 512u * 64);
   EXPECT_EQ(w->final_norm.size(), 64u);
@@ -268,6 +269,17 @@ TEST(Llama2cLoaderTest, Stories260KLoadsWithItsPublishedSpec) {
   EXPECT_EQ(w->final_norm[63], FloatAt(file, rms_final + 63));
   // The norms of a trained model are not the zero fill of a mis-offset read.
   EXPECT_NE(w->final_norm[0], 0.0f);
+}
+
+// The format, not the file's name, sets where a completion stops: a checkpoint called
+// .ckpt is the same llama2.c model (serve once chose BOS by a ".bin" suffix).
+TEST(Llama2cLoaderTest, AnyFileNameStopsAtBos) {
+  const std::string path = UniqueTempPath("stories260K.ckpt");
+  WriteFile(path, ReadFile(kStoriesPath));
+  absl::StatusOr<ModelWeights> w = LoadModel(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->spec.stop_token_id, w->spec.bos_token_id);
 }
 
 TEST(Llama2cLoaderTest, ReadSpecMatchesTheFullLoad) {

@@ -3,9 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +18,7 @@
 namespace kvd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -136,15 +141,16 @@ TEST(ServeCommandTest, UnknownDeviceNamesTheKeyAndTheValue) {
   EXPECT_EQ(r.out, "");
 }
 
-TEST(ServeCommandTest, CudaWithoutAGpuIsRefusedNamingTheKey) {
+// The error names what the user set: the flag, or the config key.
+TEST(ServeCommandTest, CudaWithoutAGpuIsRefusedNamingTheFlagOrKey) {
   if (ResolveDevice("cuda").ok()) GTEST_SKIP() << "a GPU is visible: cuda would start";
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--model", kModel, "--device", "cuda"},
-        std::vector<std::string>{"--model", kModel, "--set", "model.device=cuda"}}) {
+  for (const auto& [args, named] :
+       {std::pair{std::vector<std::string>{"--model", kModel, "--device", "cuda"}, "--device: "},
+        std::pair{std::vector<std::string>{"--model", kModel, "--set", "model.device=cuda"},
+                  "model.device: "}}) {
     const Result r = Serve(args);
     EXPECT_EQ(r.code, 1);
-    EXPECT_THAT(r.err, HasSubstr("model.device"));
-    EXPECT_THAT(r.err, HasSubstr("cuda"));
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat(named, "'cuda'")));
     EXPECT_EQ(r.out, "");
   }
 }
@@ -156,6 +162,65 @@ TEST(ServeCommandTest, CpuRunsOnlyItsNativeKvDtype) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("kv_cache_config.quantization"));
   EXPECT_THAT(r.err, HasSubstr("bf16"));
+}
+
+// Sets an environment variable and the working directory for one test, then restores both.
+class ScopedEnvAndCwd {
+ public:
+  ScopedEnvAndCwd(const char* name, const std::string& value, const std::filesystem::path& cwd)
+      : name_(name), old_cwd_(std::filesystem::current_path()) {
+    if (const char* old = std::getenv(name); old != nullptr) old_value_ = old;
+    setenv(name, value.c_str(), 1);
+    std::filesystem::current_path(cwd);
+  }
+  ~ScopedEnvAndCwd() {
+    std::filesystem::current_path(old_cwd_);
+    if (old_value_.has_value()) {
+      setenv(name_, old_value_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::filesystem::path old_cwd_;
+  std::optional<std::string> old_value_;
+};
+
+// The container image keeps the model in /opt/kvd/models and runs with WORKDIR / and no home
+// folder; a mounted --config replaces its CMD, --model included. KVD_MODEL_CACHE (as for
+// scripts/fetch-model) names the folder, so an empty model.path still finds the model.
+TEST(DefaultModelPathTest, LooksInKvdModelCache) {
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) / "kvd_default_model";
+  std::filesystem::remove_all(root);
+  const std::filesystem::path cache = root / "cache";
+  const std::filesystem::path cwd = root / "cwd";  // no ../shared/models beside it
+  std::filesystem::create_directories(cache);
+  std::filesystem::create_directories(cwd);
+  const std::string model = (cache / "stories260K.bin").string();
+  ScopedEnvAndCwd scoped("KVD_MODEL_CACHE", cache.string(), cwd);
+
+  // Not there yet: the error lists the folder.
+  absl::StatusOr<std::string> path = DefaultModelPath();
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(path.status().message(), AllOf(HasSubstr(model), HasSubstr("KVD_MODEL_CACHE")));
+  Result r = Serve({"--grpc-address", "127.0.0.1:0", "--metrics-address", ""});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(model));
+
+  std::filesystem::create_symlink(kModel, model);
+  path = DefaultModelPath();
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, model);
+  // `kvd serve` without a model loads it from there, then looks for its tokenizer beside it
+  // (absent here, so startup stops before listening).
+  r = Serve({"--grpc-address", "127.0.0.1:0", "--metrics-address", ""});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("model.tokenizer"), HasSubstr(cache.string())));
+  EXPECT_EQ(r.out, "");
+  std::filesystem::remove_all(root);
 }
 
 TEST(ServeCommandTest, CudaGraphsTakesOnOrOff) {
