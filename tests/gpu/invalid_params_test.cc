@@ -62,6 +62,23 @@ TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
                                                                .dst = scratch.as<int32_t>(),
                                                                .num_pairs = 1}),
                              "CopyBlocks", "num_regions 70000"));
+  // The checks shared with the CPU backend (kernels/backend.h).
+  EXPECT_TRUE(RejectedNaming(gpu().SiluMul(SiluMulParams{.out = any,
+                                                         .gate = any,
+                                                         .up = any + 4,
+                                                         .num_rows = 2,
+                                                         .dim = 4,
+                                                         .gate_stride = 8,
+                                                         .up_stride = 8}),
+                             "SiluMul", "out overlaps gate"));
+  EXPECT_TRUE(RejectedNaming(gpu().CopyBlocks(CopyBlocksParams{.chunks = chunks,
+                                                               .chunk_region_bytes = 64,
+                                                               .num_regions = 2,
+                                                               .block_bytes = int64_t{1} << 62,
+                                                               .src = scratch.as<int32_t>(),
+                                                               .dst = scratch.as<int32_t>(),
+                                                               .num_pairs = 1}),
+                             "CopyBlocks", "chunk_region_bytes (64)"));
 
   // The KV view every cache op checks, then each op's own fields.
   const KvCacheView view{.chunks = chunks,
