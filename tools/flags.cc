@@ -116,6 +116,12 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
             absl::StrCat("flag --", name, " wants a number, got '", *value, "'"));
       }
     }
+    // Given twice, one value would silently win (`--config a.yaml --config b.yaml`).
+    if (auto given = values_.find(name); given != values_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " is given twice ('",
+                                                     given->second, "', then '", *value,
+                                                     "'); give it once"));
+    }
     values_[name] = *value;
   }
   return absl::OkStatus();

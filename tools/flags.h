@@ -19,8 +19,9 @@ struct IntRange {
 
 // A subcommand's flags: declared once with their help text, then parsed from argv.
 // `--name value` and `--name=value` both work; boolean flags take no value. Unknown flags,
-// missing values, malformed numbers and integers outside their flag's range are errors that
-// name the flag and the value as typed (and the range): a number is never wrapped or clamped.
+// missing values, malformed numbers, integers outside their flag's range and a flag with a
+// value given twice are errors that name the flag and the value as typed (and the range): a
+// number is never wrapped or clamped, and no value silently replaces another.
 class FlagSet {
  public:
   explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}

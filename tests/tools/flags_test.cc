@@ -7,11 +7,13 @@
 #include <limits>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvd {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 FlagSet Flags() {
@@ -71,6 +73,14 @@ TEST(FlagSetTest, IntegersOutsideTheirRangeAreRefusedNeverWrapped) {
   const std::string usage = f.Usage();
   EXPECT_THAT(usage, HasSubstr("(default 256; range [0, 2147483647])"));
   EXPECT_THAT(usage, HasSubstr("(default 0; range [0, 18446744073709551615])"));
+}
+
+// `--config a.yaml --config b.yaml` would serve b.yaml and ignore a.yaml without a word.
+TEST(FlagSetTest, AValueFlagGivenTwiceIsAnErrorNamingBothValues) {
+  const absl::Status s = Flags().Parse({"--model", "a.bin", "--model=b.bin"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("--model"), HasSubstr("'a.bin'"), HasSubstr("'b.bin'")));
+  EXPECT_TRUE(Flags().Parse({"--json", "--json"}).ok());  // a switch twice is still on
 }
 
 TEST(FlagSetTest, RequireAndUsage) {
