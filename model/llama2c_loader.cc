@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +65,7 @@ struct Header {
 struct Segment {
   std::vector<float>* dest;
   int64_t num_floats;
+  std::string name;  // the tensor, e.g. "layers[3].wq" (empty for skipped bytes)
 };
 
 std::string Where(const std::string& path) { return absl::StrCat("llama2.c checkpoint ", path); }
@@ -203,37 +205,41 @@ std::vector<Segment> Layout(const Header& header, ModelWeights& w) {
   const int64_t embed = int64_t{s.vocab_size} * dim;
 
   std::vector<Segment> segments;
-  auto per_layer = [&](std::vector<float> LayerWeights::*field, int64_t num_floats) {
-    for (LayerWeights& layer : w.layers) segments.push_back({&(layer.*field), num_floats});
+  auto per_layer = [&](std::vector<float> LayerWeights::*field, const char* name,
+                       int64_t num_floats) {
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      segments.push_back(
+          {&(w.layers[l].*field), num_floats, absl::StrCat("layers[", l, "].", name)});
+    }
   };
   if (header.version == 0) {
-    segments.push_back({&w.token_embedding, embed});
-    per_layer(&LayerWeights::attn_norm, dim);
-    per_layer(&LayerWeights::wq, q_dim * dim);
-    per_layer(&LayerWeights::wk, kv_dim * dim);
-    per_layer(&LayerWeights::wv, kv_dim * dim);
-    per_layer(&LayerWeights::wo, dim * q_dim);
-    per_layer(&LayerWeights::ffn_norm, dim);
-    per_layer(&LayerWeights::w1, hidden * dim);
-    per_layer(&LayerWeights::w2, dim * hidden);
-    per_layer(&LayerWeights::w3, hidden * dim);
-    segments.push_back({&w.final_norm, dim});
+    segments.push_back({&w.token_embedding, embed, "token_embedding"});
+    per_layer(&LayerWeights::attn_norm, "attn_norm", dim);
+    per_layer(&LayerWeights::wq, "wq", q_dim * dim);
+    per_layer(&LayerWeights::wk, "wk", kv_dim * dim);
+    per_layer(&LayerWeights::wv, "wv", kv_dim * dim);
+    per_layer(&LayerWeights::wo, "wo", dim * q_dim);
+    per_layer(&LayerWeights::ffn_norm, "ffn_norm", dim);
+    per_layer(&LayerWeights::w1, "w1", hidden * dim);
+    per_layer(&LayerWeights::w2, "w2", dim * hidden);
+    per_layer(&LayerWeights::w3, "w3", hidden * dim);
+    segments.push_back({&w.final_norm, dim, "final_norm"});
     // freq_cis_real and freq_cis_imag, [seq_len][head_dim / 2] each.
-    segments.push_back({nullptr, 2 * int64_t{s.max_context_tokens} * (s.head_dim / 2)});
+    segments.push_back({nullptr, 2 * int64_t{s.max_context_tokens} * (s.head_dim / 2), ""});
   } else {
-    per_layer(&LayerWeights::attn_norm, dim);
-    per_layer(&LayerWeights::ffn_norm, dim);
-    segments.push_back({&w.final_norm, dim});
-    segments.push_back({&w.token_embedding, embed});
-    per_layer(&LayerWeights::wq, q_dim * dim);
-    per_layer(&LayerWeights::wk, kv_dim * dim);
-    per_layer(&LayerWeights::wv, kv_dim * dim);
-    per_layer(&LayerWeights::wo, dim * q_dim);
-    per_layer(&LayerWeights::w1, hidden * dim);
-    per_layer(&LayerWeights::w2, dim * hidden);
-    per_layer(&LayerWeights::w3, hidden * dim);
+    per_layer(&LayerWeights::attn_norm, "attn_norm", dim);
+    per_layer(&LayerWeights::ffn_norm, "ffn_norm", dim);
+    segments.push_back({&w.final_norm, dim, "final_norm"});
+    segments.push_back({&w.token_embedding, embed, "token_embedding"});
+    per_layer(&LayerWeights::wq, "wq", q_dim * dim);
+    per_layer(&LayerWeights::wk, "wk", kv_dim * dim);
+    per_layer(&LayerWeights::wv, "wv", kv_dim * dim);
+    per_layer(&LayerWeights::wo, "wo", dim * q_dim);
+    per_layer(&LayerWeights::w1, "w1", hidden * dim);
+    per_layer(&LayerWeights::w2, "w2", dim * hidden);
+    per_layer(&LayerWeights::w3, "w3", hidden * dim);
   }
-  if (!s.shared_classifier) segments.push_back({&w.classifier, embed});
+  if (!s.shared_classifier) segments.push_back({&w.classifier, embed, "classifier"});
   return segments;
 }
 
@@ -338,6 +344,18 @@ absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path) {
     if (!file.stream) {
       return absl::DataLossError(
           absl::StrCat(Where(path), ": read failed after the size check (file changed?)"));
+    }
+    // A NaN or infinity would not fail later, only turn every logit into NaN (and the text
+    // into <unk>s): a corrupt file, named here.
+    if (segment.dest != nullptr) {
+      const std::vector<float>& values = *segment.dest;
+      const auto bad =
+          std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+      if (bad != values.end()) {
+        return absl::DataLossError(absl::StrCat(Where(path), ": ", segment.name, "[",
+                                                bad - values.begin(), "] is ", *bad,
+                                                ", not a finite number"));
+      }
     }
   }
   return std::move(file.weights);

@@ -273,7 +273,8 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> tokens, int32_t prev_tok
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FindBesideModel(const std::string& model_path,
                                                                       int32_t vocab_size) {
-  const std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
+  std::filesystem::path dir = std::filesystem::path(model_path).parent_path();
+  if (dir.empty()) dir = ".";  // a bare file name: the working directory
   std::vector<std::string> tried;
   for (const char* name : {"tok512.bin", "tokenizer.bin"}) {
     const std::string path = (dir / name).string();

@@ -17,9 +17,9 @@ namespace kvd {
 // A llama2.c byte-fallback BPE tokenizer (the `tokenizer.bin` format that ships with
 // llama2.c checkpoints). It encodes and decodes exactly like llama2.c's run.c.
 //
-// Vocabulary layout (checked at load): id 0 is <unk>, 1 is BOS, 2 is EOS, ids 3..258 are
-// the byte pieces "<0x00>".."<0xFF>" (id = byte + 3), the rest are merged pieces with a
-// score each (higher merges first).
+// Vocabulary layout: id 0 is <unk>, 1 is BOS, 2 is EOS (taken as such: their pieces are not
+// checked), ids 3..258 are the byte pieces "<0x00>".."<0xFF>" (id = byte + 3; checked at
+// load), the rest are merged pieces with a score each (higher merges first).
 //
 // Immutable after loading, so all methods are safe to call concurrently. Pieces are owned
 // by the Tokenizer; string_views it returns live as long as it does.

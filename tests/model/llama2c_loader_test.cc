@@ -499,6 +499,22 @@ TEST(Llama2cLoaderTest, APathThatCannotBeExaminedNamesTheReason) {
   EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr("symbolic links")));
 }
 
+TEST(Llama2cLoaderTest, NonFiniteWeightsAreDataLossNamingTheTensor) {
+  const Params p;
+  const std::string good = V0Bytes(p, NumberedWeights(p, true));
+  std::string bytes = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bytes.data() + 28 + 5 * sizeof(float), &nan, sizeof(float));  // after the header
+  absl::Status s = LoadBytes("nan_weight.bin", bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("token_embedding[5] is nan"));
+  // The RoPE tables at the end of a v0 file are skipped: they may hold anything.
+  bytes = good;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(bytes.data() + bytes.size() - sizeof(float), &inf, sizeof(float));
+  EXPECT_TRUE(LoadBytes("inf_rope.bin", bytes).ok());
+}
+
 TEST(Llama2cLoaderTest, UnsupportedVersionsAreNamed) {
   const Params p;
   std::string payload = V1Bytes(p, NumberedWeights(p, true)).substr(256);
