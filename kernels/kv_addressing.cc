@@ -35,12 +35,22 @@ absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view) 
                                                    view.k_offset_bytes, ") and v_offset_bytes (",
                                                    view.v_offset_bytes, ") must be >= 0"));
   }
-  const int64_t min_block_bytes = int64_t{view.num_kv_heads} * view.block_size * view.head_dim *
-                                  static_cast<int64_t>(sizeof(float));
-  if (view.block_bytes < min_block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": cache.block_bytes (", view.block_bytes,
-        ") is smaller than num_kv_heads * block_size * head_dim * 4 (", min_block_bytes, ")"));
+  constexpr int64_t kFloat = sizeof(float);
+  if (view.block_bytes % kFloat != 0 || view.k_offset_bytes % kFloat != 0 ||
+      view.v_offset_bytes % kFloat != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache.block_bytes (", view.block_bytes, "), k_offset_bytes (",
+                     view.k_offset_bytes, ") and v_offset_bytes (", view.v_offset_bytes,
+                     ") must be multiples of 4 (f32 elements are read in place)"));
+  }
+  int64_t min_block_bytes = 0;  // each factor is below 2^31, the product may pass 2^63
+  const bool overflow = __builtin_mul_overflow(int64_t{view.num_kv_heads} * view.block_size,
+                                               int64_t{view.head_dim} * kFloat, &min_block_bytes);
+  if (overflow || view.block_bytes < min_block_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cache.block_bytes (", view.block_bytes,
+                     ") is smaller than num_kv_heads * block_size * head_dim * 4 (",
+                     overflow ? "past int64" : absl::StrCat(min_block_bytes), ")"));
   }
   return absl::OkStatus();
 }

@@ -274,6 +274,14 @@ TEST(PagedAttentionTest, BadParamsAreInvalidArgumentAndWriteNothing) {
   expect_invalid("q_stride", [](P& p) { p.params().q_stride = 8; });
   expect_invalid("out_stride", [](P& p) { p.params().out_stride = 15; });
   expect_invalid("cache.block_bytes", [](P& p) { p.params().cache.block_bytes = 16; });
+  // f32 elements are read in place: a byte offset that splits one is refused.
+  expect_invalid("multiples of 4", [](P& p) { p.params().cache.block_bytes += 2; });
+  expect_invalid("multiples of 4", [](P& p) { p.params().cache.v_offset_bytes += 1; });
+  // The minimum block size passes int64 (2^30 * 2^30 * 8 * 4): refused, not wrapped.
+  expect_invalid("cache.block_bytes", [](P& p) {
+    p.params().cache.block_size = 1 << 30;
+    p.params().cache.num_kv_heads = 1 << 30;
+  });
   expect_invalid("outside the arena", [](P& p) {
     p.block_ids()[2] = p.params().cache.num_chunks << p.params().cache.chunk_shift;
   });
