@@ -4,7 +4,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -249,21 +248,6 @@ int64_t ExpectedBytes(const Header& header, const std::vector<Segment>& segments
   return bytes;
 }
 
-// The host memory the kernel says is available for new allocations without swapping
-// (/proc/meminfo's MemAvailable), or nothing where that is not known. A container's memory
-// limit is not in it; an allocation past that limit fails as std::bad_alloc or not at all.
-std::optional<int64_t> AvailableHostBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    long long kib = 0;  // "MemAvailable:   12345 kB"
-    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1 && kib >= 0) {
-      return int64_t{kib} * 1024;
-    }
-  }
-  return std::nullopt;
-}
-
 // An open checkpoint whose header parsed and whose size matches it.
 struct CheckedFile {
   std::ifstream stream;
@@ -312,18 +296,18 @@ absl::StatusOr<ModelSpec> ReadLlama2cSpec(const std::string& path) {
   return std::move(file.header.spec);
 }
 
-absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path) {
+absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path,
+                                                   std::optional<int64_t> host_bytes_available) {
   CheckedFile file;
   if (absl::Status s = OpenAndCheck(path, file); !s.ok()) return s;
   int64_t needed = 0;
   for (const Segment& segment : file.segments) {
     if (segment.dest != nullptr) needed += segment.num_floats * int64_t{sizeof(float)};
   }
-  if (const std::optional<int64_t> available = AvailableHostBytes();
-      available.has_value() && needed > *available) {
+  if (host_bytes_available.has_value() && needed > *host_bytes_available) {
     return absl::ResourceExhaustedError(absl::StrCat(Where(path), ": its weights need ", needed,
                                                      " bytes of host memory, more than the ",
-                                                     *available, " available"));
+                                                     *host_bytes_available, " available"));
   }
   file.stream.seekg(file.header.header_bytes, std::ios::beg);
   for (const Segment& segment : file.segments) {

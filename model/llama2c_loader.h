@@ -1,6 +1,8 @@
 #ifndef KVD_MODEL_LLAMA2C_LOADER_H_
 #define KVD_MODEL_LLAMA2C_LOADER_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -43,9 +45,10 @@ namespace kvd {
 // Both functions are stateless and thread safe.
 
 // Loads the whole checkpoint into host fp32 weights. ResourceExhausted naming the bytes
-// when the weights need more host memory than the system has available (MemAvailable), or
-// an allocation fails.
-absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path);
+// when the weights need more than `host_bytes_available` (given: LoadModel passes
+// AvailableHostBytes()), before anything is allocated, or an allocation fails.
+absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(
+    const std::string& path, std::optional<int64_t> host_bytes_available = std::nullopt);
 
 // Reads only the header (and checks the file size against it); cheap for any model size.
 absl::StatusOr<ModelSpec> ReadLlama2cSpec(const std::string& path);

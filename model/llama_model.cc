@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
@@ -20,7 +21,13 @@ absl::StatusOr<DeviceBuffer> UploadConcat(Backend* backend,
   std::vector<float> joined;
   size_t total = 0;
   for (const auto* p : parts) total += p->size();
-  joined.reserve(total);
+  try {
+    joined.reserve(total);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("model weights: no host memory to join ",
+                                                     total * sizeof(float),
+                                                     " bytes of tensors for upload"));
+  }
   for (auto* p : parts) {
     joined.insert(joined.end(), p->begin(), p->end());
     Release(*p);

@@ -1,6 +1,9 @@
 #include "model/model_loader.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -52,7 +55,19 @@ absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed) {
     if (!spec.ok()) return spec.status();
     return MakeSyntheticWeights(*spec, seed);
   }
-  return LoadLlama2cCheckpoint(std::string(model));
+  return LoadLlama2cCheckpoint(std::string(model), AvailableHostBytes());
+}
+
+std::optional<int64_t> AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    long long kib = 0;  // "MemAvailable:   12345 kB"
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1 && kib >= 0) {
+      return int64_t{kib} * 1024;
+    }
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model) {

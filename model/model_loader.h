@@ -2,6 +2,7 @@
 #define KVD_MODEL_MODEL_LOADER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -19,12 +20,18 @@ namespace kvd {
 
 // Loads host fp32 weights. `seed` is used only by synthetic models. Synthetic weights are
 // capped at MakeSyntheticWeights' default host size, so "synthetic:llama3-8b" is refused
-// here with ResourceExhausted (use LoadModelSpec to plan for it).
+// here with ResourceExhausted (use LoadModelSpec to plan for it); a checkpoint is refused so
+// when its weights need more than AvailableHostBytes().
 absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed = 0);
 
 // Reads only the spec (checkpoint header or preset); cheap for any model size, which is
 // what `kvd estimate` needs for huge models.
 absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model);
+
+// The host memory the kernel reports available for new allocations without swapping
+// (/proc/meminfo's MemAvailable), or nothing where that is not known. A container's memory
+// limit is not in it: an allocation past that limit fails as std::bad_alloc, or not at all.
+std::optional<int64_t> AvailableHostBytes();
 
 }  // namespace kvd
 

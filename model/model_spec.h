@@ -2,6 +2,7 @@
 #define KVD_MODEL_MODEL_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,9 +27,12 @@ struct ModelSpec {
   bool shared_classifier = true;  // output projection is the token embedding table
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;
-  // Where a completion ends unless the request says otherwise. A llama2.c checkpoint ends a
-  // story with BOS (run.c stops there), whatever its file is called; other models with EOS.
-  int32_t stop_token_id = 2;
+  // Where a completion ends unless the request says otherwise, when not EOS: a llama2.c
+  // checkpoint ends a story with BOS (run.c stops there), whatever its file is called.
+  std::optional<int32_t> stop_token_id;
+
+  // The token a completion ends at by default: stop_token_id, else EOS.
+  int32_t StopTokenId() const { return stop_token_id.value_or(eos_token_id); }
 
   // Returns InvalidArgument naming the first inconsistent field.
   absl::Status Validate() const;

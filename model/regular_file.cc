@@ -11,7 +11,8 @@ namespace kvd {
 absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what) {
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) {
+  // A missing file, or a missing folder on its path (a file where a folder should be).
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
     const std::string message = absl::StrCat(what, ": cannot examine the path: ", ec.message());
     return ec == std::errc::permission_denied ? absl::PermissionDeniedError(message)
                                               : absl::InvalidArgumentError(message);

@@ -36,7 +36,6 @@ ModelSpec MakeSpec(int32_t num_layers, int32_t dim, int32_t hidden_dim, int32_t 
   spec.shared_classifier = shared_classifier;
   spec.bos_token_id = bos_token_id;
   spec.eos_token_id = eos_token_id;
-  spec.stop_token_id = bos_token_id;  // as the llama2.c models they stand in for in tests
   return spec;
 }
 

@@ -48,7 +48,8 @@ absl::StatusOr<std::string> DefaultModelPath() {
     candidates.push_back(absl::StrCat(home, "/.cache/kvd/stories260K.bin"));
   }
   for (const std::string& path : candidates) {
-    if (std::filesystem::exists(path)) return path;
+    std::error_code error;  // an unreadable or looping $KVD_MODEL_CACHE is just "not there"
+    if (std::filesystem::exists(path, error)) return path;
   }
   return absl::NotFoundError(absl::StrCat(
       "model.path is empty and the default model stories260K.bin is not in ",
@@ -224,7 +225,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   limits.vocab_size = spec.vocab_size;
   limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
   limits.default_seed = config.model.seed;
-  limits.default_stop_token_ids = {spec.stop_token_id};
+  limits.default_stop_token_ids = {spec.StopTokenId()};
   ServedModelInfo info;
   info.spec = spec;
   info.backend = std::string(d.backend->name());

@@ -47,12 +47,16 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
   if (auto layout = KvLayout::Create(shape, kv_dtype, kv.block_size); layout.ok()) {
     const int64_t block_bytes = layout->block_data_bytes();
     options.chunk_bytes = std::max(options.chunk_bytes, block_bytes);
-    const int64_t fewest_chunk_bytes =
-        (options.max_pool_bytes + KvPoolGeometry::kMaxChunks - 1) / KvPoolGeometry::kMaxChunks;
-    if (options.chunk_bytes < fewest_chunk_bytes) {
-      int64_t blocks_per_chunk = 1;
-      while (block_bytes * blocks_per_chunk < fewest_chunk_bytes) blocks_per_chunk *= 2;
-      options.chunk_bytes = block_bytes * blocks_per_chunk;
+    // The chunk KvPoolGeometry::Compute will make of that: the most blocks, a power of two,
+    // that fit (10 MiB of stories260K's 20 KiB blocks, not 16). The pool counts in those.
+    int64_t blocks_per_chunk = 1;
+    while (2 * blocks_per_chunk * block_bytes <= options.chunk_bytes) blocks_per_chunk *= 2;
+    if (options.max_pool_bytes / (blocks_per_chunk * block_bytes) > KvPoolGeometry::kMaxChunks) {
+      do {
+        blocks_per_chunk *= 2;
+      } while (options.max_pool_bytes / (blocks_per_chunk * block_bytes) >
+               KvPoolGeometry::kMaxChunks);
+      options.chunk_bytes = blocks_per_chunk * block_bytes;
     }
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);

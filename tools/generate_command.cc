@@ -115,7 +115,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   request.sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
   request.sampling.seed = flags.GetUint64("seed");
   if (auto s = request.sampling.Validate(); !s.ok()) return s;
-  request.stop_token_ids = {spec.stop_token_id};
+  request.stop_token_ids = {spec.StopTokenId()};
 
   RealClock clock;
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));

@@ -37,6 +37,7 @@ TEST(SyntheticSpecTest, Llama3_8bMatchesMetaLlama3Config) {
   EXPECT_FALSE(s.shared_classifier);
   EXPECT_EQ(s.bos_token_id, 128000);
   EXPECT_EQ(s.eos_token_id, 128001);
+  EXPECT_EQ(s.StopTokenId(), 128001);  // <|end_of_text|>: not a llama2.c model
   EXPECT_TRUE(s.Validate().ok());
   // The parameter count Meta publishes for Llama 3 8B.
   EXPECT_EQ(s.NumParameters(), 8'030'261'248);
@@ -183,6 +184,17 @@ TEST(SyntheticWeightsTest, RefusesWeightsOverTheHostLimit) {
   EXPECT_TRUE(MakeSyntheticWeights(tiny, 0, tiny_bytes).ok());
   EXPECT_EQ(MakeSyntheticWeights(tiny, 0, tiny_bytes - 1).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+TEST(ModelSpecTest, TheStopTokenIsEosUnlessSetAndMustBeInTheVocabulary) {
+  ModelSpec spec = Spec("tiny");
+  EXPECT_EQ(spec.StopTokenId(), spec.eos_token_id);
+  spec.stop_token_id = spec.bos_token_id;
+  EXPECT_EQ(spec.StopTokenId(), spec.bos_token_id);
+  spec.stop_token_id = spec.vocab_size;
+  const absl::Status s = spec.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("stop"));
 }
 
 TEST(SyntheticWeightsTest, InvalidSpecIsRefused) {

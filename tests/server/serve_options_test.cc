@@ -80,6 +80,21 @@ TEST(CacheOptionsFromTest, HugePoolsGetLargerChunksNotTooMany) {
   EXPECT_EQ(t.geometry->max_chunks, kv.memory_pool.max_size_bytes / (20480 * 1024));
 }
 
+// The chunk the pool is counted in is the one the geometry makes (512 of stories260K's
+// 20 KiB blocks = 10 MiB), not the 16 MiB asked for: 12 and 15 TiB are more than 2^20 of those
+// but fewer than 2^20 of 16 MiB, and must grow too.
+TEST(CacheOptionsFromTest, PoolsCountInTheChunkTheGeometryMakes) {
+  KvCacheConfig kv;
+  for (const int64_t tib : {12, 15}) {
+    kv.memory_pool.max_size_bytes = tib << 40;
+    const Translated t = Translate(kv, DType::kF32, kStories260K);
+    EXPECT_TRUE(t.check.ok()) << tib << " TiB: " << t.check;
+    ASSERT_TRUE(t.geometry.ok()) << tib << " TiB: " << t.geometry.status();
+    EXPECT_LE(t.geometry->max_chunks, KvPoolGeometry::kMaxChunks);
+    EXPECT_EQ(t.geometry->chunk_bytes, 20480 * 1024);
+  }
+}
+
 TEST(CheckPoolSizeTest, PoolSmallerThanOneBlockNamesMaxSize) {
   KvCacheConfig kv;
   kv.block_size = 256;
