@@ -152,11 +152,9 @@ absl::StatusOr<InferenceConfig> LoadUnvalidated(const std::string& path) {
   // mistake to miss (`--config /etc/kvd`, the folder a Kubernetes ConfigMap is mounted on).
   std::error_code error;
   const std::filesystem::file_status status = std::filesystem::status(path, error);
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+  if (std::filesystem::is_directory(status)) {  // pipes (--config <(...)) still read fine
     return absl::InvalidArgumentError(
-        absl::StrCat("config file '", path, "' is ",
-                     std::filesystem::is_directory(status) ? "a directory" : "not a regular file",
-                     "; allowed: the path of a YAML file"));
+        absl::StrCat("config file '", path, "' is a directory; allowed: the path of a YAML file"));
   }
   std::ifstream file(path, std::ios::binary);
   if (!file) {

@@ -24,8 +24,7 @@ namespace kvd {
 absl::StatusOr<InferenceConfig> ParseConfigYaml(std::string_view yaml);
 
 // ParseConfigYaml on the contents of the file at `path`; errors are prefixed with the path.
-// A path that is not a regular file (e.g. a directory) is InvalidArgument naming it, not an
-// empty document.
+// A directory is InvalidArgument naming it, not an empty document (a pipe is read as a file).
 absl::StatusOr<InferenceConfig> LoadConfigFile(const std::string& path);
 
 // Sets one key from its text form, e.g. ("kv_cache_config.block_size", "32"), with the same

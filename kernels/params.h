@@ -105,7 +105,8 @@ struct RopeParams {
   int32_t v_stride = 0;
 };
 
-// out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)).
+// out[r][i] = silu(gate[r][i]) * up[r][i],  silu(x) = x / (1 + exp(-x)). `out` may be gate
+// or up itself when that input's stride is dim; no other overlap (ValidateSiluMul).
 struct SiluMulParams {
   float* out = nullptr;         // [num_rows][dim]
   const float* gate = nullptr;  // [num_rows][gate_stride]

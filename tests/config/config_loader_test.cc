@@ -1,11 +1,17 @@
 #include "config/config_loader.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -231,6 +237,19 @@ TEST(LoadConfigFileTest, DirectoryIsInvalidArgumentAndNamesThePath) {
     EXPECT_THAT(Message(status), AllOf(HasSubstr(dir), HasSubstr("is a directory")));
   }
   std::filesystem::remove(dir);
+}
+
+// Only a directory is refused: a pipe (`--config <(envsubst < kvd.yaml)`) reads as a file.
+TEST(LoadConfigFileTest, APipeIsReadLikeAFile) {
+  const std::string fifo = absl::StrCat(::testing::TempDir(), "/kvd_config_fifo_", getpid());
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::thread writer([&fifo] { std::ofstream(fifo) << "kv_cache_config:\n  block_size: 32\n"; });
+  const absl::StatusOr<InferenceConfig> config = LoadConfigFile(fifo);
+  writer.join();
+  std::filesystem::remove(fifo);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->kv_cache.block_size, 32);
 }
 
 TEST(ApplyOverrideTest, ChangesOnlyTheNamedKey) {

@@ -294,7 +294,7 @@ def run_kvd_serve(args, config_yaml=None, timeout_s=STARTUP_TIMEOUT_S):
         argv = [Paths.kvd, "serve"]
         # Free ports unless the case names its own (kvd refuses a flag given twice).
         for flag in ("--grpc-address", "--metrics-address"):
-            if flag not in args:
+            if not any(a == flag or a.startswith(flag + "=") for a in args):
                 argv += [flag, "127.0.0.1:0"]
         if config_yaml is not None:
             path = os.path.join(d, "config.yaml")
