@@ -180,13 +180,15 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
                         absl::StrCat(setup.device_source, ": ", backend.status().message()));
   }
   d.backend = *std::move(backend);
-  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
-  if (!model.ok()) {
-    return absl::Status(model.status().code(),
-                        absl::StrCat("model.path '", model_path, "': ", model.status().message()));
+  // Every cheap check before the weights load (minutes for a large checkpoint): the spec from
+  // the header, the tokenizer, the pool's size.
+  auto header_spec = LoadModelSpec(model_path);
+  if (!header_spec.ok()) {
+    return absl::Status(
+        header_spec.status().code(),
+        absl::StrCat("model.path '", model_path, "': ", header_spec.status().message()));
   }
-  d.model = *std::move(model);
-  const ModelSpec spec = d.model->spec();
+  const ModelSpec& spec = *header_spec;
 
   if (!config.model.tokenizer.empty()) {
     auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
@@ -201,15 +203,21 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
     d.tokenizer = *std::move(tokenizer);
   }  // a synthetic model without a tokenizer serves prompt_token_ids only
 
-  const bool graphs = cuda_graphs && setup.device == Device::kCuda;
-  if (graphs) {
-    d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
-  }
-
   const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
   const KvCacheOptions cache_options =
       CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend), shape);
   if (absl::Status s = CheckPoolSize(config.kv_cache, cache_options, shape); !s.ok()) return s;
+
+  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model.path '", model_path, "': ", model.status().message()));
+  }
+  d.model = *std::move(model);
+  const bool graphs = cuda_graphs && setup.device == Device::kCuda;
+  if (graphs) {
+    d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
+  }
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
     return absl::Status(cache.status().code(),

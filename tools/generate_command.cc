@@ -87,24 +87,23 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
 
   // Synthetic weights are made in backend memory (no host fp32 copy, any size); checkpoints
   // are loaded on the host and uploaded.
+  // The spec (the header alone) and the tokenizer are checked before the weights load.
   const bool synthetic = model_ref.rfind("synthetic:", 0) == 0;
+  auto header_spec = LoadModelSpec(model_ref);
+  if (!header_spec.ok()) return header_spec.status();
+  const ModelSpec& spec = *header_spec;
+  auto tokenizer = flags.Has("tokenizer")
+                       ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
+                       : FindTokenizer(model_ref, spec.vocab_size);
+  if (!tokenizer.ok()) return tokenizer.status();
+
   auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
-    if (synthetic) {
-      auto spec = LoadModelSpec(model_ref);
-      if (!spec.ok()) return spec.status();
-      return CreateRandomModel(*spec, flags.GetUint64("seed"), backend->get());
-    }
+    if (synthetic) return CreateRandomModel(spec, flags.GetUint64("seed"), backend->get());
     auto weights = LoadModel(model_ref);
     if (!weights.ok()) return weights.status();
     return LlamaModel::Create(*std::move(weights), backend->get());
   }();
   if (!model.ok()) return model.status();
-  const ModelSpec& spec = (*model)->spec();
-
-  auto tokenizer = flags.Has("tokenizer")
-                       ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
-                       : FindTokenizer(model_ref, spec.vocab_size);
-  if (!tokenizer.ok()) return tokenizer.status();
 
   GenerationRequest request;
   request.prompt = (*tokenizer)->Encode(flags.GetString("prompt"), /*add_bos=*/true);

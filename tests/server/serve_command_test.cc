@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -221,6 +222,40 @@ TEST(DefaultModelPathTest, LooksInKvdModelCache) {
   EXPECT_THAT(r.err, AllOf(HasSubstr("model.tokenizer"), HasSubstr(cache.string())));
   EXPECT_EQ(r.out, "");
   std::filesystem::remove_all(root);
+}
+
+// The tokenizer and the pool are checked before the weights load (which takes minutes for a
+// large checkpoint): a checkpoint whose weights would fail to load (a NaN) and that has no
+// tokenizer beside it fails naming the tokenizer, and an impossible pool names the pool.
+TEST(ServeCommandTest, CheapChecksComeBeforeTheWeightsLoad) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "kvd_cheap_checks_first";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "stories260K.bin").string();
+  std::filesystem::copy_file(kModel, model);
+  {
+    std::fstream file(model, std::ios::in | std::ios::out | std::ios::binary);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    file.seekp(7 * 4);  // the first weight, after the v0 header's seven int32s
+    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  Result r = Serve({"--model", model, "--device", "cpu", "--metrics-address", ""});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.tokenizer"));
+  EXPECT_THAT(r.err, Not(HasSubstr("nan")));
+
+  std::filesystem::copy_file(std::filesystem::path(kModel).parent_path() / "tok512.bin",
+                             dir / "tok512.bin");
+  r = Serve({"--model", model, "--device", "cpu", "--metrics-address", "", "--set",
+             "kv_cache_config.memory_pool.max_size=1KiB"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kv_cache_config.memory_pool.max_size"));
+
+  r = Serve({"--model", model, "--device", "cpu", "--metrics-address", ""});  // now the NaN
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("token_embedding[0] is nan"), HasSubstr(model)));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServeCommandTest, CudaGraphsTakesOnOrOff) {
