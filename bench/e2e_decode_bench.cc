@@ -317,8 +317,7 @@ int Main(int argc, char** argv) {
   }
   auto device = ResolveDevice(flags.GetString("device"));
   if (!device.ok()) {
-    return fail(absl::Status(device.status().code(),
-                             absl::StrCat("--device: ", device.status().message())));
+    return fail(Prefixed("--device", device.status()));
   }
   auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return fail(backend.status());

@@ -23,6 +23,7 @@
 #include "config/config_enums.h"
 #include "config/config_loader.h"
 #include "config/inference_config.h"
+#include "kernels/status_macros.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/tokenizer.h"
@@ -125,8 +126,7 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
   const char* device_source = flags.Has("device") ? "--device" : "model.device";
   auto device = ResolveDevice(Name(config.model.device));
   if (!device.ok()) {
-    return absl::Status(device.status().code(),
-                        absl::StrCat(device_source, ": ", device.status().message()));
+    return Prefixed(device_source, device.status());
   }
   if (absl::Status st = CheckServable(config, *device); !st.ok()) return st;
   return ServeSetup{std::move(config), *device, device_source};
@@ -176,25 +176,22 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto backend = MakeBackend(setup.device, threads);
   if (!backend.ok()) {
-    return absl::Status(backend.status().code(),
-                        absl::StrCat(setup.device_source, ": ", backend.status().message()));
+    return Prefixed(setup.device_source, backend.status());
   }
   d.backend = *std::move(backend);
   // Every cheap check before the weights load (minutes for a large checkpoint): the spec from
   // the header, the tokenizer, the pool's size.
+  const std::string model_field = absl::StrCat("model.path '", model_path, "'");
   auto header_spec = LoadModelSpec(model_path);
   if (!header_spec.ok()) {
-    return absl::Status(
-        header_spec.status().code(),
-        absl::StrCat("model.path '", model_path, "': ", header_spec.status().message()));
+    return Prefixed(model_field, header_spec.status());
   }
   const ModelSpec& spec = *header_spec;
 
   if (!config.model.tokenizer.empty()) {
     auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
     if (!tokenizer.ok()) {
-      return absl::Status(tokenizer.status().code(),
-                          absl::StrCat("model.tokenizer: ", tokenizer.status().message()));
+      return Prefixed("model.tokenizer", tokenizer.status());
     }
     d.tokenizer = *std::move(tokenizer);
   } else if (!absl::StartsWith(model_path, "synthetic:")) {
@@ -210,8 +207,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
 
   auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
   if (!model.ok()) {
-    return absl::Status(model.status().code(),
-                        absl::StrCat("model.path '", model_path, "': ", model.status().message()));
+    return Prefixed(model_field, model.status());
   }
   d.model = *std::move(model);
   const bool graphs = cuda_graphs && setup.device == Device::kCuda;
@@ -220,8 +216,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   }
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
-    return absl::Status(cache.status().code(),
-                        absl::StrCat("kv_cache_config: ", cache.status().message()));
+    return Prefixed("kv_cache_config", cache.status());
   }
   d.cache = *std::move(cache);
 
@@ -288,8 +283,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
                                   "text/plain; version=0.0.4; charset=utf-8", metrics->Scrape()};
                             }}});
     if (!http.ok()) {
-      return absl::Status(http.status().code(),
-                          absl::StrCat("server.metrics_address: ", http.status().message()));
+      return Prefixed("server.metrics_address", http.status());
     }
     d.http_server = *std::move(http);
   }

@@ -5,12 +5,13 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/clock.h"
+#include "kernels/status_macros.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "model/streaming_decoder.h"
@@ -79,8 +80,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   }
   auto device = ResolveDevice(flags.GetString("device"));
   if (!device.ok()) {
-    return absl::Status(device.status().code(),
-                        absl::StrCat("--device: ", device.status().message()));
+    return Prefixed("--device", device.status());
   }
   auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return backend.status();
