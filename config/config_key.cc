@@ -154,7 +154,8 @@ std::vector<ConfigKey> BuildKeys() {
   keys.push_back(StringKey(
       "model.path", "any path, or empty",
       "Model to serve: a llama2.c .bin checkpoint or synthetic:<preset> (GGUF and HF "
-      "safetensors are not loaded yet); empty = the embedded default (stories260K)",
+      "safetensors are not loaded yet); empty = the default model, stories260K.bin from "
+      "../shared/models, else $KVD_MODEL_CACHE (default ~/.cache/kvd)",
       [](auto& c) -> auto& { return c.model.path; }, [](const std::string&) { return true; }));
   keys.push_back(StringKey(
       "model.tokenizer", "any path, or empty", "Tokenizer file; empty = the one beside the model",
@@ -250,7 +251,8 @@ std::vector<ConfigKey> BuildKeys() {
       [](auto& c) -> auto& { return c.kv_cache.defrag.max_moves_per_step; }, 1, kMaxTokens));
   keys.push_back(IntKey(
       "kv_cache_config.sliding_window.window_tokens",
-      "Keep only the last this-many tokens (plus sinks); 0 = full attention",
+      "Reserved (kvd serve accepts only 0 for now): keep only the last this-many tokens "
+      "(plus sinks); 0 = full attention",
       [](auto& c) -> auto& { return c.kv_cache.sliding_window.window_tokens; }, 0, kMaxTokens));
   keys.push_back(IntKey(
       "kv_cache_config.sliding_window.sink_tokens",
