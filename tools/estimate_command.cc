@@ -33,8 +33,8 @@ FlagSet MakeFlags() {
   f.AddString("kv-dtype",
               "KV storage, any case: f32 (the CPU backend), bf16 (CUDA), fp16, fp8, int8, int4",
               std::string("bf16"));
-  f.AddInt("block-size", "tokens per KV block", 16,
-           IntRange{1, std::numeric_limits<int32_t>::max()});
+  f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
+           IntRange{1, 256, /*power_of_two=*/true});
   f.AddString("budget",
               "KV memory to fit into, > 0, e.g. 80GB or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
   f.AddBool("json", "print one JSON object instead of a table");

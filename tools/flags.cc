@@ -103,7 +103,8 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       } else {
         int64_t v;
         const IntRange range = flag.range.value_or(kAllInt64);
-        in_range = absl::SimpleAtoi(*value, &v) && v >= range.min && v <= range.max;
+        in_range = absl::SimpleAtoi(*value, &v) && v >= range.min && v <= range.max &&
+                   (!range.power_of_two || (v > 0 && (v & (v - 1)) == 0));
       }
       if (!in_range) {
         return absl::InvalidArgumentError(
@@ -184,7 +185,8 @@ std::string FlagSet::RangeText(const Flag& flag) {
     return absl::StrCat("[0, ", std::numeric_limits<uint64_t>::max(), "]");
   }
   const IntRange range = flag.range.value_or(kAllInt64);
-  return absl::StrCat("[", range.min, ", ", range.max, "]");
+  return absl::StrCat(range.power_of_two ? "a power of two in " : "", "[", range.min, ", ",
+                      range.max, "]");
 }
 
 }  // namespace kvd

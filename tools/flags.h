@@ -11,10 +11,12 @@
 
 namespace kvd {
 
-// The closed range [min, max] an integer flag accepts.
+// The closed range [min, max] an integer flag accepts; with power_of_two, only the powers of
+// two in it (block sizes, as the config's kv_cache_config.block_size).
 struct IntRange {
   int64_t min;
   int64_t max;
+  bool power_of_two = false;
 };
 
 // A subcommand's flags: declared once with their help text, then parsed from argv.

@@ -42,7 +42,8 @@ FlagSet MakeFlags() {
       "repeated). llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
       "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
       "reference); synthetic models are generated in device memory from --seed. A number\n"
-      "outside its flag's range (below) is a usage error, never wrapped or clamped.");
+      "outside its flag's range (below) is a usage error, never wrapped or clamped; a\n"
+      "sampling value outside the range its help gives fails before the model loads.");
   f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
@@ -55,7 +56,8 @@ FlagSet MakeFlags() {
   f.AddFloat("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
   f.AddUint64("seed",
               "sampling seed, as the config's model.seed; the same seed gives the same text", 0);
-  f.AddInt("block-size", "tokens per KV block", 16, IntRange{1, kMaxInt32});
+  f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
+           IntRange{1, 256, /*power_of_two=*/true});
   f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
   f.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0,
            IntRange{0, kMaxCpuThreads});
@@ -78,6 +80,14 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
     return absl::InvalidArgumentError(
         "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
   }
+  // Checked before anything loads: a typo in --top-p must not cost a checkpoint load.
+  SamplingParams sampling;
+  sampling.temperature = static_cast<float>(flags.GetFloat("temperature"));
+  sampling.top_p = static_cast<float>(flags.GetFloat("top-p"));
+  sampling.top_k = static_cast<int32_t>(flags.GetInt("top-k"));
+  sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
+  sampling.seed = flags.GetUint64("seed");
+  if (auto s = sampling.Validate(); !s.ok()) return s;
   auto device = ResolveDevice(flags.GetString("device"));
   if (!device.ok()) {
     return Prefixed("--device", device.status());
@@ -108,12 +118,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   GenerationRequest request;
   request.prompt = (*tokenizer)->Encode(flags.GetString("prompt"), /*add_bos=*/true);
   request.max_new_tokens = static_cast<int32_t>(flags.GetInt("max-tokens"));
-  request.sampling.temperature = static_cast<float>(flags.GetFloat("temperature"));
-  request.sampling.top_p = static_cast<float>(flags.GetFloat("top-p"));
-  request.sampling.top_k = static_cast<int32_t>(flags.GetInt("top-k"));
-  request.sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
-  request.sampling.seed = flags.GetUint64("seed");
-  if (auto s = request.sampling.Validate(); !s.ok()) return s;
+  request.sampling = sampling;
   request.stop_token_ids = {spec.StopTokenId()};
 
   RealClock clock;

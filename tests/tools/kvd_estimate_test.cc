@@ -56,7 +56,15 @@ TEST(KvdEstimateTest, TableAndErrors) {
   // Not cut to 32 bits (4294967312 would have become 16): a usage error.
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --block-size 4294967312");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.out, HasSubstr("--block-size: 4294967312 is outside [1, 2147483647]"));
+  EXPECT_THAT(r.out, HasSubstr("--block-size: 4294967312 is outside a power of two in [1, 256]"));
+  // Sizes only what kvd serve would run (kv_cache_config.block_size).
+  for (const char* block_size : {"3", "100000"}) {
+    r = RunKvd(std::string("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 "
+                           "--block-size ") +
+               block_size);
+    EXPECT_EQ(r.exit_code, 2) << block_size;
+    EXPECT_THAT(r.out, HasSubstr("is outside a power of two in [1, 256]"));
+  }
   r = RunKvd("estimate --model synthetic:llama3-8b --seq-len 10");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("--batch"));

@@ -12,6 +12,7 @@ namespace kvd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bin";
@@ -90,7 +91,10 @@ TEST(KvdGenerateTest, IntegerFlagsOutsideTheirRangeAreUsageErrors) {
        {Case{"max-tokens", "4294967301", "[0, 2147483647]"},
         Case{"max-tokens", "2147483648", "[0, 2147483647]"},
         Case{"max-tokens", "-1", "[0, 2147483647]"}, Case{"top-k", "4294967297", "[0, 2147483647]"},
-        Case{"block-size", "4294967312", "[1, 2147483647]"},
+        Case{"block-size", "4294967312", "a power of two in [1, 256]"},
+        // kvd serve takes block sizes the config allows; generate takes the same ones.
+        Case{"block-size", "3", "a power of two in [1, 256]"},
+        Case{"block-size", "512", "a power of two in [1, 256]"},
         Case{"threads", "4294967297", "[0, 1024]"}, Case{"threads", "-7", "[0, 1024]"},
         Case{"seed", "-1", "[0, 18446744073709551615]"},
         Case{"seed", "18446744073709551616", "[0, 18446744073709551615]"}}) {
@@ -124,6 +128,11 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("generate --model " + kModel + " --prompt hi --temperature -1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("temperature"));
+  // Sampling values are checked before anything loads: a missing model is not reported.
+  r = RunKvd("generate --model /nonexistent/model.bin --prompt hi --top-p 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("top_p"));
+  EXPECT_THAT(r.out, Not(HasSubstr("/nonexistent/model.bin")));
   r = RunKvd("generate --model " + kModel + " --prompt hi --block-size 0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("block"));
