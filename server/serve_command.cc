@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
 #include "cache/kv_layout.h"
@@ -71,7 +72,8 @@ constexpr char kUsage[] =
     "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
     "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
     "the daemon exits 0; a second SIGTERM/SIGINT during the drain ends it at once (requests\n"
-    "still running end with finish reason aborted) and the daemon exits 0. On cuda the\n"
+    "still running end with finish reason aborted) and the daemon exits 0. One that comes\n"
+    "during startup (reading the config, loading the model) exits 0 at once. On cuda the\n"
     "weights and the KV cache are bf16, synthetic models are generated in device memory\n"
     "from model.seed, and decode steps replay CUDA graphs.";
 
@@ -339,20 +341,36 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
         << flags.Usage();
     return 2;
   }
-  auto setup = BuildConfig(flags, sets);
-  if (!setup.ok()) {
-    err << "kvd serve: " << setup.status().message() << "\n";
+  // Startup (reading the config, which may be a pipe, and loading the weights, minutes for a
+  // large checkpoint) runs on its own thread, so that a termination signal meanwhile is
+  // answered at once. Nothing can interrupt a load half way and nothing serves yet, so the
+  // process then exits 0 on the spot instead of unwinding under the loading thread.
+  absl::StatusOr<ServeSetup> setup = absl::UnknownError("not started");
+  Daemon d;
+  absl::Status started;
+  absl::Notification start_done;
+  std::thread starter([&] {
+    setup = BuildConfig(flags, sets);
+    started = setup.ok() ? Start(*setup, graphs_flag == "on", d, out) : setup.status();
+    start_done.Notify();
+  });
+  int signal = 0;
+  while (signal == 0 && !start_done.HasBeenNotified()) {
+    signal = signals.Wait(kDrainSignalPoll);
+    if (signal != 0 && !start_done.HasBeenNotified()) {
+      out << "kvd: " << SignalName(signal) << " before serving started: exiting\n" << std::flush;
+      err << std::flush;
+      std::_Exit(0);
+    }
+  }
+  starter.join();
+  if (!started.ok()) {
+    err << "kvd serve: " << started.message() << "\n";
     return 1;
   }
   const InferenceConfig* config = &setup->config;
 
-  Daemon d;
-  if (absl::Status s = Start(*setup, graphs_flag == "on", d, out); !s.ok()) {
-    err << "kvd serve: " << s.message() << "\n";
-    return 1;
-  }
-
-  const int signal = signals.Wait();
+  if (signal == 0) signal = signals.Wait();  // else it came as startup ended: drain now
   const absl::Duration drain = config->server.drain_timeout;
   // Refuse new work before saying so: once the line is out, every new call is refused.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);

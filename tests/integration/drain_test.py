@@ -3,7 +3,11 @@ refused with UNAVAILABLE and health turns NOT_SERVING meanwhile, and the process
 A stream the drain cuts short (drain_timeout, or a second signal) still gets a final message
 with finish reason "aborted" and its usage, then UNAVAILABLE; the process still exits 0."""
 
+import os
+import signal
+import tempfile
 import threading
+import time
 import unittest
 
 import grpc
@@ -145,6 +149,49 @@ class DrainTimeoutTest(unittest.TestCase):
                             for line in daemon.process.lines), daemon.process.output())
         streams.join()
         assertFinishedOrAborted(self, streams)
+
+
+class StartupSignalTest(unittest.TestCase):
+    """A signal while kvd is still starting (here: blocked reading a config pipe nobody has
+    written, as a long model load would block it) ends the process at once, exit 0, without
+    ever serving. It used to wait, unseen, until startup ended, then serve and drain."""
+
+    def wait_until_signals_are_taken(self, proc):
+        """Until kvd blocks SIGINT and SIGTERM to take them itself (its first step in `serve`;
+        loading the binary's libraries takes a second or more, and a signal then kills it)."""
+        deadline = time.monotonic() + 30 * h.TIME_SCALE
+        mask = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+        while time.monotonic() < deadline:
+            with open("/proc/%d/status" % proc.proc.pid) as f:
+                blocked = [line for line in f if line.startswith("SigBlk:")]
+            if blocked and int(blocked[0].split()[1], 16) & mask == mask:
+                return
+            self.assertIsNone(proc.proc.poll(), proc.output())
+            time.sleep(0.02)
+        self.fail("kvd never blocked SIGINT and SIGTERM\n" + proc.output())
+
+    def run_case(self, signum, name):
+        with tempfile.TemporaryDirectory(prefix="kvd_fifo_") as d:
+            fifo = os.path.join(d, "config.yaml")
+            os.mkfifo(fifo)
+            proc = h.Process("kvd (startup %s)" % name,
+                             [h.Paths.kvd, "serve", "--config", fifo, "--model", h.Paths.model(),
+                              "--grpc-address", "127.0.0.1:0", "--metrics-address", ""])
+            self.addCleanup(proc.close)
+            self.wait_until_signals_are_taken(proc)
+            time.sleep(0.2 * h.TIME_SCALE)  # into reading the pipe
+            self.assertIsNone(proc.proc.poll(), proc.output())
+            proc.proc.send_signal(signum)
+            self.assertEqual(proc.wait(timeout_s=5 * h.TIME_SCALE), 0, proc.output())
+            self.assertIn("kvd: %s before serving started: exiting" % name, proc.lines,
+                          proc.output())
+            self.assertFalse(any("serving gRPC" in line for line in proc.lines), proc.output())
+
+    def test_sigterm_during_startup_exits_0_at_once(self):
+        self.run_case(signal.SIGTERM, "SIGTERM")
+
+    def test_sigint_during_startup_exits_0_at_once(self):
+        self.run_case(signal.SIGINT, "SIGINT")
 
 
 if __name__ == "__main__":
