@@ -11,13 +11,23 @@
 
 namespace kvd {
 
-// A deliberately small HTTP/1.1 server for GET endpoints such as /metrics: one thread
-// accepts connections and answers them one at a time (a scrape takes microseconds), each
-// with `Connection: close`. GET and HEAD of a registered path call its handler; any other
-// path is 404, any other method 405 (with `Allow: GET, HEAD`), a malformed or oversized
-// request 400. Because connections take turns, each is bounded as a whole: its request head
-// must arrive within 2 s (else 408, or a silent close if nothing came) and its reply must be
-// taken within 2 s, so a slow or stuck client delays a scrape by seconds, never indefinitely.
+// A deliberately small HTTP/1.1 server for GET endpoints such as /metrics. One thread serves
+// every open connection at once from a poll() loop, so no client waits on another; handlers
+// run inline on it (a scrape renders in microseconds). Every reply carries
+// `Connection: close`. GET and HEAD of a registered path call its handler; the target may be
+// origin-form ("/metrics?x=1") or absolute-form ("http://host:port/metrics"), and head lines
+// may end in CRLF or a bare LF. Any other path is 404, any other method 405 (with
+// `Allow: GET, HEAD`), a malformed request line or a head over 16 KiB 400.
+//
+// Each connection is bounded per phase, from the phase's start: its request head must arrive
+// within 2 s of accept (else 408, or a silent close if nothing came) and its reply must be
+// taken within 2 s. Then the server shuts down its sending side and discards input (a body,
+// say) until the client closes, for at most 2 s or 1 MiB, so that closing with unread input
+// never resets a reply the client is still reading. At most kMaxConnections are open; a new
+// one past the cap closes the oldest that was already answered, else the oldest still sending
+// its request, else the oldest being answered, so neither idle nor reconnecting clients can
+// keep a scrape waiting. When accept fails for want of descriptors or memory, the pending
+// connection stays queued and accepting pauses for 100 ms instead of spinning.
 //
 // Listens on "host:port" (IPv4, a host name, or "[v6]:port"; port 0 picks a free port, and
 // address() reports the real one) or "unix:/path". A socket left at the path by a server
@@ -35,6 +45,9 @@ class HttpServer {
   };
   using Handler = std::function<Response()>;
 
+  // Open connections at most; see the class comment for which one a new connection replaces.
+  static constexpr int kMaxConnections = 64;
+
   // Binds, listens and starts serving `routes` (path -> handler). Errors: InvalidArgument
   // for a malformed address, Unavailable when the address cannot be bound (in use, or a unix
   // path that holds something other than a stale socket); the message names the address.
@@ -49,14 +62,13 @@ class HttpServer {
   const std::string& address() const { return address_; }
   int port() const { return port_; }  // 0 for unix sockets
 
-  // Stops accepting and joins the thread. Idempotent.
+  // Stops accepting, closes every open connection and joins the thread. Idempotent.
   void Stop();
 
  private:
   HttpServer(int listen_fd, int wake_read_fd, int wake_write_fd, std::string address, int port,
              std::string unix_path, std::map<std::string, Handler> routes);
   void Serve();
-  void HandleConnection(int fd);
 
   const int listen_fd_;
   const int wake_read_fd_;  // self-pipe: Stop() writes a byte to end poll()
