@@ -254,6 +254,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
   return tokens;
 }
 
+int64_t Tokenizer::MinEncodedTokens(int64_t text_bytes, bool add_bos) const {
+  // A byte token's piece ("<0x41>") is longer than the one byte it covers, so by induction
+  // over merges a token never covers more bytes than its piece has.
+  const int64_t covered = text_bytes > 0 ? text_bytes + 1 : 0;  // + the dummy prefix " "
+  const int64_t widest = std::max<int64_t>(longest_piece_, 1);
+  return (add_bos ? 1 : 0) + (covered + widest - 1) / widest;
+}
+
 std::string Tokenizer::DecodeToken(int32_t prev_token, int32_t token) const {
   if (token < 0 || token >= vocab_size()) return std::string();
   if (byte_of_[token] >= 0) return std::string(1, static_cast<char>(byte_of_[token]));

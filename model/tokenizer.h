@@ -58,6 +58,11 @@ class Tokenizer {
   // Runs in O(n log n) for n bytes; results equal run.c's quadratic rescan.
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
 
+  // A lower bound, in O(1), on Encode(text, add_bos).size() for any text of `text_bytes`
+  // bytes: no token covers more bytes of the text (dummy prefix included) than its piece
+  // is long. Lets a caller refuse a text too long for a context before encoding it.
+  int64_t MinEncodedTokens(int64_t text_bytes, bool add_bos) const;
+
   // llama2.c's decoder for one token: a byte piece "<0xXX>" becomes that raw byte; any
   // other piece is returned as is, except that after BOS (prev_token == 1) a leading
   // space is dropped. Special tokens decode to their pieces (e.g. BOS is "\n<s>\n"), as

@@ -232,7 +232,7 @@ grpc::Status InferenceService::CloseSessionParsed(const v1::CloseSessionRequest&
 grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
                                             v1::ModelInfo* info) {
   const ModelSpec& spec = model_.spec;
-  info->set_name(spec.name);
+  info->set_name(ToValidUtf8(spec.name));  // a file stem; proto3 strings must be UTF-8
   info->set_num_layers(static_cast<uint32_t>(spec.num_layers));
   info->set_dim(static_cast<uint32_t>(spec.dim));
   info->set_num_heads(static_cast<uint32_t>(spec.num_heads));

@@ -38,7 +38,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_requests_finished", "Requests that reached a final event.",
             static_cast<double>(s.requests_finished));
   w.Counter("kvd_admission_rejections",
-            "Requests refused with RESOURCE_EXHAUSTED (queue full or prompt larger than the pool).",
+            "Requests refused with RESOURCE_EXHAUSTED (queue full, or prompt + max_tokens larger "
+            "than the whole pool).",
             static_cast<double>(s.requests_rejected));
   w.Counter("kvd_preemptions", "Running requests preempted (blocks freed, recomputed later).",
             static_cast<double>(s.preemptions));

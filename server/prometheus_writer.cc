@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/value_codec.h"
 #include "scheduler/engine_stats.h"
+#include "server/utf8.h"
 
 namespace kvd {
 
@@ -62,7 +63,9 @@ std::string PrometheusWriter::FormatValue(double value) {
 
 std::string PrometheusWriter::EscapeLabelValue(absl::string_view value) {
   std::string out;
-  for (char c : value) {
+  // The format is UTF-8: one stray byte (a model file named in Latin-1) would make
+  // Prometheus reject the whole scrape.
+  for (char c : ToValidUtf8(value)) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '"') {

@@ -49,6 +49,7 @@ class PrometheusWriter {
 
   // How a sample value is printed ("42", "0.25", "+Inf", "NaN").
   static std::string FormatValue(double value);
+  // `value` with \\, \" and \n escaped, and each invalid UTF-8 run replaced by U+FFFD.
   static std::string EscapeLabelValue(absl::string_view value);
 
  private:

@@ -103,6 +103,15 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
                  absl::StrCat("at most ", lim.max_prompt_bytes, " bytes"));
     }
     if (!IsValidUtf8(in.prompt())) return Bad("prompt", "is not valid UTF-8", "UTF-8 text");
+    // Encoding a megabyte takes most of a second; a text that cannot fit is refused unread.
+    const int64_t min_tokens =
+        tokenizer_->MinEncodedTokens(static_cast<int64_t>(in.prompt().size()), /*add_bos=*/true);
+    if (min_tokens > context) {
+      return Bad("prompt",
+                 absl::StrCat("is ", in.prompt().size(), " bytes long, at least ", min_tokens,
+                              " tokens, longer than the context of ", context, " tokens"),
+                 absl::StrCat("at most ", context, " prompt tokens"));
+    }
     out.prompt = tokenizer_->Encode(in.prompt(), /*add_bos=*/true);
   } else {
     if (absl::Status s = CheckTokenIds("prompt_token_ids", in.prompt_token_ids(), lim.vocab_size);
@@ -125,7 +134,13 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
   // Output length.
   const int64_t room = context + 1 - prompt_tokens;  // >= 1
   if (in.max_tokens() == 0) {
-    out.max_tokens = static_cast<int32_t>(std::min<int64_t>(lim.default_max_tokens, room));
+    int64_t max_tokens = std::min<int64_t>(lim.default_max_tokens, room);
+    // When even the prompt cannot fit the pool, the engine refuses it, naming the prompt.
+    if (const int64_t pool_room = lim.pool_tokens + 1 - prompt_tokens;
+        lim.pool_tokens > 0 && pool_room >= 1) {
+      max_tokens = std::min(max_tokens, pool_room);
+    }
+    out.max_tokens = static_cast<int32_t>(max_tokens);
   } else if (in.max_tokens() > room) {
     return Bad("max_tokens",
                absl::StrCat(in.max_tokens(), " with a ", prompt_tokens,

@@ -27,8 +27,11 @@ struct RequestLimits {
   int32_t vocab_size = 0;
   // KV positions of one request: min(the model's context, max_seq_length).
   int32_t max_context_tokens = 0;
-  // max_tokens when the request leaves it 0 (capped by what the context leaves).
+  // max_tokens when the request leaves it 0 (capped by what the context leaves, and by
+  // what the whole KV pool leaves: a request must not be refused for a value it never sent).
   int32_t default_max_tokens = 256;
+  // KV positions the whole pool holds (blocks x block_size); 0 = no cap on the default.
+  int64_t pool_tokens = 0;
   int32_t max_prompt_bytes = 1 << 20;  // `prompt` text
   int32_t max_stop_strings = 16;
   int32_t max_stop_string_bytes = 256;

@@ -229,6 +229,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   RequestLimits limits;
   limits.vocab_size = spec.vocab_size;
   limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
+  limits.pool_tokens = d.cache->stats().max_blocks * int64_t{cache_options.block_size};
   limits.default_seed = config.model.seed;
   limits.default_stop_token_ids = {spec.StopTokenId()};
   ServedModelInfo info;
@@ -300,7 +301,13 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
       << d.cache->stats().max_blocks << " blocks\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {
-    out << "kvd: serving metrics on http://" << d.http_server->address() << "/metrics\n";
+    // A URL where there is one; curl reaches a unix socket with --unix-socket PATH.
+    const std::string& address = d.http_server->address();
+    if (absl::StartsWith(address, "unix:")) {
+      out << "kvd: serving metrics on " << address << " (HTTP GET /metrics)\n";
+    } else {
+      out << "kvd: serving metrics on http://" << address << "/metrics\n";
+    }
   }
   out << std::flush;
   return absl::OkStatus();

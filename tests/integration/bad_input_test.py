@@ -157,6 +157,24 @@ class TinyPoolTest(h.DaemonTestCase):
         self.assertGreaterEqual(self.daemon.cache_stats().requests_rejected, 1)
         self.assertStillServing()
 
+    def test_the_default_max_tokens_is_capped_by_the_pool(self):
+        # Without max_tokens the server default (256) applies, capped by what the pool
+        # leaves: the request runs instead of being refused for a value it never sent.
+        stats = self.daemon.cache_stats()
+        pool_tokens = stats.max_blocks * stats.block_size
+        prompt = [1] + [400] * 9
+        final = None
+        tokens = []
+        for r in self.daemon.stub.Generate(request(prompt_token_ids=prompt, max_tokens=0,
+                                                   ignore_eos=True),
+                                           timeout=h.RPC_TIMEOUT_S):
+            tokens.extend(r.token_ids)
+            if r.finish_reason:
+                final = r
+        self.assertEqual(final.finish_reason, "length")
+        self.assertEqual(len(tokens), pool_tokens + 1 - len(prompt))
+        self.assertStillServing()
+
 
 class QueueFullTest(h.DaemonTestCase):
     # One sequence at a time, one waiting: a burst of requests overflows the queue.

@@ -4,7 +4,9 @@ Prometheus server scrapes kvd_* series from /metrics."""
 
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 import unittest
@@ -160,6 +162,37 @@ class PrometheusScrapeTest(h.DaemonTestCase):
         names = self.wait_for_series('count by (__name__) ({__name__=~"kvd_.+"})',
                                      lambda r: len(r) >= 20, timeout)
         self.assertGreaterEqual(len(names), 20)
+
+
+
+class UnixSocketMetricsTest(unittest.TestCase):
+    """Metrics on a unix socket: the startup line names the socket (an http://unix:... URL
+    reaches nothing), and GET /metrics over the socket answers."""
+
+    def test_metrics_over_a_unix_socket(self):
+        with tempfile.TemporaryDirectory(prefix="kvd_sock_") as d:
+            path = os.path.join(d, "metrics.sock")
+            proc = h.Process("kvd (unix metrics)",
+                             [h.Paths.kvd, "serve", "--model", h.Paths.model(),
+                              "--grpc-address", "127.0.0.1:0", "--metrics-address", "unix:" + path])
+            self.addCleanup(proc.close)
+            proc.wait_for_line(r"^kvd: serving metrics on unix:%s \(HTTP GET /metrics\)$" %
+                               re.escape(path), h.STARTUP_TIMEOUT_S)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(h.RPC_TIMEOUT_S)
+                s.connect(path)
+                s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                reply = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+            self.assertTrue(reply.startswith(b"HTTP/1.1 200") or reply.startswith(b"HTTP/1.0 200"),
+                            reply[:200])
+            self.assertIn(b"kvd_num_requests_waiting", reply)
+            proc.proc.terminate()
+            self.assertEqual(proc.wait(), 0, proc.output())
 
 
 if __name__ == "__main__":

@@ -171,6 +171,37 @@ TEST(TokenizerTest, EncodeMatchesRunCOnRandomText) {
   }
 }
 
+// The validator refuses a text by this bound before encoding it, so it must never exceed
+// the real count (that would refuse a prompt that fits).
+TEST(TokenizerTest, MinEncodedTokensNeverExceedsTheEncoding) {
+  auto tokenizer = LoadTok512();
+  ASSERT_NE(tokenizer, nullptr);
+  std::string longest;
+  for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+    if (tokenizer->piece(id).size() > longest.size()) longest = tokenizer->piece(id);
+  }
+  const std::vector<std::string> fragments = {"the", " ", "Lily", " and", "ing",  ".",
+                                              "\n",  "é", "日本", "\x80", "\xFF", longest};
+  std::mt19937 rng(11);
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int num_fragments = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < num_fragments; ++i) {
+      text += fragments[std::uniform_int_distribution<size_t>(0, fragments.size() - 1)(rng)];
+    }
+    for (bool add_bos : {false, true}) {
+      const int64_t bound = tokenizer->MinEncodedTokens(static_cast<int64_t>(text.size()), add_bos);
+      ASSERT_LE(bound, static_cast<int64_t>(tokenizer->Encode(text, add_bos).size()))
+          << "text: '" << text << "'";
+    }
+  }
+  EXPECT_EQ(tokenizer->MinEncodedTokens(0, true), 1);
+  EXPECT_EQ(tokenizer->MinEncodedTokens(0, false), 0);
+  // Not vacuous: a megabyte needs tens of thousands of tokens.
+  EXPECT_GT(tokenizer->MinEncodedTokens(1 << 20, true),
+            (1 << 20) / static_cast<int64_t>(longest.size()));
+}
+
 TEST(TokenizerTest, EmptyTextIsJustBosOrNothing) {
   auto tokenizer = LoadTok512();
   ASSERT_NE(tokenizer, nullptr);

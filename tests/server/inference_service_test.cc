@@ -290,6 +290,17 @@ TEST_F(InferenceServiceTest, DrainingRefusesNewCallsWithUnavailable) {
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
+// The name is the model file's stem, which need not be UTF-8; a proto3 string must be.
+TEST_F(InferenceServiceTest, ModelNamesThatAreNotUtf8AreRepaired) {
+  ServedModelInfo served;
+  served.spec = spec_;
+  served.spec.name = "caf\xe9";
+  InferenceService service(engine_.get(), RequestValidator(RequestLimits{}, nullptr), served);
+  v1::ModelInfo info;
+  ASSERT_TRUE(service.GetModelInfo(nullptr, nullptr, &info).ok());
+  EXPECT_EQ(info.name(), "caf\uFFFD");
+}
+
 TEST_F(InferenceServiceTest, UnaryMethods) {
   grpc::ClientContext c1;
   v1::ModelInfo info;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/prometheus_writer.h"
+#include "server/utf8.h"
 
 namespace kvd {
 namespace {
@@ -343,6 +344,15 @@ TEST(PrometheusWriterTest, EscapesLabelValuesAndHelp) {
             "# TYPE kvd_test gauge\n"
             "kvd_test{model=\"a\\\"b\\\\c\\nd\"} 1\n");
   EXPECT_THAT(Parse(w.text()).errors, ::testing::IsEmpty());
+}
+
+// A model file named in Latin-1 ("caf\xe9.bin") must not make Prometheus reject every scrape.
+TEST(PrometheusWriterTest, LabelValuesThatAreNotUtf8GetReplacementCharacters) {
+  PrometheusWriter w;
+  w.Gauges("kvd_test", "h", {{{{"model", "caf\xe9"}}, 1}});
+  EXPECT_EQ(w.text(),
+            "# HELP kvd_test h\n# TYPE kvd_test gauge\nkvd_test{model=\"caf\uFFFD\"} 1\n");
+  EXPECT_TRUE(IsValidUtf8(w.text()));
 }
 
 TEST(PrometheusWriterTest, CountersGetTheTotalSuffix) {

@@ -92,6 +92,30 @@ TEST_F(RequestValidatorTest, DefaultMaxTokensIsCappedByTheContext) {
   EXPECT_EQ(r->max_tokens, 6);  // the last token needs no KV slot
 }
 
+// A small pool caps the default too: the engine would refuse prompt + 256 tokens that can
+// never fit, naming a max_tokens the client never sent. An explicit value is left to the
+// engine to judge (RESOURCE_EXHAUSTED naming it).
+TEST_F(RequestValidatorTest, DefaultMaxTokensIsCappedByThePool) {
+  limits_.default_max_tokens = 50;
+  limits_.pool_tokens = 32;
+  v1::GenerateRequest in;
+  for (int i = 0; i < 5; ++i) in.add_prompt_token_ids(7);
+  auto r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 28);  // 5 + 28 - 1 = 32 positions
+  in.set_max_tokens(40);
+  r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 40);
+  // A prompt the pool cannot hold keeps the default; the engine refuses it by the prompt.
+  in.clear_max_tokens();
+  in.clear_prompt_token_ids();
+  for (int i = 0; i < 40; ++i) in.add_prompt_token_ids(7);
+  r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 25);  // the context's cap: 64 + 1 - 40
+}
+
 // Like llama2.c's run.c with steps == seq_len: the last token sampled is never fed back,
 // so prompt + max_tokens may be context + 1 (the golden outputs go that far).
 TEST_F(RequestValidatorTest, PromptPlusMaxTokensMayExceedTheContextByTheLastToken) {
@@ -108,6 +132,23 @@ TEST_F(RequestValidatorTest, APromptMayFillTheContextForOneToken) {
   for (int i = 0; i < kContext; ++i) in.add_prompt_token_ids(7);
   in.set_max_tokens(1);
   EXPECT_TRUE(Check(in).ok());
+}
+
+// A text that cannot fit the context whatever it encodes to is refused by its length, without
+// encoding it (a megabyte takes most of a second to encode).
+TEST_F(RequestValidatorTest, ATextTooLongForAnyEncodingIsRefusedByItsLength) {
+  v1::GenerateRequest in = Ok();
+  in.set_prompt(std::string(990, 'x'));
+  auto r = Check(in);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("prompt: is 990 bytes long, at least "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("longer than the context of 64"));
+  // One that may fit is encoded and judged by its tokens.
+  in.set_prompt(std::string(kContext - 10, 'x'));
+  r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(static_cast<int64_t>(r->prompt.size()), kContext);
 }
 
 TEST_F(RequestValidatorTest, FieldsAreCopied) {
