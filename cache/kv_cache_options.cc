@@ -60,6 +60,18 @@ absl::Status KvCacheOptions::Validate() const {
   return absl::OkStatus();
 }
 
+int64_t KvPoolGeometry::ChunkBytesFor(int64_t max_pool_bytes, int64_t block_bytes) {
+  // Chunks are the unit of growth and of return: not too large (a pool grows and shrinks
+  // by one at a time), not so large that a small pool rounds down by a large part of
+  // itself (10 MiB chunks of stories260K once made a 64 MiB pool 60 MiB, and one just under
+  // 20 MiB 10 MiB), not more than kMaxChunks of them.
+  const int64_t aim = std::min(kTargetChunkBytes, max_pool_bytes / kMinChunks);
+  int64_t chunk_bytes = block_bytes;
+  while (chunk_bytes <= aim / 2) chunk_bytes *= 2;
+  while (max_pool_bytes / chunk_bytes > kMaxChunks) chunk_bytes *= 2;
+  return chunk_bytes;
+}
+
 absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& options,
                                                        const KvLayout& layout) {
   const int64_t block_bytes = layout.block_data_bytes();

@@ -63,6 +63,11 @@ struct KvPoolGeometry {
   // Most chunks and most blocks one pool may have (BlockPool refuses more blocks too).
   static constexpr int64_t kMaxChunks = int64_t{1} << 20;
   static constexpr int64_t kMaxBlocks = int64_t{1} << 30;
+  // ChunkBytesFor's aims: chunks of at most this many bytes...
+  static constexpr int64_t kTargetChunkBytes = int64_t{16} << 20;
+  // ...and at least this many of them in a pool, so that rounding the pool down to whole
+  // chunks loses less than 1/kMinChunks of it.
+  static constexpr int64_t kMinChunks = 16;
 
   int32_t chunk_shift = 0;
   int32_t initial_chunks = 0;
@@ -70,6 +75,16 @@ struct KvPoolGeometry {
   int64_t chunk_bytes = 0;  // actual, after rounding
 
   int32_t blocks_per_chunk() const { return int32_t{1} << chunk_shift; }
+  int64_t max_blocks() const { return int64_t{max_chunks} << chunk_shift; }
+
+  // The chunk_bytes for a pool of at most `max_pool_bytes` of blocks of `block_bytes` (the
+  // arena bytes of one block), as `kvd serve` picks it: the most blocks, a power of two, that
+  // fit in min(kTargetChunkBytes, max_pool_bytes / kMinChunks), but at least one block; then
+  // doubled while the pool would have more than kMaxChunks chunks (pools past 16 TiB). For a
+  // pool of at most kMaxBlocks blocks the result is a whole chunk as Compute makes it, and the
+  // pool loses less than max(max_pool_bytes / kMinChunks, block_bytes) to whole chunks.
+  // REQUIRES: max_pool_bytes > 0, block_bytes > 0.
+  static int64_t ChunkBytesFor(int64_t max_pool_bytes, int64_t block_bytes);
 
   // REQUIRES: options.Validate() is OK.
   static absl::StatusOr<KvPoolGeometry> Compute(const KvCacheOptions& options,

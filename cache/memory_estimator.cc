@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "cache/kv_cache_options.h"
 #include "cache/kv_layout.h"
 
 namespace kvd {
@@ -27,6 +28,30 @@ absl::Status WorkloadOverflow(const MemoryEstimateRequest& r, absl::string_view 
   return absl::InvalidArgumentError(absl::StrCat("batch=", r.batch, " seq_len=", r.seq_len,
                                                  " is too large: ", product,
                                                  " does not fit in 64 bits"));
+}
+
+// The pool `kvd serve` builds with memory_pool.max_size = budget_bytes (CacheOptionsFrom
+// picks the chunk the same way), or the error for a max_size that it refuses (CheckPoolSize).
+absl::StatusOr<KvPoolGeometry> PoolFor(int64_t budget_bytes, const KvLayout& layout) {
+  const int64_t block_bytes = layout.block_data_bytes();
+  if (budget_bytes < block_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("budget_bytes=", budget_bytes, " is smaller than one KV block (", block_bytes,
+                     " bytes); kvd serve refuses a memory_pool.max_size below it"));
+  }
+  if (budget_bytes / block_bytes > KvPoolGeometry::kMaxBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget_bytes=", budget_bytes, " holds more than ", KvPoolGeometry::kMaxBlocks,
+        " KV blocks of ", block_bytes, " bytes; kvd serve refuses a memory_pool.max_size above ",
+        KvPoolGeometry::kMaxBlocks * block_bytes, " bytes (or a larger block_size)"));
+  }
+  KvCacheOptions options;
+  options.block_size = layout.block_size();
+  options.kv_dtype = layout.dtype();
+  options.max_pool_bytes = budget_bytes;
+  options.initial_pool_bytes = 1;
+  options.chunk_bytes = KvPoolGeometry::ChunkBytesFor(budget_bytes, block_bytes);
+  return KvPoolGeometry::Compute(options, layout);
 }
 
 }  // namespace
@@ -88,8 +113,14 @@ absl::StatusOr<MemoryEstimate> MemoryEstimator::Estimate(const MemoryEstimateReq
   e.seed_batch_bytes = *seed_batch_bytes;
   e.seed_over_exact = static_cast<double>(e.seed_batch_bytes) / static_cast<double>(e.batch_bytes);
   if (r.budget_bytes > 0) {
-    e.sequences_in_budget = r.budget_bytes / e.bytes_per_sequence;
-    e.tokens_in_budget = r.budget_bytes / e.bytes_per_block * r.block_size;
+    absl::StatusOr<KvPoolGeometry> pool = PoolFor(r.budget_bytes, *layout);
+    if (!pool.ok()) return pool.status();
+    e.pool_chunk_bytes = pool->chunk_bytes;
+    e.pool_chunks = pool->max_chunks;
+    e.pool_blocks = pool->max_blocks();
+    e.pool_bytes = e.pool_chunks * e.pool_chunk_bytes;
+    e.sequences_in_budget = e.pool_blocks / e.blocks_per_sequence;
+    e.tokens_in_budget = e.pool_blocks * r.block_size;
   }
   return e;
 }
@@ -112,8 +143,17 @@ std::string MemoryEstimator::Format(const MemoryEstimateRequest& r, const Memory
       e.batch_bytes, e.batch_bytes_paged, e.seed_bytes_per_token, e.seed_batch_bytes, r.d_model,
       e.seed_over_exact);
   if (e.sequences_in_budget >= 0) {
-    absl::StrAppendFormat(&out, "  budget %d bytes     %d sequences of %d tokens, %d tokens\n",
-                          r.budget_bytes, e.sequences_in_budget, r.seq_len, e.tokens_in_budget);
+    // Scales are not arena bytes: they would sit beside the pool, in a pool of their own.
+    const std::optional<int64_t> scale_bytes =
+        CheckedProduct({e.pool_blocks, e.bytes_per_block - e.bytes_per_token * r.block_size});
+    absl::StrAppendFormat(
+        &out,
+        "  budget %d bytes as memory_pool.max_size: %d chunks of %d bytes, %d blocks, %d bytes%s\n"
+        "                      %d sequences of %d tokens, %d tokens\n",
+        r.budget_bytes, e.pool_chunks, e.pool_chunk_bytes, e.pool_blocks, e.pool_bytes,
+        scale_bytes.value_or(0) > 0 ? absl::StrFormat(" (+ %d bytes of scales)", *scale_bytes)
+                                    : std::string(),
+        e.sequences_in_budget, r.seq_len, e.tokens_in_budget);
   }
   return out;
 }

@@ -19,7 +19,7 @@ struct MemoryEstimateRequest {
   int32_t block_size = 16;
   int64_t batch = 1;         // sequences
   int64_t seq_len = 0;       // tokens per sequence
-  int64_t budget_bytes = 0;  // KV memory to fit into; 0: no budget
+  int64_t budget_bytes = 0;  // KV memory to fit into, as memory_pool.max_size; 0: no budget
 };
 
 // KV memory of a workload, exact and by the seeds' formula.
@@ -38,7 +38,15 @@ struct MemoryEstimate {
   int64_t seed_bytes_per_token = 0;
   int64_t seed_batch_bytes = 0;
   double seed_over_exact = 0;  // how much the seeds' formula overstates
-  // With a budget: whole sequences of seq_len (paged) and tokens that fit; -1 without.
+  // With a budget, -1 without. The pool `kvd serve` builds with memory_pool.max_size =
+  // budget_bytes (KvPoolGeometry::ChunkBytesFor, then Compute): whole chunks of a
+  // power-of-two number of blocks, counted in arena bytes (element data; a quantized dtype's
+  // scales would sit beside it), so pool_bytes <= budget_bytes (kvd_kv_pool_max_bytes).
+  int64_t pool_chunk_bytes = -1;
+  int64_t pool_chunks = -1;
+  int64_t pool_blocks = -1;
+  int64_t pool_bytes = -1;
+  // ...and the whole sequences of seq_len (paged) and the tokens that fit in its blocks.
   int64_t sequences_in_budget = -1;
   int64_t tokens_in_budget = -1;
 };
@@ -47,9 +55,10 @@ struct MemoryEstimate {
 // arithmetic as the cache itself (KvLayout). Stateless; thread safe.
 class MemoryEstimator {
  public:
-  // InvalidArgument for a non-positive shape, block size, batch or sequence length, and for
+  // InvalidArgument for a non-positive shape, block size, batch or sequence length, for
   // a workload or model whose byte counts do not fit in int64 (naming batch and seq_len, or
-  // num_layers and d_model, and the product).
+  // num_layers and d_model, and the product), and for a budget that `kvd serve` refuses as
+  // max_size: less than one KV block or more than KvPoolGeometry::kMaxBlocks of them.
   static absl::StatusOr<MemoryEstimate> Estimate(const MemoryEstimateRequest& request);
   // A human-readable table of the estimate, exact beside the seeds' formula.
   static std::string Format(const MemoryEstimateRequest& request, const MemoryEstimate& estimate);

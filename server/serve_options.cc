@@ -38,26 +38,12 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
   options.block_size = kv.block_size;
   options.kv_dtype = kv_dtype;
   options.max_pool_bytes = kv.memory_pool.max_size_bytes;
-  // Chunks are the unit of growth and of return, and not a config key (no error may hinge on
-  // them): 16 MiB, or the whole pool when smaller; at least one KV block (Llama-3-8B in bf16
-  // at block_size 256 has 32 MiB blocks); and, for pools past 16 TiB, large enough that the
-  // pool is at most kMaxChunks chunks (a power-of-two number of blocks, which KvPoolGeometry
-  // keeps as is). An initial size of 0 still reserves the first chunk.
-  options.chunk_bytes = std::min(options.chunk_bytes, options.max_pool_bytes);
+  // The chunk is not a config key (no error may hinge on it): KvPoolGeometry::ChunkBytesFor
+  // picks it from max_size and the block, as `kvd estimate --budget` does. An initial size
+  // of 0 still reserves the first chunk.
   if (auto layout = KvLayout::Create(shape, kv_dtype, kv.block_size); layout.ok()) {
-    const int64_t block_bytes = layout->block_data_bytes();
-    options.chunk_bytes = std::max(options.chunk_bytes, block_bytes);
-    // The chunk KvPoolGeometry::Compute will make of that: the most blocks, a power of two,
-    // that fit (10 MiB of stories260K's 20 KiB blocks, not 16). The pool counts in those.
-    int64_t blocks_per_chunk = 1;
-    while (2 * blocks_per_chunk * block_bytes <= options.chunk_bytes) blocks_per_chunk *= 2;
-    if (options.max_pool_bytes / (blocks_per_chunk * block_bytes) > KvPoolGeometry::kMaxChunks) {
-      do {
-        blocks_per_chunk *= 2;
-      } while (options.max_pool_bytes / (blocks_per_chunk * block_bytes) >
-               KvPoolGeometry::kMaxChunks);
-      options.chunk_bytes = blocks_per_chunk * block_bytes;
-    }
+    options.chunk_bytes =
+        KvPoolGeometry::ChunkBytesFor(options.max_pool_bytes, layout->block_data_bytes());
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
   options.enable_prefix_caching = kv.enable_prefix_caching;
@@ -105,7 +91,7 @@ absl::Status CheckPoolSize(const KvCacheConfig& kv, const KvCacheOptions& option
         " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
   }
   // At most kMaxBlocks blocks, counted as the arena does (element data only). The chunk
-  // limit never binds here: CacheOptionsFrom sized the chunks for it.
+  // limit never binds here: ChunkBytesFor sized the chunks for it.
   const int64_t arena_block_bytes = layout->block_data_bytes();
   if (max_bytes / arena_block_bytes > KvPoolGeometry::kMaxBlocks) {
     return absl::InvalidArgumentError(absl::StrCat(

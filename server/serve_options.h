@@ -21,9 +21,11 @@ namespace kvd {
 absl::Status CheckServable(const InferenceConfig& config, Device device);
 
 // The cache's options for a model whose KV has `shape`; `kv_dtype` is the backend's native
-// KV dtype. The chunk size, which is not a config key, is 16 MiB or the whole pool when that
-// is smaller, raised to at least one KV block and to what keeps the pool within
-// KvPoolGeometry::kMaxChunks chunks, so that any pool CheckPoolSize accepts has a geometry.
+// KV dtype. The chunk size, which is not a config key, is KvPoolGeometry::ChunkBytesFor's
+// for max_size: at most 16 MiB and 1/16 of the pool (so rounding max_size down to whole
+// chunks loses under 1/16 of it, or under one block when a block is larger), at least one
+// KV block, and within KvPoolGeometry::kMaxChunks chunks, so that any pool CheckPoolSize
+// accepts has a geometry.
 KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const KvShape& shape);
 
 EngineOptions EngineOptionsFrom(const InferenceConfig& config);

@@ -22,7 +22,9 @@ FlagSet MakeFlags() {
       "                    [--block-size N] [--budget BYTES] [--json]\n"
       "\n"
       "KV-cache memory for B sequences of L tokens: per token, per block, for the batch, and\n"
-      "how many such sequences fit in BYTES. Beside it, the d_model formula\n"
+      "how many such sequences fit in the pool `kvd serve` builds with memory_pool.max_size\n"
+      "BYTES: whole chunks of blocks, short of BYTES by under 1/16 of it or under one block\n"
+      "(the daemon's kvd_kv_pool_max_bytes). Beside it, the d_model formula\n"
       "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.\n"
       "The default, bf16, is what the CUDA backend stores; the CPU backend stores KV as f32\n"
       "(twice the bytes): pass --kv-dtype f32 for CPU deployments.");
@@ -36,7 +38,8 @@ FlagSet MakeFlags() {
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
            IntRange{1, 256, /*power_of_two=*/true});
   f.AddString("budget",
-              "KV memory to fit into, > 0, e.g. 80GB or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
+              "KV memory to fit into, as kv_cache_config.memory_pool.max_size, > 0, e.g. 80GB "
+              "or 64GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)");
   f.AddBool("json", "print one JSON object instead of a table");
   return f;
 }
@@ -115,6 +118,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
   j["seed_formula_over_exact"] = est->seed_over_exact;
   if (req.budget_bytes > 0) {
     j["budget_bytes"] = req.budget_bytes;
+    j["pool_chunk_bytes"] = est->pool_chunk_bytes;
+    j["pool_chunks"] = est->pool_chunks;
+    j["pool_blocks"] = est->pool_blocks;
+    j["pool_bytes"] = est->pool_bytes;
     j["sequences_in_budget"] = est->sequences_in_budget;
     j["tokens_in_budget"] = est->tokens_in_budget;
   }

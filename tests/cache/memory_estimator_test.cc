@@ -1,5 +1,7 @@
 #include "cache/memory_estimator.h"
 
+#include <string>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -55,6 +57,54 @@ TEST(MemoryEstimatorTest, PagedBytesRoundUpToWholeBlocksAndBudgetCountsSequences
   EXPECT_EQ(e.sequences_in_budget, (int64_t{10} << 30) / (129 * 16 * int64_t{524'288}));
   EXPECT_EQ(e.tokens_in_budget, (int64_t{10} << 30) / (16 * int64_t{524'288}) * 16);
   EXPECT_THAT(MemoryEstimator::Format(r, e), ::testing::HasSubstr("seeds' formula"));
+}
+
+// stories260K's KV shape in f32: 20 KiB blocks, 32 of them for 512 tokens.
+MemoryEstimateRequest Stories260K() {
+  MemoryEstimateRequest r;
+  r.num_layers = 5;
+  r.d_model = 64;
+  r.num_kv_heads = 4;
+  r.head_dim = 8;
+  r.kv_dtype = DType::kF32;
+  r.seq_len = 512;
+  return r;
+}
+
+// The budget is read as memory_pool.max_size: the pool `kvd serve` builds of it is whole
+// chunks of a power-of-two number of blocks (KvPoolGeometry), not budget / block bytes.
+TEST(MemoryEstimatorTest, BudgetIsThePoolServeBuildsFromMaxSize) {
+  MemoryEstimateRequest r = Stories260K();
+  r.budget_bytes = int64_t{512} << 20;  // deploy/kvd.yaml: 51 chunks of 512 blocks (10 MiB)
+  MemoryEstimate e = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.tokens_in_budget, 26112 * 16);  // not 26214 blocks' worth
+  EXPECT_EQ(e.sequences_in_budget, 816);      // not 819
+  r.budget_bytes = int64_t{64} << 20;         // 25 chunks of 128 blocks (2.5 MiB)
+  e = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.tokens_in_budget, 3200 * 16);
+  EXPECT_EQ(e.sequences_in_budget, 100);
+  EXPECT_THAT(MemoryEstimator::Format(r, e),
+              ::testing::HasSubstr("as memory_pool.max_size: 25 chunks of 2621440 bytes, 3200 "
+                                   "blocks, 65536000 bytes"));
+}
+
+// A budget that `kvd serve` refuses as max_size is an error, not a count.
+TEST(MemoryEstimatorTest, BudgetServeRefusesIsAnError) {
+  MemoryEstimateRequest r = Stories260K();
+  r.budget_bytes = 20479;  // less than one block
+  absl::StatusOr<MemoryEstimate> e = MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::HasSubstr("budget_bytes=20479 is smaller than one KV block (20480"));
+  r.budget_bytes = (int64_t{20480} << 30) + 20480;  // 2^30 + 1 blocks
+  e = MemoryEstimator::Estimate(r);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::HasSubstr("holds more than 1073741824 KV blocks"));
+  r.budget_bytes = int64_t{20480} << 30;  // the largest pool serve takes
+  e = MemoryEstimator::Estimate(r);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->tokens_in_budget, (int64_t{1} << 30) * 16);
 }
 
 TEST(MemoryEstimatorTest, QuantizedDtypesCountTheirScales) {

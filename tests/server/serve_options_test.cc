@@ -3,10 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "cache/kv_cache_options.h"
 #include "cache/kv_layout.h"
+#include "cache/memory_estimator.h"
 #include "config/inference_config.h"
 #include "kernels/dtype.h"
 
@@ -56,15 +59,125 @@ TEST(CacheOptionsFromTest, ChunksHoldOneBlockLargerThanSixteenMiB) {
   EXPECT_EQ(t.geometry->max_chunks, kv.memory_pool.max_size_bytes / block_bytes);
 }
 
-TEST(CacheOptionsFromTest, SmallBlocksKeepSixteenMiBChunksOrTheWholePool) {
+// Chunks aim at 16 MiB, but at most 1/16 of the pool: 8 GiB of stories260K's 20 KiB blocks
+// gets the most blocks, a power of two, within 16 MiB (512 = 10 MiB); 1 MiB gets chunks of
+// 2 blocks (the most within 64 KiB), 25 of them, not one chunk of 32 blocks (640 KiB).
+TEST(CacheOptionsFromTest, ChunksAreAtMostSixteenMiBAndASixteenthOfThePool) {
   KvCacheConfig kv;
-  EXPECT_EQ(Translate(kv, DType::kF32, kStories260K).options.chunk_bytes, int64_t{16} << 20);
+  EXPECT_EQ(Translate(kv, DType::kF32, kStories260K).options.chunk_bytes, 512 * 20480);
   kv.memory_pool.initial_size_bytes = 0;
   kv.memory_pool.max_size_bytes = int64_t{1} << 20;
   const Translated t = Translate(kv, DType::kF32, kStories260K);
-  EXPECT_EQ(t.options.chunk_bytes, int64_t{1} << 20);
+  EXPECT_EQ(t.options.chunk_bytes, 2 * 20480);
   ASSERT_TRUE(t.geometry.ok()) << t.geometry.status();
-  EXPECT_EQ(t.geometry->max_chunks, 1);
+  EXPECT_EQ(t.geometry->max_chunks, 25);
+  EXPECT_EQ(t.geometry->initial_chunks, 1);
+}
+
+// The reviewer's pools of stories260K: 64 MiB served 3072 blocks (6 chunks of 10 MiB, 60 MiB)
+// and just under 20 MiB one 10 MiB chunk; 2.5 MiB and 640 KiB chunks lose far less.
+TEST(CacheOptionsFromTest, SmallPoolsKeepNearlyAllOfMaxSize) {
+  KvCacheConfig kv;
+  kv.memory_pool.initial_size_bytes = 0;
+  kv.memory_pool.max_size_bytes = int64_t{64} << 20;
+  Translated t = Translate(kv, DType::kF32, kStories260K);
+  ASSERT_TRUE(t.geometry.ok()) << t.geometry.status();
+  EXPECT_EQ(t.geometry->chunk_bytes, 128 * 20480);
+  EXPECT_EQ(t.geometry->max_chunks, 25);  // 3200 blocks, 62.5 MiB
+  kv.memory_pool.max_size_bytes = (int64_t{20} << 20) - 1;
+  t = Translate(kv, DType::kF32, kStories260K);
+  ASSERT_TRUE(t.geometry.ok()) << t.geometry.status();
+  EXPECT_EQ(t.geometry->chunk_bytes, 32 * 20480);
+  EXPECT_EQ(t.geometry->max_chunks, 31);  // 992 blocks, 19.375 MiB
+}
+
+struct PoolCase {
+  const char* model;
+  KvShape shape;
+  DType dtype;
+  int32_t block_size;
+};
+
+// Blocks of 1280 bytes to 32 MiB: stories260K, llama2-7b (MHA) and llama3-8b (GQA) shapes.
+const PoolCase kPoolCases[] = {
+    {"stories260K", kStories260K, DType::kF32, 1},    // 1280-byte blocks
+    {"stories260K", kStories260K, DType::kF32, 16},   // 20 KiB
+    {"stories260K", kStories260K, DType::kF32, 256},  // 320 KiB
+    {"llama3-8b", kLlama3_8b, DType::kBF16, 16},      // 2 MiB
+    {"llama3-8b", kLlama3_8b, DType::kF32, 64},       // 16 MiB
+    {"llama2-7b", {32, 32, 128}, DType::kBF16, 32},   // 16 MiB
+    {"llama3-8b", kLlama3_8b, DType::kBF16, 256},     // 32 MiB, more than a 16 MiB chunk
+    {"llama2-7b", {32, 32, 128}, DType::kF32, 256},   // 256 MiB
+};
+
+std::string Describe(const PoolCase& c, int64_t max_bytes) {
+  return absl::StrCat(c.model, " ", std::string(DTypeName(c.dtype)), " block_size ", c.block_size,
+                      ", max_size ", max_bytes);
+}
+
+// Just under 2 chunks of the old 16 MiB aim (and of 10 MiB ones), deploy/kvd.yaml's 512 MiB,
+// the default 8 GiB, decimal sizes and more.
+const int64_t kMaxSizes[] = {
+    int64_t{1} << 20, (int64_t{20} << 20) - 1,    (int64_t{32} << 20) - 1, int64_t{64} << 20,
+    100'000'000,      int64_t{512} << 20,         1'000'000'000,           int64_t{8} << 30,
+    80'000'000'000,   (int64_t{1} << 40) + 12345,
+};
+
+// Serve rounds max_size down to whole chunks; that loses less than 1/16 of max_size, or less
+// than one block when a block is larger, for any model, block size and pool.
+TEST(CacheOptionsFromTest, RoundingMaxSizeDownToWholeChunksLosesUnderASixteenthOrOneBlock) {
+  for (const PoolCase& c : kPoolCases) {
+    KvCacheConfig kv;
+    kv.block_size = c.block_size;
+    kv.memory_pool.initial_size_bytes = 0;
+    const int64_t block_bytes = KvLayout::Create(c.shape, c.dtype, c.block_size)->block_bytes();
+    for (const int64_t max_bytes : kMaxSizes) {
+      if (max_bytes < block_bytes) continue;  // refused: CheckPoolSizeTest
+      kv.memory_pool.max_size_bytes = max_bytes;
+      const std::string what = Describe(c, max_bytes);
+      const Translated t = Translate(kv, c.dtype, c.shape);
+      ASSERT_TRUE(t.check.ok()) << what << ": " << t.check;
+      ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
+      // The options ask for the chunk the cache makes (kvd_kv_pool_max_bytes counts in it).
+      EXPECT_EQ(t.geometry->chunk_bytes, t.options.chunk_bytes) << what;
+      const int64_t usable = int64_t{t.geometry->max_chunks} * t.geometry->chunk_bytes;
+      EXPECT_LE(usable, max_bytes) << what;
+      EXPECT_LT(max_bytes - usable, std::max(max_bytes / 16, block_bytes))
+          << what << ": usable " << usable << " in chunks of " << t.geometry->chunk_bytes;
+    }
+  }
+}
+
+// `kvd estimate --budget B` counts the blocks `kvd serve` has with max_size B (its
+// tokens_in_budget and sequences_in_budget are whole blocks of that pool).
+TEST(CacheOptionsFromTest, EstimateBudgetHasTheBlocksServeHas) {
+  for (const PoolCase& c : kPoolCases) {
+    KvCacheConfig kv;
+    kv.block_size = c.block_size;
+    kv.memory_pool.initial_size_bytes = 0;
+    const int64_t block_bytes = KvLayout::Create(c.shape, c.dtype, c.block_size)->block_bytes();
+    for (const int64_t max_bytes : kMaxSizes) {
+      if (max_bytes < block_bytes) continue;
+      kv.memory_pool.max_size_bytes = max_bytes;
+      const std::string what = Describe(c, max_bytes);
+      const Translated t = Translate(kv, c.dtype, c.shape);
+      ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
+      const int64_t serve_blocks = int64_t{t.geometry->max_chunks} * t.geometry->blocks_per_chunk();
+      MemoryEstimateRequest r;
+      r.num_layers = c.shape.num_layers;
+      r.d_model = c.shape.num_kv_heads * c.shape.head_dim;
+      r.num_kv_heads = c.shape.num_kv_heads;
+      r.head_dim = c.shape.head_dim;
+      r.kv_dtype = c.dtype;
+      r.block_size = c.block_size;
+      r.seq_len = 512;
+      r.budget_bytes = max_bytes;
+      const absl::StatusOr<MemoryEstimate> e = MemoryEstimator::Estimate(r);
+      ASSERT_TRUE(e.ok()) << what << ": " << e.status();
+      EXPECT_EQ(e->tokens_in_budget, serve_blocks * c.block_size) << what;
+      EXPECT_EQ(e->sequences_in_budget, serve_blocks / e->blocks_per_sequence) << what;
+    }
+  }
 }
 
 // 20TB of stories260K's 20 KiB blocks is ~1.9 million 16 MiB chunks, more than a pool may

@@ -39,6 +39,36 @@ TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
   EXPECT_EQ(j["sequences_in_budget"], 149);
 }
 
+// deploy/kvd.yaml's pool on the CPU: serve has 51 chunks of 512 20 KiB blocks (10 MiB) of
+// its 512 MiB max_size, 26112 blocks, 816 sequences of 512 tokens; the estimate says the same,
+// not 512 MiB / 20 KiB = 26214 blocks and 819 sequences.
+TEST(KvdEstimateTest, BudgetCountsThePoolServeBuildsFromMaxSize) {
+  const std::string stories = "estimate --model " + std::string(KVD_SHARED_DIR) +
+                              "/models/stories260K.bin --batch 1 --seq-len 512 --kv-dtype f32 "
+                              "--budget 512MiB";
+  KvdResult r = RunKvd(stories + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.value("pool_chunk_bytes", int64_t{-1}), 10 << 20);
+  EXPECT_EQ(j.value("pool_chunks", int64_t{-1}), 51);
+  EXPECT_EQ(j.value("pool_blocks", int64_t{-1}), 26112);
+  EXPECT_EQ(j.value("pool_bytes", int64_t{-1}), 51 * (10 << 20));  // kvd_kv_pool_max_bytes
+  EXPECT_EQ(j["sequences_in_budget"], 816);
+  EXPECT_EQ(j["tokens_in_budget"], 26112 * 16);
+  r = RunKvd(stories);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("as memory_pool.max_size: 51 chunks of 10485760 bytes, 26112 "
+                               "blocks, 534773760 bytes"));
+  EXPECT_THAT(r.out, HasSubstr("816 sequences of 512 tokens"));
+  // A budget serve refuses as max_size: less than one 2 MiB block of llama3-8b.
+  r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 16 --budget 1MiB");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("is smaller than one KV block (2097152 bytes)"));
+  r = RunKvd("estimate --help");
+  EXPECT_THAT(r.out, HasSubstr("memory_pool.max_size"));
+  EXPECT_THAT(r.out, HasSubstr("kvd_kv_pool_max_bytes"));
+}
+
 TEST(KvdEstimateTest, TableAndErrors) {
   KvdResult r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
                     "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
