@@ -109,6 +109,7 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
   seq->on_event = std::move(on_event);
 
   absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return FailedEngineError(failure_);
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is draining and accepts no new requests");
   }
@@ -135,6 +136,7 @@ absl::Status EngineLoop::Impl::CloseSession(const std::string& session_id) {
   absl::Notification done;
   {
     absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return FailedEngineError(failure_);
     if (stopping_) return absl::UnavailableError("the engine is stopped");
     // Offline (no engine thread): the caller is the only thread touching the cache.
     if (!started_) return cache_->CloseSession(session_id);
@@ -162,6 +164,11 @@ EngineStats EngineLoop::Impl::Stats() const {
   return s;
 }
 
+absl::Status EngineLoop::Impl::Failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
 void EngineLoop::Impl::Start() {
   {
     absl::MutexLock lock(&mu_);
@@ -177,7 +184,7 @@ void EngineLoop::Impl::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  AbortAll();
+  AbortAll(absl::UnavailableError("the engine stopped"));
 }
 
 void EngineLoop::Impl::RunUntilIdle() {
@@ -193,7 +200,7 @@ void EngineLoop::Impl::ThreadMain() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) break;
+      if (stopping_ || !failure_.ok()) break;
     }
     if (Step()) continue;
     absl::MutexLock lock(&mu_);
@@ -221,5 +228,6 @@ absl::Status EngineLoop::CloseSession(const std::string& session_id) {
 void EngineLoop::BeginDrain() { impl_->BeginDrain(); }
 bool EngineLoop::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
 EngineStats EngineLoop::Stats() const { return impl_->Stats(); }
+absl::Status EngineLoop::Failure() const { return impl_->Failure(); }
 
 }  // namespace kvd

@@ -81,6 +81,13 @@ class EngineLoop {
   // A consistent snapshot for metrics and GetCacheStats.
   EngineStats Stats() const;
 
+  // OK while the backend works. A step that fails with DataLoss (the backend is unusable
+  // from then on: a device fault lost the CUDA context) stops the engine: every request
+  // accepted is finished (kAborted, Unavailable naming the failure), Submit and
+  // CloseSession return Unavailable, and this returns the failure, so that the daemon can
+  // stop serving and exit. Any other failed step aborts only the requests in it.
+  absl::Status Failure() const;
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "scheduler/engine_loop.h"
@@ -18,6 +20,13 @@
 #include "scheduler/sequence.h"
 
 namespace kvd {
+
+// What Submit, CloseSession and every request still held get once the backend has failed
+// for good (EngineLoop::Failure).
+inline absl::Status FailedEngineError(const absl::Status& cause) {
+  return absl::UnavailableError(absl::StrCat("the backend failed and the engine stopped (",
+                                             cause.message(), "); retry on another server"));
+}
 
 class EngineLoop::Impl {
  public:
@@ -31,6 +40,7 @@ class EngineLoop::Impl {
   void BeginDrain();
   bool WaitIdle(absl::Duration timeout);
   EngineStats Stats() const;
+  absl::Status Failure() const;
   void Start();
   void Stop();
   void RunUntilIdle();
@@ -67,7 +77,10 @@ class EngineLoop::Impl {
   void RemoveFinished();
   void InsertWaiting(SeqPtr s);
   void PublishStats();
-  void AbortAll();
+  // Finishes every request the engine holds or has been handed (kAborted, `error`).
+  void AbortAll(const absl::Status& error);
+  // The backend failed for good: records `cause` for Failure() and aborts everything.
+  void Fail(const absl::Status& cause);
 
   const EngineOptions options_;
   LlamaModel* const model_;
@@ -85,6 +98,7 @@ class EngineLoop::Impl {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);  // set once, by Fail
   // Nothing waiting or running: false from a request's submission, through its intake, until
   // a step ends with nothing left (WaitIdle also waits for incoming_ to empty).
   bool idle_ ABSL_GUARDED_BY(mu_) = true;

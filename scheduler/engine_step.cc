@@ -243,6 +243,10 @@ bool EngineLoop::Impl::Step() {
     for (int32_t l = 0; l < spec.num_layers; ++l) views[l] = cache_->LayerView(l);
     const absl::Status status = model_->ForwardAndSample(batch, views, rows, &sampled_);
     ++stats_.steps;
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      Fail(status);  // the backend is gone: nothing can run, now or later
+      return false;
+    }
     size_t row = 0;
     for (auto& [s, n] : plan) {
       if (!status.ok()) {
@@ -358,15 +362,23 @@ void EngineLoop::Impl::PublishStats() {
   idle_ = waiting_.empty() && running_.empty();
 }
 
-void EngineLoop::Impl::AbortAll() {
+void EngineLoop::Impl::AbortAll(const absl::Status& error) {
   DrainIngress();
   for (auto* list : {&waiting_, &running_}) {
     for (SeqPtr& s : *list) {
-      Finish(*s, FinishReason::kAborted, absl::UnavailableError("the engine stopped"));
+      Finish(*s, FinishReason::kAborted, error);
     }
   }
   RemoveFinished();
   PublishStats();
+}
+
+void EngineLoop::Impl::Fail(const absl::Status& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    failure_ = cause;  // from here on Submit and CloseSession refuse; AbortAll takes the rest
+  }
+  AbortAll(FailedEngineError(cause));
 }
 
 }  // namespace kvd

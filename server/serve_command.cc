@@ -73,15 +73,19 @@ constexpr char kUsage[] =
     "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
     "the daemon exits 0; a second SIGTERM/SIGINT during the drain ends it at once (requests\n"
     "still running end with finish reason aborted) and the daemon exits 0. One that comes\n"
-    "during startup (reading the config, loading the model) exits 0 at once. On cuda the\n"
-    "weights and the KV cache are bf16, synthetic models are generated in device memory\n"
-    "from model.seed, and decode steps replay CUDA graphs.";
+    "during startup (reading the config, loading the model) exits 0 at once. A backend\n"
+    "that fails for good (a device fault) aborts every request and the daemon exits 1.\n"
+    "On cuda the weights and the KV cache are bf16, synthetic models are generated in\n"
+    "device memory from model.seed, and decode steps replay CUDA graphs.";
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
 // How often the drain looks for a second termination signal while requests run on.
 constexpr absl::Duration kDrainSignalPoll = absl::Milliseconds(50);
+
+// How often a serving daemon looks whether its backend has failed for good.
+constexpr absl::Duration kFailurePoll = absl::Milliseconds(200);
 
 FlagSet MakeFlags() {
   FlagSet f(kUsage);
@@ -377,7 +381,21 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   }
   const InferenceConfig* config = &setup->config;
 
-  if (signal == 0) signal = signals.Wait();  // else it came as startup ended: drain now
+  // Serves until a signal (else it came as startup ended: drain now), or until the backend
+  // fails for good: then every request has been aborted and nothing more can run, so the
+  // daemon stops reporting SERVING and exits 1 for its supervisor to restart it.
+  while (signal == 0) {
+    if (absl::Status failure = d.engine->Failure(); !failure.ok()) {
+      d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
+      d.service->BeginDrain();
+      err << "kvd serve: the backend failed, exiting: " << failure.message() << "\n" << std::flush;
+      d.engine->Stop();
+      d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+      if (d.http_server) d.http_server->Stop();
+      return 1;
+    }
+    signal = signals.Wait(kFailurePoll);
+  }
   const absl::Duration drain = config->server.drain_timeout;
   // Refuse new work before saying so: once the line is out, every new call is refused.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
