@@ -20,32 +20,22 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "server/http_connection.h"
 
 namespace kvd {
 
 namespace {
 
-constexpr size_t kMaxRequestBytes = 16 * 1024;
-constexpr size_t kMaxDrainBytes = 1024 * 1024;
-// Connections are served side by side, yet each phase of one is bounded as a whole, not per
-// recv/send: a client that trickles a byte now and then must not hold a slot for long.
-constexpr std::chrono::milliseconds kReadTimeout{2000};
-constexpr std::chrono::milliseconds kWriteTimeout{2000};
-constexpr std::chrono::milliseconds kDrainTimeout{2000};
 // How long accepting pauses after accept4 fails for want of descriptors or memory.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
 // New connections taken per poll round: a flood of them cannot close (as the oldest, past the
 // cap) one that was accepted in the round before and whose request has just arrived.
 constexpr int kMaxAcceptsPerRound = HttpServer::kMaxConnections / 4;
 
-using Clock = std::chrono::steady_clock;
-using Routes = std::map<std::string, HttpServer::Handler>;
+using Clock = HttpConnection::Clock;
 
 std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
@@ -78,203 +68,6 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
         absl::StrCat("address '", address, "': port must be 0..65535"));
   }
   return absl::OkStatus();
-}
-
-// The bytes of a complete reply. `extra_headers`: complete header lines, each ending in \r\n.
-std::string Reply(absl::string_view status, absl::string_view content_type, absl::string_view body,
-                  bool head_only, absl::string_view extra_headers = "") {
-  std::string out = absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
-                                 "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
-                                 "Connection: close\r\n\r\n");
-  if (!head_only) out.append(body.data(), body.size());
-  return out;
-}
-
-// Where the request head in `in` ends, just past its empty line, or npos while it has not
-// arrived. Lines end in CRLF or a bare LF, and empty lines before the request line are
-// skipped (RFC 9112 §2.2).
-size_t HeadEnd(absl::string_view in) {
-  const size_t start = in.find_first_not_of("\r\n");
-  if (start == absl::string_view::npos) return absl::string_view::npos;
-  for (size_t lf = in.find('\n', start); lf != absl::string_view::npos;
-       lf = in.find('\n', lf + 1)) {
-    if (absl::StartsWith(in.substr(lf + 1), "\n")) return lf + 2;
-    if (absl::StartsWith(in.substr(lf + 1), "\r\n")) return lf + 3;
-  }
-  return absl::string_view::npos;
-}
-
-// The path a request target names, query dropped: origin-form "/metrics?x=1" or
-// absolute-form "http://host:port/metrics" (RFC 9112 §3.2.2), whose empty path is "/".
-std::string TargetPath(absl::string_view target) {
-  bool absolute = false;
-  if (!absl::StartsWith(target, "/")) {
-    const size_t scheme_end = target.find("://");
-    if (scheme_end != absl::string_view::npos) {
-      absolute = true;
-      target.remove_prefix(scheme_end + 3);
-      target.remove_prefix(std::min(target.find_first_of("/?#"), target.size()));
-    }
-  }
-  target = target.substr(0, target.find_first_of("?#"));
-  if (absolute && target.empty()) return "/";
-  return std::string(target);
-}
-
-// The reply to a request whose head (or as much of it as came) is `head`.
-std::string Answer(const Routes& routes, absl::string_view head) {
-  head.remove_prefix(std::min(head.find_first_not_of("\r\n"), head.size()));
-  absl::string_view line = head.substr(0, head.find('\n'));
-  absl::ConsumeSuffix(&line, "\r");
-  const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-  if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.")) {
-    return Reply("400 Bad Request", "text/plain; charset=utf-8", "malformed request line\n", false);
-  }
-  const absl::string_view method = parts[0];
-  const bool head_only = method == "HEAD";
-  if (method != "GET" && !head_only) {
-    return Reply("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET and HEAD\n",
-                 false, "Allow: GET, HEAD\r\n");
-  }
-  const std::string path = TargetPath(parts[1]);
-  const auto it = routes.find(path);
-  if (it == routes.end()) {
-    return Reply("404 Not Found", "text/plain; charset=utf-8",
-                 absl::StrCat("no such path: ", path, "\n"), head_only);
-  }
-  const HttpServer::Response response = it->second();
-  return Reply("200 OK", response.content_type, response.body, head_only);
-}
-
-// One accepted connection. It moves through the phases in order, each with its own deadline:
-//
-//   kReading --head, EOF, 16 KiB or timeout--> kWriting --reply sent--> kDraining --> kClosed
-//
-// In kDraining our side is shut down (the client sees the end of the reply) and input is
-// discarded until the client closes: closing while its input is unread would send a reset
-// that can destroy the reply in flight. A peer that already closed its side skips kDraining.
-struct Connection {
-  enum class Phase { kReading, kWriting, kDraining, kClosed };
-
-  Connection(int fd, Clock::time_point now) : fd(fd), deadline(now + kReadTimeout) {}
-  ~Connection() { CloseFd(fd); }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
-
-  // Does what `revents` allow in the current phase; then ends the phase if its deadline passed.
-  void Step(const Routes& routes, short revents, Clock::time_point now);
-
-  const int fd;
-  Phase phase = Phase::kReading;
-  Clock::time_point deadline;
-  std::string in;   // kReading: the request so far
-  std::string out;  // kWriting: reply bytes not yet sent
-  size_t num_drained_bytes = 0;
-  bool peer_closed = false;  // the client ended its side; there is nothing left to drain
-
- private:
-  void Read(const Routes& routes, Clock::time_point now);
-  void StartReply(std::string reply, Clock::time_point now);
-  void Write(Clock::time_point now);
-  void Drain();
-};
-
-void Connection::Step(const Routes& routes, short revents, Clock::time_point now) {
-  if (revents != 0) {
-    switch (phase) {
-      case Phase::kReading:
-        Read(routes, now);
-        break;
-      case Phase::kWriting:
-        Write(now);
-        break;
-      case Phase::kDraining:
-        Drain();
-        break;
-      case Phase::kClosed:
-        break;
-    }
-  }
-  if (phase == Phase::kClosed || now < deadline) return;
-  if (phase == Phase::kReading && !in.empty()) {
-    StartReply(Reply("408 Request Timeout", "text/plain; charset=utf-8",
-                     "the request head did not arrive in time\n", false),
-               now);
-  } else {
-    phase = Phase::kClosed;  // nothing came, the reply was not taken, or draining is over
-  }
-}
-
-void Connection::Read(const Routes& routes, Clock::time_point now) {
-  char buf[4096];
-  while (true) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n < 0 || (n == 0 && in.empty())) {  // an error, or the peer connected and left
-      phase = Phase::kClosed;
-      return;
-    }
-    if (n == 0) {  // tolerate a head cut short: answer what we have
-      peer_closed = true;
-      StartReply(Answer(routes, in), now);
-      return;
-    }
-    in.append(buf, static_cast<size_t>(n));
-    const size_t end = HeadEnd(in);
-    if (end != absl::string_view::npos) {
-      StartReply(Answer(routes, absl::string_view(in).substr(0, end)), now);
-      return;
-    }
-    if (in.size() > kMaxRequestBytes) {
-      StartReply(
-          Reply("400 Bad Request", "text/plain; charset=utf-8", "request too large\n", false), now);
-      return;
-    }
-  }
-}
-
-void Connection::StartReply(std::string reply, Clock::time_point now) {
-  in.clear();
-  in.shrink_to_fit();
-  out = std::move(reply);
-  phase = Phase::kWriting;
-  deadline = now + kWriteTimeout;
-  Write(now);  // most replies fit the socket buffer at once
-}
-
-void Connection::Write(Clock::time_point now) {
-  while (!out.empty()) {
-    const ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0) {
-      phase = Phase::kClosed;
-      return;
-    }
-    out.erase(0, static_cast<size_t>(n));
-  }
-  out.shrink_to_fit();
-  if (peer_closed || ::shutdown(fd, SHUT_WR) != 0) {
-    phase = Phase::kClosed;
-    return;
-  }
-  phase = Phase::kDraining;
-  deadline = now + kDrainTimeout;
-}
-
-void Connection::Drain() {
-  char buf[4096];
-  while (true) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    num_drained_bytes += n > 0 ? static_cast<size_t>(n) : 0;
-    if (n <= 0 || num_drained_bytes > kMaxDrainBytes) {
-      phase = Phase::kClosed;
-      return;
-    }
-  }
 }
 
 // Makes `path` free for a new unix socket: nothing there, or a socket that no server answers
@@ -438,7 +231,7 @@ void HttpServer::Stop() {
 }
 
 void HttpServer::Serve() {
-  std::vector<std::unique_ptr<Connection>> conns;  // in accept order, oldest first
+  std::vector<std::unique_ptr<HttpConnection>> conns;  // in accept order, oldest first
   Clock::time_point accept_paused_until;
   std::vector<pollfd> fds;
   while (true) {
@@ -449,9 +242,8 @@ void HttpServer::Serve() {
     fds.push_back({wake_read_fd_, POLLIN, 0});
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // poll skips a negative fd
     for (const auto& c : conns) {
-      const short events = c->phase == Connection::Phase::kWriting ? POLLOUT : POLLIN;
-      fds.push_back({c->fd, events, 0});
-      wake = std::min(wake, c->deadline);
+      fds.push_back({c->fd(), c->PollEvents(), 0});
+      wake = std::min(wake, c->deadline());
     }
     int timeout_ms = -1;
     if (wake != Clock::time_point::max()) {
@@ -470,7 +262,7 @@ void HttpServer::Serve() {
     for (size_t i = 0; i < conns.size(); ++i) conns[i]->Step(routes_, fds[i + 2].revents, now);
     conns.erase(
         std::remove_if(conns.begin(), conns.end(),
-                       [](const auto& c) { return c->phase == Connection::Phase::kClosed; }),
+                       [](const auto& c) { return c->phase() == HttpConnection::Phase::kClosed; }),
         conns.end());
 
     if (fds[1].revents == 0) continue;
@@ -488,15 +280,15 @@ void HttpServer::Serve() {
         // Make room: the oldest connection already answered, else the oldest still sending
         // its request, else the oldest being answered.
         auto victim = conns.end();
-        for (const auto phase : {Connection::Phase::kDraining, Connection::Phase::kReading,
-                                 Connection::Phase::kWriting}) {
+        for (const auto phase : {HttpConnection::Phase::kDraining, HttpConnection::Phase::kReading,
+                                 HttpConnection::Phase::kWriting}) {
           victim = std::find_if(conns.begin(), conns.end(),
-                                [phase](const auto& c) { return c->phase == phase; });
+                                [phase](const auto& c) { return c->phase() == phase; });
           if (victim != conns.end()) break;
         }
         if (victim != conns.end()) conns.erase(victim);
       }
-      conns.push_back(std::make_unique<Connection>(fd, Clock::now()));
+      conns.push_back(std::make_unique<HttpConnection>(fd, Clock::now()));
     }
   }
 }

@@ -1,13 +1,13 @@
 #ifndef KVD_SERVER_HTTP_SERVER_H_
 #define KVD_SERVER_HTTP_SERVER_H_
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "server/http_connection.h"
 
 namespace kvd {
 
@@ -19,15 +19,16 @@ namespace kvd {
 // may end in CRLF or a bare LF. Any other path is 404, any other method 405 (with
 // `Allow: GET, HEAD`), a malformed request line or a head over 16 KiB 400.
 //
-// Each connection is bounded per phase, from the phase's start: its request head must arrive
-// within 2 s of accept (else 408, or a silent close if nothing came) and its reply must be
-// taken within 2 s. Then the server shuts down its sending side and discards input (a body,
-// say) until the client closes, for at most 2 s or 1 MiB, so that closing with unread input
-// never resets a reply the client is still reading. At most kMaxConnections are open; a new
-// one past the cap closes the oldest that was already answered, else the oldest still sending
-// its request, else the oldest being answered, so neither idle nor reconnecting clients can
-// keep a scrape waiting. When accept fails for want of descriptors or memory, the pending
-// connection stays queued and accepting pauses for 100 ms instead of spinning.
+// Each connection is an HttpConnection (http_connection.h states its phases), bounded per
+// phase from the phase's start: its request head must arrive within 2 s of accept (else 408,
+// or a silent close if nothing came) and its reply must be taken within 2 s. Then the server
+// shuts down its sending side and discards input (a body, say) until the client closes, for
+// at most 2 s or 1 MiB, so that closing with unread input never resets a reply the client is
+// still reading. At most kMaxConnections are open; a new one past the cap closes the oldest
+// that was already answered, else the oldest still sending its request, else the oldest being
+// answered, so neither idle nor reconnecting clients can keep a scrape waiting. When accept
+// fails for want of descriptors or memory, the pending connection stays queued and accepting
+// pauses for 100 ms instead of spinning.
 //
 // Listens on "host:port" (IPv4, a host name, or "[v6]:port"; port 0 picks a free port, and
 // address() reports the real one) or "unix:/path". A socket left at the path by a server
@@ -39,11 +40,8 @@ namespace kvd {
 // stops the server.
 class HttpServer {
  public:
-  struct Response {
-    std::string content_type;
-    std::string body;
-  };
-  using Handler = std::function<Response()>;
+  using Response = HttpResponse;
+  using Handler = HttpHandler;
 
   // Open connections at most; see the class comment for which one a new connection replaces.
   static constexpr int kMaxConnections = 64;
