@@ -154,10 +154,13 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
   const ModelSpec& s = spec_;
   const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
   const int64_t qkv_dim = q_dim + 2 * int64_t{s.num_kv_heads} * s.head_dim;
+  // The epoch moves with each buffer, not once all are replaced: a later allocation may
+  // fail, and a decode graph must not be replayed with a buffer freed before that.
   auto alloc = [&](DeviceBuffer* buf, int64_t floats) -> absl::Status {
     auto b = backend_->Allocate(static_cast<size_t>(floats) * sizeof(float));
     if (!b.ok()) return b.status();
     *buf = std::move(*b);
+    ++scratch_epoch_;
     return absl::OkStatus();
   };
   if (num_tokens > scratch_tokens_) {
@@ -169,14 +172,12 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
     KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
     KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
     scratch_tokens_ = num_tokens;
-    ++scratch_epoch_;
   }
   if (num_logit_rows > scratch_logit_rows_) {
     const int64_t r = num_logit_rows;
     KVD_RETURN_IF_ERROR(alloc(&logit_in_, 2 * r * s.dim));
     KVD_RETURN_IF_ERROR(alloc(&logits_, r * s.vocab_size));
     scratch_logit_rows_ = num_logit_rows;
-    ++scratch_epoch_;
   }
   return absl::OkStatus();
 }

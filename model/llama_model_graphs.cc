@@ -88,12 +88,13 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
   const int32_t num_blocks = static_cast<int32_t>(batch.kv_indices.size()) + pad;
   const GraphBatchLayout at(max_bucket_);
   if (num_blocks > graph_block_capacity_) {
-    // New addresses: every recorded graph reads the old buffer.
-    graphs_.clear();
-    graph_batch_.Reset();
+    // Allocated before the old buffer goes, so that a failure leaves the buffer, its
+    // capacity and the graphs recorded against it as they were.
     const int32_t capacity = std::max(2 * num_blocks, 64 * max_bucket_);
     auto buf = backend_->Allocate((at.kv_indices + capacity) * sizeof(int32_t));
     if (!buf.ok()) return buf.status();
+    // New addresses: every recorded graph reads the old buffer.
+    graphs_.clear();
     graph_batch_ = *std::move(buf);
     graph_block_capacity_ = capacity;
   }
