@@ -20,6 +20,43 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
+absl::Status ValidateRope(const RopeParams& p) {
+  auto invalid = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("Rope: ", what...));
+  };
+  if (p.num_tokens < 0) return invalid("num_tokens must be >= 0, got ", p.num_tokens);
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.head_dim <= 0) return invalid("head_dim must be positive, got ", p.head_dim);
+  if (p.head_dim % 2 != 0) return invalid("head_dim ", p.head_dim, " is odd");
+  if (p.num_q_heads < 0 || p.num_kv_heads < 0 || p.num_q_heads + p.num_kv_heads == 0) {
+    return invalid("num_q_heads (", p.num_q_heads, ") and num_kv_heads (", p.num_kv_heads,
+                   ") must be >= 0, not both 0");
+  }
+  if (!(p.theta > 0.0f)) return invalid("theta must be positive, got ", p.theta);
+  if (p.style != RopeStyle::kInterleaved && p.style != RopeStyle::kHalf) {
+    return invalid("style ", static_cast<int32_t>(p.style), " is unknown");
+  }
+  if (p.positions == nullptr) return invalid("positions is null");
+  const int64_t q_width = int64_t{p.num_q_heads} * p.head_dim;
+  const int64_t k_width = int64_t{p.num_kv_heads} * p.head_dim;
+  if (p.num_q_heads > 0) {
+    if (p.q == nullptr) return invalid("q is null");
+    if (p.q_stride < q_width) {
+      return invalid("q_stride ", p.q_stride, " < num_q_heads * head_dim (", q_width, ")");
+    }
+  }
+  if (p.num_kv_heads > 0) {
+    if (p.k == nullptr) return invalid("k is null");
+    if (p.k_stride < k_width) {
+      return invalid("k_stride ", p.k_stride, " < num_kv_heads * head_dim (", k_width, ")");
+    }
+  }
+  if (p.q_bf16 != nullptr && p.q_bf16_stride < q_width) {
+    return invalid("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads * head_dim (", q_width, ")");
+  }
+  return ValidateRopeAppend(p);
+}
+
 absl::Status ValidateRopeAppend(const RopeParams& p) {
   if (!p.append_kv || p.num_tokens <= 0) return absl::OkStatus();
   if (p.cache.num_kv_heads != p.num_kv_heads || p.cache.head_dim != p.head_dim) {
@@ -35,6 +72,23 @@ absl::Status ValidateRopeAppend(const RopeParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: append_kv k_stride ", p.k_stride, " and v_stride ", p.v_stride,
                      " must be >= ", width, " (num_kv_heads * head_dim)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAppendKvRows(const AppendKvParams& p) {
+  auto invalid = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("AppendKv: ", what...));
+  };
+  if (p.num_tokens < 0) return invalid("num_tokens ", p.num_tokens, " is negative");
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.k == nullptr) return invalid("k is null");
+  if (p.v == nullptr) return invalid("v is null");
+  if (p.slot_mapping == nullptr) return invalid("slot_mapping is null");
+  const int64_t width = int64_t{p.cache.num_kv_heads} * p.cache.head_dim;
+  if (p.k_stride < width || p.v_stride < width) {
+    return invalid("k_stride (", p.k_stride, ") and v_stride (", p.v_stride,
+                   ") must be >= num_kv_heads * head_dim (", width, ")");
   }
   return absl::OkStatus();
 }

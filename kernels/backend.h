@@ -65,10 +65,11 @@ class Backend {
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
-  // With append_kv, every backend first checks ValidateRopeAppend (below).
+  // Every backend checks ValidateRope (below) before anything is written.
   virtual absl::Status Rope(const RopeParams& p) = 0;
   // Every backend checks ValidateSiluMul (below).
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
+  // Every backend checks the cache view, then ValidateAppendKvRows (below).
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
   virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
   // Whether PagedAttention reads PagedAttentionParams::q_bf16 for prefill rows over a bf16 KV
@@ -88,11 +89,28 @@ class Backend {
   virtual void Free(void* data, size_t bytes) = 0;
 };
 
+// The backend-neutral checks of a Rope, none without tokens: num_tokens not negative,
+// head_dim positive and even, num_q_heads and num_kv_heads not negative nor both 0, theta
+// positive, a known style, positions given, q (k) given with q_stride (k_stride) of at least
+// num_q_heads (num_kv_heads) * head_dim when there are such heads, q_bf16_stride as wide when
+// q_bf16 is given, then ValidateRopeAppend. InvalidArgument naming "Rope" and the field
+// otherwise. With append_kv each backend adds its checks of the cache view and the slots.
+absl::Status ValidateRope(const RopeParams& p);
+
 // The backend-neutral checks of a Rope with append_kv (none without it, or without tokens):
 // the cache has the op's KV heads and head_dim, and k, v and slot_mapping are given with rows
 // of at least num_kv_heads * head_dim. InvalidArgument naming "Rope: append_kv" otherwise.
 // Each backend adds its own checks of the cache view and the slots.
 absl::Status ValidateRopeAppend(const RopeParams& p);
+
+// The backend-neutral checks of an AppendKv, after the backend's own checks of the cache view
+// (its KV dtypes differ): num_tokens not negative, and with tokens k, v and slot_mapping
+// given with k_stride and v_stride of at least cache.num_kv_heads * cache.head_dim.
+// InvalidArgument naming "AppendKv" and the field otherwise. The slots are each backend's to
+// check where it can read them: the CPU backend rejects a negative slot or one outside the
+// arena; the CUDA backend, whose slots are in device memory, skips a token with a negative
+// slot (kernels/cuda/kv_cache_kernels.h) and cannot check the others.
+absl::Status ValidateAppendKvRows(const AppendKvParams& p);
 
 // The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend
 // checks those first): out, gate and up are given, the strides are at least dim, and out

@@ -92,7 +92,7 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
                               .num_tokens = p.num_tokens,
                               .k_stride = p.k_stride,
                               .v_stride = p.v_stride};
-  KVD_RETURN_IF_ERROR(ValidateRopeAppend(p));
+  KVD_RETURN_IF_ERROR(ValidateRope(p));
   KVD_RETURN_IF_ERROR(ValidateAppendKv(append));
   KVD_RETURN_IF_ERROR(CpuRope(p, pool_));
   return CpuAppendKv(append, pool_);

@@ -103,36 +103,8 @@ absl::Status CpuRmsNorm(const RmsNormParams& p, ThreadPool& pool) {
 }
 
 absl::Status CpuRope(const RopeParams& p, ThreadPool& pool) {
-  constexpr absl::string_view kOp = "Rope";
-  KVD_RETURN_IF_ERROR(RequireNonNegativeRows(kOp, "num_tokens", p.num_tokens));
+  KVD_RETURN_IF_ERROR(ValidateRope(p));
   if (p.num_tokens == 0) return absl::OkStatus();
-  KVD_RETURN_IF_ERROR(RequirePositive(kOp, "head_dim", p.head_dim));
-  if (p.head_dim % 2 != 0) return Invalid(kOp, absl::StrCat("head_dim ", p.head_dim, " is odd"));
-  if (p.num_q_heads < 0 || p.num_kv_heads < 0 || p.num_q_heads + p.num_kv_heads == 0) {
-    return Invalid(kOp, absl::StrCat("num_q_heads (", p.num_q_heads, ") and num_kv_heads (",
-                                     p.num_kv_heads, ") must be >= 0, not both 0"));
-  }
-  if (!(p.theta > 0.0f)) return Invalid(kOp, absl::StrCat("theta must be positive, got ", p.theta));
-  if (p.style != RopeStyle::kInterleaved && p.style != RopeStyle::kHalf) {
-    return Invalid(kOp, absl::StrCat("style ", static_cast<int32_t>(p.style), " is unknown"));
-  }
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "positions", p.positions));
-  if (p.num_q_heads > 0) {
-    KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "q", p.q));
-    if (p.q_stride < int64_t{p.num_q_heads} * p.head_dim) {
-      return Invalid(kOp, absl::StrCat("q_stride ", p.q_stride, " < num_q_heads * head_dim"));
-    }
-  }
-  if (p.num_kv_heads > 0) {
-    KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "k", p.k));
-    if (p.k_stride < int64_t{p.num_kv_heads} * p.head_dim) {
-      return Invalid(kOp, absl::StrCat("k_stride ", p.k_stride, " < num_kv_heads * head_dim"));
-    }
-  }
-  if (p.q_bf16 != nullptr && p.q_bf16_stride < int64_t{p.num_q_heads} * p.head_dim) {
-    return Invalid(kOp,
-                   absl::StrCat("q_bf16_stride ", p.q_bf16_stride, " < num_q_heads * head_dim"));
-  }
 
   const int32_t half = p.head_dim / 2;
   std::vector<float> freq(half);

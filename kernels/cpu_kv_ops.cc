@@ -27,15 +27,8 @@ absl::Status ValidateAppendKv(const AppendKvParams& p) {
   if (p.num_tokens < 0) return Invalid(kOp, absl::StrCat("num_tokens is ", p.num_tokens));
   if (p.num_tokens == 0) return absl::OkStatus();
   if (absl::Status s = ValidateKvCacheView(kOp, p.cache); !s.ok()) return s;
-  if (p.k == nullptr) return Invalid(kOp, "k is null");
-  if (p.v == nullptr) return Invalid(kOp, "v is null");
-  if (p.slot_mapping == nullptr) return Invalid(kOp, "slot_mapping is null");
+  KVD_RETURN_IF_ERROR(ValidateAppendKvRows(p));
   const KvCacheView& c = p.cache;
-  const int64_t width = int64_t{c.num_kv_heads} * c.head_dim;
-  if (p.k_stride < width || p.v_stride < width) {
-    return Invalid(kOp, absl::StrCat("k_stride (", p.k_stride, ") and v_stride (", p.v_stride,
-                                     ") must be >= num_kv_heads * head_dim (", width, ")"));
-  }
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < 0) return Invalid(kOp, absl::StrCat("slot_mapping[", t, "] is ", slot));

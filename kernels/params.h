@@ -165,7 +165,10 @@ struct PagedAttentionParams {
   bool causal = true;
   // A promise about the batch, known on the host: no sequence has more than max_q_len
   // query rows (0 = no promise). max_q_len == 1 (pure decode) lets a backend skip its
-  // prefill work; results are the same either way.
+  // prefill work, with the same results. Otherwise it is a hint that may change results
+  // within a backend's stated precision, not exactly: the CUDA backend picks the precision
+  // of prefill rows over a bf16 cache from it and the rest of the batch's shape (see
+  // "Batch invariance" in kernels/cuda/cuda_backend.h); the CPU backend ignores it.
   int32_t max_q_len = 0;
 };
 

@@ -205,9 +205,10 @@ const cuda::KvRowMap* CudaBackend::UpdatedKvRows() {
 
 void CudaBackend::Free(void* data, size_t /*bytes*/) {
   // Free cannot report errors (DeviceBuffer's destructor); cudaFree of a pointer from
-  // Allocate only fails after an earlier fault, which ops have already reported.
+  // Allocate only fails after an earlier fault, which ops have already reported. Nor may it
+  // leave one for the next launcher to report as its own (cuda_status.h).
   cudaSetDevice(device_index_);
-  cudaFree(data);
+  if (cudaFree(data) != cudaSuccess) cudaGetLastError();
 }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
@@ -265,11 +266,18 @@ class CudaBackend::OpTimer {
     timing_.op = op;
     timing_.start = backend_->TakeEvent();
     timing_.stop = backend_->TakeEvent();
-    if (timing_.start != nullptr) cudaEventRecord(timing_.start, backend_->stream_);
+    // Timing is best effort: a failed record leaves no error for the op to report.
+    if (timing_.start != nullptr &&
+        cudaEventRecord(timing_.start, backend_->stream_) != cudaSuccess) {
+      cudaGetLastError();
+    }
   }
   ~OpTimer() {
     if (backend_ == nullptr) return;
-    if (timing_.stop != nullptr) cudaEventRecord(timing_.stop, backend_->stream_);
+    if (timing_.stop != nullptr &&
+        cudaEventRecord(timing_.stop, backend_->stream_) != cudaSuccess) {
+      cudaGetLastError();
+    }
     backend_->pending_timings_.push_back(timing_);
   }
   OpTimer(const OpTimer&) = delete;
@@ -299,7 +307,11 @@ absl::StatusOr<std::vector<CudaBackend::OpTime>> CudaBackend::TakeOpTimes() {
   std::vector<OpTime> times;
   for (const PendingTiming& t : pending_timings_) {
     float ms = 0;
-    if (t.start != nullptr && t.stop != nullptr) cudaEventElapsedTime(&ms, t.start, t.stop);
+    if (t.start != nullptr && t.stop != nullptr &&
+        cudaEventElapsedTime(&ms, t.start, t.stop) != cudaSuccess) {
+      cudaGetLastError();  // an event that was not recorded: the op counts 0 ms
+      ms = 0;
+    }
     auto it =
         std::find_if(times.begin(), times.end(), [&](const OpTime& x) { return x.op == t.op; });
     if (it == times.end()) it = times.insert(times.end(), OpTime{std::string(t.op)});
@@ -367,15 +379,7 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
 
 absl::Status CudaBackend::Rope(const RopeParams& p) {
   constexpr absl::string_view kOp = "Rope";
-  if (p.num_tokens < 0 || p.head_dim <= 0 || p.head_dim % 2 != 0 || p.num_q_heads < 0 ||
-      p.num_kv_heads < 0) {
-    return Invalid(
-        kOp, absl::StrCat("num_tokens ", p.num_tokens, ", head_dim ", p.head_dim, ", num_q_heads ",
-                          p.num_q_heads, ", num_kv_heads ", p.num_kv_heads,
-                          ": head_dim must be positive and even, the others >= 0"));
-  }
-  KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, p.head_dim));
-  KVD_RETURN_IF_ERROR(ValidateRopeAppend(p));
+  KVD_RETURN_IF_ERROR(ValidateRope(p));
   if (p.append_kv && p.num_tokens > 0) {
     if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
   }
@@ -402,7 +406,7 @@ absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
 absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
   constexpr absl::string_view kOp = "AppendKv";
   if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
-  if (p.num_tokens < 0) return Invalid(kOp, absl::StrCat("negative num_tokens ", p.num_tokens));
+  KVD_RETURN_IF_ERROR(ValidateAppendKvRows(p));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchAppendKv(p, stream_), kOp);

@@ -39,6 +39,27 @@ int CudaDeviceCount();
 // (gemv_kernels.h) that rounds as it loads, larger inputs through a bf16 scratch buffer
 // owned by the backend and cuBLASLt.
 //
+// Batch invariance: ops other than Matmul and PagedAttention compute each row the same way
+// whatever the rest of the batch. Matmul's kernel follows the row count (the skinny kernel up
+// to kMaxSkinnyRows rows, else cuBLASLt, whose algorithm may change with it): the same
+// bf16 products, summed in another order. PagedAttention decides three things for the whole
+// batch on the host, so a sequence's rows may differ, within the stated precision but not
+// bit for bit, between batches (and devices):
+//   - decode rows (one query row): a sequence's KV is cut into at most DecodeMaxSplits
+//     ranges, a count from the batch's num_seqs and head counts (one wave of CTAs), merged
+//     in fp32; the split count changes the order of the sums, not the precision;
+//   - prefill rows over a bf16 cache: on Hopper with head_dim 128, always the kBf16 kernels
+//     (Q and P rounded to bf16, errors ~1e-3), whatever the batch; elsewhere kSplit
+//     (~1e-6 of fp32 math) when the batch's num_seqs * num_kv_heads * ceil(max_q_len *
+//     group / 128) work items are fewer than two per multiprocessor, else kBf16, and kBf16
+//     when max_q_len is 0 (no hint): the same rows can come out at either precision;
+//   - prefill rows over an f32 cache: always the fp32 kernel.
+// The CPU backend is batch invariant bit for bit (cpu_backend.h).
+//
+// Errors: a failed CUDA call is reported once, by the op that made it, and leaves no error
+// for later ops to report (cuda_status.h); a sticky one (a kernel fault) fails every later
+// call until the process ends.
+//
 // Every pointer in the params is device memory, including the KV chunk table
 // (KvCacheView::chunks, CopyBlocksParams::chunks), block tables, q_indptr, positions and
 // slot mappings. Chunk bases must be 16-byte aligned (Allocate's are 256-byte aligned).

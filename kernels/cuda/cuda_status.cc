@@ -6,6 +6,7 @@ namespace kvd {
 
 absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
   if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // reported here; a sticky error is not cleared by this (see the header)
   std::string message =
       absl::StrCat(op, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")");
   switch (err) {
@@ -25,6 +26,7 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
 
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  cudaGetLastError();  // as in CudaStatus
   std::string message =
       absl::StrCat(op, ": ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")");
   switch (err) {

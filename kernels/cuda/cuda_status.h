@@ -13,9 +13,17 @@ namespace kvd {
 // Turns a CUDA runtime result into a Status naming the failed operation, e.g.
 // "PagedAttention: decode kernel: an illegal memory access was encountered
 // (cudaErrorIllegalAddress)". OK for cudaSuccess. Thread safe.
+//
+// A failure also resets the calling thread's last CUDA error (cudaGetLastError): the
+// failure is reported here, and a kernel launcher that returns cudaGetLastError() after its
+// launch must not report it again as its own (a failed cudaMalloc, handled as "no more
+// memory", would otherwise fail the next valid op). A sticky error (an illegal address, a
+// kernel fault) stays visible all the same: the context is lost, and every later call
+// returns it again.
 absl::Status CudaStatus(cudaError_t err, absl::string_view op);
 
-// As CudaStatus, for cuBLAS and cuBLASLt results.
+// As CudaStatus, for cuBLAS and cuBLASLt results; a failure resets the last CUDA error too
+// (the library's own runtime calls may have set it).
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op);
 
 }  // namespace kvd

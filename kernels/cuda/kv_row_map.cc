@@ -14,6 +14,7 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                          &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // handled (no TMA view): not an error for the next launch
       return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);

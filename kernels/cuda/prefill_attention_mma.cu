@@ -299,12 +299,13 @@ bool HopperPrefillSupported() {
   int device = 0;
   int major = 0;
   int minor = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) ==
-             cudaSuccess &&
-         major == 9 && minor == 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();  // answered "no": leave no error for the next launch to report
+    return false;
+  }
+  return major == 9 && minor == 0;
 }
 
 cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* tile_indptr,
@@ -316,6 +317,7 @@ cudaError_t LaunchPrefillAttentionMma(const PagedAttentionParams& p, int32_t* ti
     if (allow_wgmma && p.cache.head_dim == kHopperPrefillHeadDim && HopperPrefillSupported()) {
       const cudaError_t err = LaunchPrefillAttentionHopper(p, tile_indptr, max_ctas, stream);
       if (err != cudaErrorNotSupported) return err;  // else this build's kernel cannot run
+      cudaGetLastError();  // handled: the fallback's launch must not report it
     }
     return LaunchPrefillAttentionWide(p, tile_indptr, max_ctas, stream);
   }

@@ -122,5 +122,67 @@ TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
       RejectedNaming(gpu().PagedAttention(attention), "PagedAttention", "k_offset_bytes 8"));
 }
 
+// Rope and AppendKv check what the CPU reference checks (ValidateRope, ValidateAppendKvRows in
+// kernels/backend.h) before anything is launched: a missing or narrow row, a bad theta or
+// style is refused, not rotated or written.
+TEST_F(InvalidParamsTest, RopeAndAppendKvRefuseWhatTheCpuBackendRefuses) {
+  DeviceBuffer scratch = Poisoned(gpu(), 4096);
+  float* any = scratch.as<float>();
+  const RopeParams rope{.q = any,
+                        .k = any,
+                        .positions = scratch.as<int32_t>(),
+                        .num_tokens = 2,
+                        .num_q_heads = 2,
+                        .num_kv_heads = 1,
+                        .head_dim = 8,
+                        .q_stride = 24,
+                        .k_stride = 24};
+  auto rope_with = [&](auto change) {
+    RopeParams p = rope;
+    change(p);
+    return gpu().Rope(p);
+  };
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.theta = 0.0f; }), "Rope", "theta"));
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.style = static_cast<RopeStyle>(7); }),
+                             "Rope", "style 7"));
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.positions = nullptr; }), "Rope",
+                             "positions is null"));
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.q = nullptr; }), "Rope", "q is null"));
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.k = nullptr; }), "Rope", "k is null"));
+  EXPECT_TRUE(
+      RejectedNaming(rope_with([](RopeParams& p) { p.q_stride = 15; }), "Rope", "q_stride 15"));
+  EXPECT_TRUE(
+      RejectedNaming(rope_with([](RopeParams& p) { p.k_stride = 7; }), "Rope", "k_stride 7"));
+  EXPECT_TRUE(RejectedNaming(rope_with([](RopeParams& p) { p.num_q_heads = p.num_kv_heads = 0; }),
+                             "Rope", "not both 0"));
+
+  void* const chunks[1] = {scratch.data()};
+  const AppendKvParams append{.cache = {.chunks = chunks,
+                                        .num_chunks = 1,
+                                        .chunk_shift = 0,
+                                        .block_bytes = 2 * 16 * 64 * 2,
+                                        .dtype = DType::kBF16,
+                                        .num_kv_heads = 2,
+                                        .block_size = 16,
+                                        .head_dim = 64},
+                              .k = any,
+                              .v = any,
+                              .slot_mapping = scratch.as<int64_t>(),
+                              .num_tokens = 1,
+                              .k_stride = 128,
+                              .v_stride = 128};
+  auto append_with = [&](auto change) {
+    AppendKvParams p = append;
+    change(p);
+    return gpu().AppendKv(p);
+  };
+  EXPECT_TRUE(RejectedNaming(append_with([](AppendKvParams& p) { p.v = nullptr; }), "AppendKv",
+                             "v is null"));
+  EXPECT_TRUE(RejectedNaming(append_with([](AppendKvParams& p) { p.slot_mapping = nullptr; }),
+                             "AppendKv", "slot_mapping is null"));
+  EXPECT_TRUE(RejectedNaming(append_with([](AppendKvParams& p) { p.v_stride = 127; }), "AppendKv",
+                             "v_stride (127)"));
+}
+
 }  // namespace
 }  // namespace kvd::gpu_test

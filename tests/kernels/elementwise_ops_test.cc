@@ -267,6 +267,16 @@ TEST(ElementwiseOpsTest, BadParamsAreInvalidArgumentNamingOpAndField) {
     p.q_bf16 = buf.data();
     p.q_bf16_stride = 7;
     expect_invalid(backend.Rope(p), "Rope", "q_bf16_stride");
+    // The rest of ValidateRope (kernels/backend.h), which the CUDA backend checks too.
+    p = rope;
+    p.style = static_cast<RopeStyle>(7);
+    expect_invalid(backend.Rope(p), "Rope", "style 7");
+    p = rope;
+    p.num_q_heads = p.num_kv_heads = 0;
+    expect_invalid(backend.Rope(p), "Rope", "not both 0");
+    p = rope;
+    p.num_tokens = -1;
+    expect_invalid(backend.Rope(p), "Rope", "num_tokens");
   }
   {
     SiluMulParams p = silu;

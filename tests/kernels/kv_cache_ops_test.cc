@@ -212,6 +212,8 @@ TEST(KvCacheOpsTest, BadAppendKvParamsAreInvalidArgumentAndWriteNothing) {
   expect_invalid("slot_mapping", [](AppendKvParams& p, Slots&) { p.slot_mapping = nullptr; });
   expect_invalid("num_tokens", [](AppendKvParams& p, Slots&) { p.num_tokens = -1; });
   expect_invalid("k_stride", [](AppendKvParams& p, Slots&) { p.k_stride = 15; });
+  expect_invalid("v is null", [](AppendKvParams& p, Slots&) { p.v = nullptr; });
+  expect_invalid("v_stride (15)", [](AppendKvParams& p, Slots&) { p.v_stride = 15; });
   expect_invalid("cache.num_kv_heads", [](AppendKvParams& p, Slots&) { p.cache.num_kv_heads = 0; });
   expect_invalid("cache.chunks", [](AppendKvParams& p, Slots&) { p.cache.chunks = nullptr; });
   expect_invalid("slot_mapping[2]", [](AppendKvParams&, Slots& s) { s[2] = 24; });  // block 6
