@@ -43,7 +43,10 @@ class DeviceBuffer {
 // Every op reads and writes backend memory only and takes the POD params of
 // kernels/params.h. Ops run in issue order; on an asynchronous backend (CUDA) they are
 // enqueued and Synchronize() waits for them. Not thread safe: one engine thread drives a
-// backend. Errors (a launch failure, an unsupported dtype) come back as absl::Status.
+// backend. Errors (a launch failure, an unsupported dtype) come back as absl::Status; a
+// failed call leaves the backend usable, except DataLoss, which says the backend is unusable
+// from then on (a device fault lost the CUDA context): the engine stops on it and the daemon
+// exits for its supervisor to restart it.
 class Backend {
  public:
   virtual ~Backend() = default;

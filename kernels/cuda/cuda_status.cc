@@ -19,6 +19,25 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
     case cudaErrorInsufficientDriver:
     case cudaErrorInvalidDevice:
       return absl::UnavailableError(message);
+    // The runtime documents these as leaving the process in an inconsistent state, every later
+    // call returning the same error, until the process is relaunched.
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+      return absl::DataLossError(
+          absl::StrCat(message, "; the CUDA context is lost until the process restarts"));
     default:
       return absl::InternalError(message);
   }

@@ -12,7 +12,10 @@ namespace kvd {
 
 // Turns a CUDA runtime result into a Status naming the failed operation, e.g.
 // "PagedAttention: decode kernel: an illegal memory access was encountered
-// (cudaErrorIllegalAddress)". OK for cudaSuccess. Thread safe.
+// (cudaErrorIllegalAddress)". OK for cudaSuccess. Thread safe. Codes: ResourceExhausted (out
+// of memory), InvalidArgument, Unavailable (no usable device), DataLoss for the errors the
+// runtime calls sticky (a kernel fault: the context is lost and every later call fails, the
+// Backend contract's "unusable from then on"), Internal otherwise.
 //
 // A failure also resets the calling thread's last CUDA error (cudaGetLastError): the
 // failure is reported here, and a kernel launcher that returns cudaGetLastError() after its

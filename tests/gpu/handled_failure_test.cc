@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -142,6 +143,23 @@ TEST_F(HandledFailureTest, AttentionAfterAFailedAllocationSucceeds) {
       ASSERT_TRUE(std::isfinite(x));
     }
   }
+}
+
+// The engine stops on DataLoss (Backend's contract): only the errors the runtime calls sticky
+// (the context is lost) are DataLoss; a failure the backend survives is not.
+TEST(CudaStatusTest, OnlyStickyErrorsAreDataLoss) {
+  for (cudaError_t sticky :
+       {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorMisalignedAddress,
+        cudaErrorIllegalInstruction, cudaErrorAssert, cudaErrorHardwareStackError}) {
+    const absl::Status s = CudaStatus(sticky, "op");
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("context is lost"), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(CudaStatus(cudaErrorMemoryAllocation, "op").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(CudaStatus(cudaErrorInvalidValue, "op").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaStatus(cudaErrorNotReady, "op").code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "op").ok());
 }
 
 }  // namespace
