@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -252,6 +253,12 @@ void HttpServer::Serve() {
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
+      // Short of kernel memory: try again shortly, as accept does. Anything else (EBADF,
+      // EINVAL) is a bug in the set above, and retrying would spin.
+      if (errno == ENOMEM || errno == EAGAIN) {
+        std::this_thread::sleep_for(kAcceptBackoff);
+        continue;
+      }
       return;
     }
     if (fds[0].revents != 0) return;  // Stop()

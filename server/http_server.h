@@ -28,7 +28,7 @@ namespace kvd {
 // that was already answered, else the oldest still sending its request, else the oldest being
 // answered, so neither idle nor reconnecting clients can keep a scrape waiting. When accept
 // fails for want of descriptors or memory, the pending connection stays queued and accepting
-// pauses for 100 ms instead of spinning.
+// pauses for 100 ms instead of spinning; poll() short of memory waits as long and retries.
 //
 // Listens on "host:port" (IPv4, a host name, or "[v6]:port"; port 0 picks a free port, and
 // address() reports the real one) or "unix:/path". A socket left at the path by a server

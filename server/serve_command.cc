@@ -14,9 +14,11 @@
 #include <thread>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
@@ -170,7 +172,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model
   return LlamaModel::Create(*std::move(weights), backend);  // frees host tensors as it goes
 }
 
-absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out) {
+// Loads everything, then calls `about_to_listen` and starts the gRPC and metrics servers.
+absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out,
+                   absl::FunctionRef<void()> about_to_listen) {
   const InferenceConfig& config = setup.config;
   std::string model_path = config.model.path;
   if (model_path.empty()) {
@@ -245,6 +249,7 @@ absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::os
   d.service = std::make_unique<InferenceService>(d.engine.get(),
                                                  RequestValidator(limits, d.tokenizer.get()), info);
 
+  about_to_listen();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -354,24 +359,36 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   }
   // Startup (reading the config, which may be a pipe, and loading the weights, minutes for a
   // large checkpoint) runs on its own thread, so that a termination signal meanwhile is
-  // answered at once. Nothing can interrupt a load half way and nothing serves yet, so the
-  // process then exits 0 on the spot instead of unwinding under the loading thread.
+  // answered at once. Nothing can interrupt a load half way and nothing listens yet, so the
+  // process then exits 0 on the spot instead of unwinding under the loading thread. Once the
+  // servers are about to start, a signal waits for startup to end and drains as usual:
+  // `listening` under `listen_mu` decides which, so the two cannot cross.
   absl::StatusOr<ServeSetup> setup = absl::UnknownError("not started");
   Daemon d;
   absl::Status started;
   absl::Notification start_done;
+  absl::Mutex listen_mu;
+  bool listening = false;
   std::thread starter([&] {
     setup = BuildConfig(flags, sets);
-    started = setup.ok() ? Start(*setup, graphs_flag == "on", d, out) : setup.status();
+    started = setup.ok() ? Start(*setup, graphs_flag == "on", d, out,
+                                 [&] {
+                                   absl::MutexLock lock(&listen_mu);
+                                   listening = true;
+                                 })
+                         : setup.status();
     start_done.Notify();
   });
   int signal = 0;
   while (signal == 0 && !start_done.HasBeenNotified()) {
     signal = signals.Wait(kDrainSignalPoll);
-    if (signal != 0 && !start_done.HasBeenNotified()) {
-      out << "kvd: " << SignalName(signal) << " before serving started: exiting\n" << std::flush;
-      err << std::flush;
-      std::_Exit(0);
+    if (signal != 0) {
+      absl::MutexLock lock(&listen_mu);  // held to the exit: the starter cannot begin listening
+      if (!listening) {
+        out << "kvd: " << SignalName(signal) << " before serving started: exiting\n" << std::flush;
+        err << std::flush;
+        std::_Exit(0);
+      }
     }
   }
   starter.join();
@@ -425,6 +442,11 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   d.engine->Stop();  // anything left gets its final (aborted) event
   d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   if (d.http_server) d.http_server->Stop();
+  // The backend may have failed for good during the drain (every request was aborted then).
+  if (absl::Status failure = d.engine->Failure(); !failure.ok()) {
+    err << "kvd serve: the backend failed, exiting: " << failure.message() << "\n" << std::flush;
+    return 1;
+  }
   out << "kvd: stopped\n" << std::flush;
   return 0;
 }
