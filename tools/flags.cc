@@ -29,7 +29,7 @@ constexpr IntRange kAllInt64 = {std::numeric_limits<int64_t>::min(),
 
 void FlagSet::AddString(std::string name, std::string help, std::optional<std::string> def) {
   order_.push_back(name);
-  flags_[name] = {Kind::kString, std::move(help), std::move(def)};
+  flags_[name] = {Kind::kString, std::move(help), std::move(def), std::nullopt};
 }
 
 void FlagSet::AddInt(std::string name, std::string help, std::optional<int64_t> def,
@@ -42,18 +42,20 @@ void FlagSet::AddInt(std::string name, std::string help, std::optional<int64_t> 
 void FlagSet::AddUint64(std::string name, std::string help, std::optional<uint64_t> def) {
   order_.push_back(name);
   flags_[name] = {Kind::kUint64, std::move(help),
-                  def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt};
+                  def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt,
+                  std::nullopt};
 }
 
 void FlagSet::AddFloat(std::string name, std::string help, std::optional<double> def) {
   order_.push_back(name);
   flags_[name] = {Kind::kFloat, std::move(help),
-                  def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt};
+                  def ? std::optional<std::string>(absl::StrCat(*def)) : std::nullopt,
+                  std::nullopt};
 }
 
 void FlagSet::AddBool(std::string name, std::string help) {
   order_.push_back(name);
-  flags_[name] = {Kind::kBool, std::move(help), std::nullopt};
+  flags_[name] = {Kind::kBool, std::move(help), std::nullopt, std::nullopt};
 }
 
 absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
