@@ -401,48 +401,40 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   // Serves until a signal (else it came as startup ended: drain now), or until the backend
   // fails for good: then every request has been aborted and nothing more can run, so the
   // daemon stops reporting SERVING and exits 1 for its supervisor to restart it.
-  while (signal == 0) {
-    if (absl::Status failure = d.engine->Failure(); !failure.ok()) {
-      d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
-      d.service->BeginDrain();
-      err << "kvd serve: the backend failed, exiting: " << failure.message() << "\n" << std::flush;
-      d.engine->Stop();
-      d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
-      if (d.http_server) d.http_server->Stop();
-      return 1;
-    }
-    signal = signals.Wait(kFailurePoll);
-  }
-  const absl::Duration drain = config->server.drain_timeout;
-  // Refuse new work before saying so: once the line is out, every new call is refused.
+  while (signal == 0 && d.engine->Failure().ok()) signal = signals.Wait(kFailurePoll);
+  // Refuse new work before saying so: once a line is out, every new call is refused.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
   d.service->BeginDrain();
   d.engine->BeginDrain();
-  out << "kvd: " << SignalName(signal) << ": draining (up to " << absl::FormatDuration(drain)
-      << ")\n"
-      << std::flush;
-  // Waits for the engine to go idle, in slices, so that a second signal (an operator who
-  // wants the process gone now) cuts the drain short instead of waiting out drain_timeout.
-  const absl::Time drain_end = absl::Now() + drain;
-  bool idle = false;
-  int second_signal = 0;
-  while (true) {
-    idle = d.engine->WaitIdle(std::min(kDrainSignalPoll, drain_end - absl::Now()));
-    if (idle || absl::Now() >= drain_end) break;
-    second_signal = signals.Wait(absl::ZeroDuration());
-    if (second_signal != 0) break;
-  }
-  if (!idle) {
-    const EngineStats stats = d.engine->Stats();
-    out << "kvd: "
-        << (second_signal == 0 ? std::string("drain timeout")
-                               : absl::StrCat("second ", SignalName(second_signal)))
-        << ": aborting " << stats.requests_running + stats.requests_waiting << " requests\n";
+  if (signal != 0) {
+    const absl::Duration drain = config->server.drain_timeout;
+    out << "kvd: " << SignalName(signal) << ": draining (up to " << absl::FormatDuration(drain)
+        << ")\n"
+        << std::flush;
+    // Waits for the engine to go idle, in slices, so that a second signal (an operator who
+    // wants the process gone now) cuts the drain short instead of waiting out drain_timeout.
+    const absl::Time drain_end = absl::Now() + drain;
+    bool idle = false;
+    int second_signal = 0;
+    while (true) {
+      idle = d.engine->WaitIdle(std::min(kDrainSignalPoll, drain_end - absl::Now()));
+      if (idle || absl::Now() >= drain_end) break;
+      second_signal = signals.Wait(absl::ZeroDuration());
+      if (second_signal != 0) break;
+    }
+    if (!idle) {
+      const EngineStats stats = d.engine->Stats();
+      out << "kvd: "
+          << (second_signal == 0 ? std::string("drain timeout")
+                                 : absl::StrCat("second ", SignalName(second_signal)))
+          << ": aborting " << stats.requests_running + stats.requests_waiting << " requests\n";
+    }
   }
   d.engine->Stop();  // anything left gets its final (aborted) event
   d.grpc_server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   if (d.http_server) d.http_server->Stop();
-  // The backend may have failed for good during the drain (every request was aborted then).
+  // The backend failed for good, while serving or during the drain (every request was
+  // aborted then).
   if (absl::Status failure = d.engine->Failure(); !failure.ok()) {
     err << "kvd serve: the backend failed, exiting: " << failure.message() << "\n" << std::flush;
     return 1;

@@ -125,32 +125,10 @@ const int64_t kMaxSizes[] = {
 
 // Serve rounds max_size down to whole chunks; that loses less than 1/16 of max_size, or less
 // than one block when a block is larger, for any model, block size and pool.
-TEST(CacheOptionsFromTest, RoundingMaxSizeDownToWholeChunksLosesUnderASixteenthOrOneBlock) {
-  for (const PoolCase& c : kPoolCases) {
-    KvCacheConfig kv;
-    kv.block_size = c.block_size;
-    kv.memory_pool.initial_size_bytes = 0;
-    const int64_t block_bytes = KvLayout::Create(c.shape, c.dtype, c.block_size)->block_bytes();
-    for (const int64_t max_bytes : kMaxSizes) {
-      if (max_bytes < block_bytes) continue;  // refused: CheckPoolSizeTest
-      kv.memory_pool.max_size_bytes = max_bytes;
-      const std::string what = Describe(c, max_bytes);
-      const Translated t = Translate(kv, c.dtype, c.shape);
-      ASSERT_TRUE(t.check.ok()) << what << ": " << t.check;
-      ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
-      // The options ask for the chunk the cache makes (kvd_kv_pool_max_bytes counts in it).
-      EXPECT_EQ(t.geometry->chunk_bytes, t.options.chunk_bytes) << what;
-      const int64_t usable = int64_t{t.geometry->max_chunks} * t.geometry->chunk_bytes;
-      EXPECT_LE(usable, max_bytes) << what;
-      EXPECT_LT(max_bytes - usable, std::max(max_bytes / 16, block_bytes))
-          << what << ": usable " << usable << " in chunks of " << t.geometry->chunk_bytes;
-    }
-  }
-}
-
-// `kvd estimate --budget B` counts the blocks `kvd serve` has with max_size B (its
-// tokens_in_budget and sequences_in_budget are whole blocks of that pool).
-TEST(CacheOptionsFromTest, EstimateBudgetHasTheBlocksServeHas) {
+// Calls fn(case, max_bytes, block_bytes, what, translated) for every pool case and every
+// max size of at least one block (smaller ones are refused: CheckPoolSizeTest).
+template <typename Fn>
+void ForEachPool(Fn fn) {
   for (const PoolCase& c : kPoolCases) {
     KvCacheConfig kv;
     kv.block_size = c.block_size;
@@ -159,25 +137,46 @@ TEST(CacheOptionsFromTest, EstimateBudgetHasTheBlocksServeHas) {
     for (const int64_t max_bytes : kMaxSizes) {
       if (max_bytes < block_bytes) continue;
       kv.memory_pool.max_size_bytes = max_bytes;
-      const std::string what = Describe(c, max_bytes);
-      const Translated t = Translate(kv, c.dtype, c.shape);
-      ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
-      const int64_t serve_blocks = int64_t{t.geometry->max_chunks} * t.geometry->blocks_per_chunk();
-      MemoryEstimateRequest r;
-      r.num_layers = c.shape.num_layers;
-      r.d_model = c.shape.num_kv_heads * c.shape.head_dim;
-      r.num_kv_heads = c.shape.num_kv_heads;
-      r.head_dim = c.shape.head_dim;
-      r.kv_dtype = c.dtype;
-      r.block_size = c.block_size;
-      r.seq_len = 512;
-      r.budget_bytes = max_bytes;
-      const absl::StatusOr<MemoryEstimate> e = MemoryEstimator::Estimate(r);
-      ASSERT_TRUE(e.ok()) << what << ": " << e.status();
-      EXPECT_EQ(e->tokens_in_budget, serve_blocks * c.block_size) << what;
-      EXPECT_EQ(e->sequences_in_budget, serve_blocks / e->blocks_per_sequence) << what;
+      fn(c, max_bytes, block_bytes, Describe(c, max_bytes), Translate(kv, c.dtype, c.shape));
     }
   }
+}
+
+TEST(CacheOptionsFromTest, RoundingMaxSizeDownToWholeChunksLosesUnderASixteenthOrOneBlock) {
+  ForEachPool([](const PoolCase&, int64_t max_bytes, int64_t block_bytes, const std::string& what,
+                 const Translated& t) {
+    ASSERT_TRUE(t.check.ok()) << what << ": " << t.check;
+    ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
+    // The options ask for the chunk the cache makes (kvd_kv_pool_max_bytes counts in it).
+    EXPECT_EQ(t.geometry->chunk_bytes, t.options.chunk_bytes) << what;
+    const int64_t usable = int64_t{t.geometry->max_chunks} * t.geometry->chunk_bytes;
+    EXPECT_LE(usable, max_bytes) << what;
+    EXPECT_LT(max_bytes - usable, std::max(max_bytes / 16, block_bytes))
+        << what << ": usable " << usable << " in chunks of " << t.geometry->chunk_bytes;
+  });
+}
+
+// `kvd estimate --budget B` counts the blocks `kvd serve` has with max_size B (its
+// tokens_in_budget and sequences_in_budget are whole blocks of that pool).
+TEST(CacheOptionsFromTest, EstimateBudgetHasTheBlocksServeHas) {
+  ForEachPool([](const PoolCase& c, int64_t max_bytes, int64_t, const std::string& what,
+                 const Translated& t) {
+    ASSERT_TRUE(t.geometry.ok()) << what << ": " << t.geometry.status();
+    const int64_t serve_blocks = t.geometry->max_blocks();
+    MemoryEstimateRequest r;
+    r.num_layers = c.shape.num_layers;
+    r.d_model = c.shape.num_kv_heads * c.shape.head_dim;
+    r.num_kv_heads = c.shape.num_kv_heads;
+    r.head_dim = c.shape.head_dim;
+    r.kv_dtype = c.dtype;
+    r.block_size = c.block_size;
+    r.seq_len = 512;
+    r.budget_bytes = max_bytes;
+    const absl::StatusOr<MemoryEstimate> e = MemoryEstimator::Estimate(r);
+    ASSERT_TRUE(e.ok()) << what << ": " << e.status();
+    EXPECT_EQ(e->tokens_in_budget, serve_blocks * c.block_size) << what;
+    EXPECT_EQ(e->sequences_in_budget, serve_blocks / e->blocks_per_sequence) << what;
+  });
 }
 
 // 20TB of stories260K's 20 KiB blocks is ~1.9 million 16 MiB chunks, more than a pool may
