@@ -19,7 +19,7 @@ namespace kvd {
 
 // `model:` - what to serve and where.
 struct ModelConfig {
-  std::string path;       // empty = the default model (serve_command.h: DefaultModelPath)
+  std::string path;       // empty = the default model (server/daemon.h: DefaultModelPath)
   std::string tokenizer;  // empty = beside the model
   DeviceKind device = DeviceKind::kAuto;
   uint64_t seed = 0;  // sampling seed for requests without one; synthetic weights

@@ -1,67 +1,33 @@
 #include "server/serve_command.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
-#include <filesystem>
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "cache/clock.h"
-#include "cache/kv_cache_manager.h"
-#include "cache/kv_layout.h"
-#include "config/config_enums.h"
+#include "absl/time/time.h"
 #include "config/config_loader.h"
 #include "config/inference_config.h"
 #include "kernels/status_macros.h"
-#include "model/llama_model.h"
-#include "model/model_loader.h"
-#include "model/tokenizer.h"
-#include "scheduler/engine_loop.h"
-#include "server/http_server.h"
-#include "server/inference_service.h"
-#include "server/metrics_exporter.h"
-#include "server/request_validator.h"
+#include "scheduler/engine_stats.h"
+#include "server/daemon.h"
 #include "server/serve_options.h"
 #include "server/termination_signals.h"
 #include "tools/device.h"
 #include "tools/flags.h"
-#include "tools/random_model.h"
 
 namespace kvd {
-
-absl::StatusOr<std::string> DefaultModelPath() {
-  std::vector<std::string> candidates = {"../shared/models/stories260K.bin"};
-  // Where scripts/fetch-model puts it: $KVD_MODEL_CACHE, else ~/.cache/kvd.
-  if (const char* cache = std::getenv("KVD_MODEL_CACHE"); cache != nullptr && *cache != '\0') {
-    candidates.push_back(absl::StrCat(cache, "/stories260K.bin"));
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    candidates.push_back(absl::StrCat(home, "/.cache/kvd/stories260K.bin"));
-  }
-  for (const std::string& path : candidates) {
-    std::error_code error;  // an unreadable or looping $KVD_MODEL_CACHE is just "not there"
-    if (std::filesystem::exists(path, error)) return path;
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "model.path is empty and the default model stories260K.bin is not in ",
-      absl::StrJoin(candidates, " or "),
-      "; pass --model PATH, or set KVD_MODEL_CACHE to the folder that holds it (default "
-      "~/.cache/kvd; scripts/fetch-model, which `make serve` runs, downloads it there)"));
-}
-
 namespace {
 
 constexpr char kUsage[] =
@@ -101,22 +67,6 @@ FlagSet MakeFlags() {
   return f;
 }
 
-// The llama2.c tokenizer beside the model whose vocabulary matches the model's.
-absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& model_path,
-                                                           int32_t vocab_size) {
-  auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
-  if (tokenizer.ok()) return tokenizer;
-  return absl::NotFoundError(absl::StrCat("model.tokenizer is empty and ",
-                                          tokenizer.status().message(), "; set model.tokenizer"));
-}
-
-// What BuildConfig decided: the validated config and the device it runs on.
-struct ServeSetup {
-  InferenceConfig config;
-  Device device = Device::kCpu;
-  const char* device_source = "model.device";  // or "--device": what device errors name
-};
-
 absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<std::string>& sets) {
   std::vector<std::string> overrides = sets;
   for (const auto& [flag, key] : {std::pair<const char*, const char*>{"model", "model.path"},
@@ -141,186 +91,6 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<s
 }
 
 const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
-
-// Everything the daemon runs on, in construction order (destroyed in reverse).
-struct Daemon {
-  RealClock clock;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<KvCacheManager> cache;
-  std::unique_ptr<EngineLoop> engine;
-  std::unique_ptr<InferenceService> service;
-  std::unique_ptr<MetricsExporter> metrics;
-  std::unique_ptr<grpc::Server> grpc_server;
-  std::unique_ptr<HttpServer> http_server;
-};
-
-// The model on `backend`. A synthetic model on CUDA is generated in device memory
-// (random_model.h: no host fp32 copy, so llama3-8b fits); on the CPU, and for checkpoints,
-// weights are loaded on the host and uploaded, as before.
-absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model_path,
-                                                        uint64_t seed, Device device,
-                                                        Backend* backend) {
-  if (device == Device::kCuda && absl::StartsWith(model_path, "synthetic:")) {
-    auto spec = LoadModelSpec(model_path);
-    if (!spec.ok()) return spec.status();
-    return CreateRandomModel(*spec, seed, backend);
-  }
-  auto weights = LoadModel(model_path, seed);
-  if (!weights.ok()) return weights.status();
-  return LlamaModel::Create(*std::move(weights), backend);  // frees host tensors as it goes
-}
-
-// Loads everything, then calls `about_to_listen` and starts the gRPC and metrics servers.
-absl::Status Start(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out,
-                   absl::FunctionRef<void()> about_to_listen) {
-  const InferenceConfig& config = setup.config;
-  std::string model_path = config.model.path;
-  if (model_path.empty()) {
-    auto path = DefaultModelPath();
-    if (!path.ok()) return path.status();
-    model_path = *path;
-  }
-  int threads = config.server.num_threads;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto backend = MakeBackend(setup.device, threads);
-  if (!backend.ok()) {
-    return Prefixed(setup.device_source, backend.status());
-  }
-  d.backend = *std::move(backend);
-  // Every cheap check before the weights load (minutes for a large checkpoint): the spec from
-  // the header, the tokenizer, the pool's size.
-  const std::string model_field = absl::StrCat("model.path '", model_path, "'");
-  auto header_spec = LoadModelSpec(model_path);
-  if (!header_spec.ok()) {
-    return Prefixed(model_field, header_spec.status());
-  }
-  const ModelSpec& spec = *header_spec;
-
-  if (!config.model.tokenizer.empty()) {
-    auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
-    if (!tokenizer.ok()) {
-      return Prefixed("model.tokenizer", tokenizer.status());
-    }
-    d.tokenizer = *std::move(tokenizer);
-  } else if (!absl::StartsWith(model_path, "synthetic:")) {
-    auto tokenizer = TokenizerBeside(model_path, spec.vocab_size);
-    if (!tokenizer.ok()) return tokenizer.status();
-    d.tokenizer = *std::move(tokenizer);
-  }  // a synthetic model without a tokenizer serves prompt_token_ids only
-
-  const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};
-  const KvCacheOptions cache_options =
-      CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend), shape);
-  if (absl::Status s = CheckPoolSize(config.kv_cache, cache_options, shape); !s.ok()) return s;
-
-  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
-  if (!model.ok()) {
-    return Prefixed(model_field, model.status());
-  }
-  d.model = *std::move(model);
-  const bool graphs = cuda_graphs && setup.device == Device::kCuda;
-  if (graphs) {
-    d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
-  }
-  auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
-  if (!cache.ok()) {
-    return Prefixed("kv_cache_config", cache.status());
-  }
-  d.cache = *std::move(cache);
-
-  d.engine = std::make_unique<EngineLoop>(EngineOptionsFrom(config), d.model.get(), d.cache.get(),
-                                          d.tokenizer.get(), &d.clock);
-  d.engine->Start();
-
-  RequestLimits limits;
-  limits.vocab_size = spec.vocab_size;
-  limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
-  limits.pool_tokens = d.cache->stats().max_blocks * int64_t{cache_options.block_size};
-  limits.default_seed = config.model.seed;
-  limits.default_stop_token_ids = {spec.StopTokenId()};
-  ServedModelInfo info;
-  info.spec = spec;
-  info.backend = std::string(d.backend->name());
-  info.kv_dtype = std::string(DTypeName(cache_options.kv_dtype));
-  info.block_size = cache_options.block_size;
-  info.max_context_tokens = limits.max_context_tokens;
-  d.service = std::make_unique<InferenceService>(d.engine.get(),
-                                                 RequestValidator(limits, d.tokenizer.get()), info);
-
-  about_to_listen();
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  // gRPC sets SO_REUSEPORT by default, so a second daemon on the same port would bind too and
-  // split the connections with the first; refusing makes "address in use" a startup error.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int grpc_port = 0;
-  builder.AddListeningPort(config.server.grpc_address, grpc::InsecureServerCredentials(),
-                           &grpc_port);
-  builder.RegisterService(d.service.get());
-  d.grpc_server = builder.BuildAndStart();
-  const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
-  if (d.grpc_server == nullptr || (!is_unix && grpc_port == 0)) {
-    return absl::UnavailableError(absl::StrCat("server.grpc_address: cannot listen on '",
-                                               config.server.grpc_address,
-                                               "' (address in use, or not an address of this "
-                                               "host); allowed: a free host:port or unix:/path"));
-  }
-  // Overall ("") and per service; SetServingStatus(false) on drain flips both.
-  d.grpc_server->GetHealthCheckService()->SetServingStatus(true);
-  d.grpc_server->GetHealthCheckService()->SetServingStatus(
-      std::string(v1::Inference::service_full_name()), true);
-  std::string grpc_address = config.server.grpc_address;
-  if (!is_unix) {
-    grpc_address = absl::StrCat(grpc_address.substr(0, grpc_address.rfind(':')), ":", grpc_port);
-  }
-
-  if (!config.server.metrics_address.empty()) {
-    MetricsInfo metrics_info;
-    metrics_info.model = spec.name;
-    metrics_info.backend = info.backend;
-    metrics_info.kv_dtype = info.kv_dtype;
-    metrics_info.block_size = cache_options.block_size;
-    metrics_info.num_blocks = d.cache->stats().max_blocks;
-    EngineLoop* engine = d.engine.get();
-    d.metrics =
-        std::make_unique<MetricsExporter>(metrics_info, [engine] { return engine->Stats(); });
-    MetricsExporter* metrics = d.metrics.get();
-    auto http =
-        HttpServer::Start(config.server.metrics_address,
-                          {{"/metrics", [metrics] {
-                              return HttpServer::Response{
-                                  "text/plain; version=0.0.4; charset=utf-8", metrics->Scrape()};
-                            }}});
-    if (!http.ok()) {
-      return Prefixed("server.metrics_address", http.status());
-    }
-    d.http_server = *std::move(http);
-  }
-
-  out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
-      << " layers, vocab " << spec.vocab_size << ", context " << limits.max_context_tokens
-      << " tokens; backend " << info.backend << " ("
-      << (setup.device == Device::kCuda
-              ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
-              : absl::StrCat(threads, " threads"))
-      << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
-      << d.cache->stats().max_blocks << " blocks\n";
-  out << "kvd: serving gRPC on " << grpc_address << "\n";
-  if (d.http_server) {
-    // A URL where there is one; curl reaches a unix socket with --unix-socket PATH.
-    const std::string& address = d.http_server->address();
-    if (absl::StartsWith(address, "unix:")) {
-      out << "kvd: serving metrics on " << address << " (HTTP GET /metrics)\n";
-    } else {
-      out << "kvd: serving metrics on http://" << address << "/metrics\n";
-    }
-  }
-  out << std::flush;
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -371,11 +141,11 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   bool listening = false;
   std::thread starter([&] {
     setup = BuildConfig(flags, sets);
-    started = setup.ok() ? Start(*setup, graphs_flag == "on", d, out,
-                                 [&] {
-                                   absl::MutexLock lock(&listen_mu);
-                                   listening = true;
-                                 })
+    started = setup.ok() ? StartDaemon(*setup, graphs_flag == "on", d, out,
+                                       [&] {
+                                         absl::MutexLock lock(&listen_mu);
+                                         listening = true;
+                                       })
                          : setup.status();
     start_done.Notify();
   });

@@ -5,8 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
-
 namespace kvd {
 
 // `kvd serve --config FILE [--model PATH] [--device auto|cpu|cuda] [--grpc-address HOST:PORT]
@@ -26,18 +24,15 @@ namespace kvd {
 //   kvd: serving metrics on http://127.0.0.1:9090/metrics
 // (port 0 in an address picks a free port; the line shows the real one).
 // On SIGTERM or SIGINT: health turns NOT_SERVING, new Generate calls get UNAVAILABLE,
-// accepted requests finish (bounded by server.drain_timeout, then they are aborted), and
-// the command returns 0. Exit codes: 0 after a drain, 1 for a startup failure (the reason
-// on `err`, naming the key or file), 2 for bad flags.
+// accepted requests finish (bounded by server.drain_timeout, then they are aborted; a
+// second signal aborts them at once), and the command returns 0. A signal during startup
+// (before the servers start) exits the process 0 at once. A backend that fails for good
+// aborts every request, turns health NOT_SERVING and returns 1. Exit codes: 0 after a
+// drain, 1 for a startup failure (the reason on `err`, naming the key or file) or a failed
+// backend (named on `err`), 2 for bad flags. Startup itself is StartDaemon (daemon.h).
 //
 // REQUIRES: called before the process starts any thread (see TerminationSignals).
 int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
-
-// The model `kvd serve` runs when model.path is empty: stories260K.bin in ../shared/models
-// (the development copy beside a checkout, relative to the working directory), else in the
-// folder $KVD_MODEL_CACHE names (default ~/.cache/kvd: where scripts/fetch-model puts it;
-// the container image sets it to /opt/kvd/models). NotFound listing the places otherwise.
-absl::StatusOr<std::string> DefaultModelPath();
 
 }  // namespace kvd
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/daemon.h"
 #include "tools/device.h"
 
 namespace kvd {
