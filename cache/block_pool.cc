@@ -217,6 +217,7 @@ absl::Status BlockPool::CheckInvariants() const {
   int32_t free = 0, used = 0, cached = 0;
   for (int32_t c = 0; c < num_chunks_; ++c) {
     int32_t used_here = 0;
+    int32_t free_here = 0;
     for (BlockId b = c << options_.chunk_shift; b < (c + 1) << options_.chunk_shift; ++b) {
       if (refcount_[b] < 0) return absl::InternalError(absl::StrCat("block ", b, " refcount < 0"));
       const bool in_free = free_links_.linked(b);
@@ -234,6 +235,7 @@ absl::Status BlockPool::CheckInvariants() const {
         }
       } else {
         ++free;
+        ++free_here;
         if (!in_free || in_policy) {
           return absl::InternalError(absl::StrCat("free block ", b, " not (only) on free list"));
         }
@@ -242,6 +244,10 @@ absl::Status BlockPool::CheckInvariants() const {
     if (used_here != used_in_chunk_[c]) {
       return absl::InternalError(
           absl::StrCat("chunk ", c, " used count ", used_in_chunk_[c], " != ", used_here));
+    }
+    if (free_here != free_by_chunk_[c].size) {  // a free block on another chunk's list
+      return absl::InternalError(absl::StrCat("chunk ", c, " free list holds ",
+                                              free_by_chunk_[c].size, " blocks, not ", free_here));
     }
     const bool bit = (nonempty_free_[c >> 6] >> (c & 63)) & 1;
     if (bit != (free_by_chunk_[c].size > 0)) {
@@ -253,8 +259,12 @@ absl::Status BlockPool::CheckInvariants() const {
                                                num_free_, used, num_used_, cached,
                                                policy_->size()));
   }
-  if (free + used + cached != num_blocks()) {
-    return absl::InternalError("free + used + cached != total");
+  // Each present block was counted in exactly one state above, so free + used + cached ==
+  // num_blocks() follows; what remains is that no list names a block of an absent chunk.
+  for (int32_t c = num_chunks_; c < options_.max_chunks; ++c) {
+    if (free_by_chunk_[c].size != 0 || used_in_chunk_[c] != 0) {
+      return absl::InternalError(absl::StrCat("absent chunk ", c, " has blocks"));
+    }
   }
   return absl::OkStatus();
 }

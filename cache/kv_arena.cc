@@ -29,6 +29,12 @@ absl::StatusOr<std::unique_ptr<KvArena>> KvArena::Create(const KvLayout& layout,
   arena->table_ = *std::move(table);
   arena->host_table_.assign(max_chunks, nullptr);
   if (absl::Status s = arena->UploadTable(); !s.ok()) return s;
+  // Room for the ids of a few copies from the start, so that a fork's one-block copy never
+  // has to allocate (and cannot fail for want of memory after a block was taken for it).
+  absl::StatusOr<DeviceBuffer> pairs = backend->Allocate(sizeof(int32_t) * 2 * kInitialCopyPairs);
+  if (!pairs.ok()) return pairs.status();
+  arena->pairs_ = *std::move(pairs);
+  arena->pair_capacity_ = kInitialCopyPairs;
   return arena;
 }
 

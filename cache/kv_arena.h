@@ -26,6 +26,9 @@ namespace kvd {
 // outlive it.
 class KvArena {
  public:
+  // Block pairs a copy can name without growing the id buffer.
+  static constexpr int32_t kInitialCopyPairs = 16;
+
   // Unimplemented for KV dtypes the arena cannot store yet (anything but f32, bf16, fp16);
   // InvalidArgument for chunk_shift outside [0, 30] or max_chunks < 1.
   static absl::StatusOr<std::unique_ptr<KvArena>> Create(const KvLayout& layout,
@@ -52,7 +55,10 @@ class KvArena {
   // pointer itself stays fixed; num_chunks changes). REQUIRES: 0 <= layer < num_layers.
   KvCacheView LayerView(int32_t layer) const;
 
-  // Copies whole blocks (all layers, K and V) src[i] -> dst[i] through the backend.
+  // Copies whole blocks (all layers, K and V) src[i] -> dst[i] through the backend,
+  // asynchronously on a device backend (Backend::Synchronize waits). Up to
+  // kInitialCopyPairs pairs allocate nothing; more grow the id buffer first (its failure is
+  // returned before anything is copied).
   // REQUIRES: equal lengths, ids in present chunks, no id both a source and a destination.
   absl::Status CopyBlocks(absl::Span<const BlockId> src, absl::Span<const BlockId> dst);
 

@@ -152,9 +152,9 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
   }
   s.num_computed = m.computed;
   RegisterFullBlocks(s);
-  prefix_query_tokens_ += static_cast<int64_t>(prompt.size());
-  prefix_hit_tokens_ += static_cast<int64_t>(m.index_blocks.size()) * layout_.block_size();
-  session_hit_tokens_ += m.session_tokens;
+  s.uncounted_hits = HitCounts{static_cast<int64_t>(prompt.size()),
+                               static_cast<int64_t>(m.index_blocks.size()) * layout_.block_size(),
+                               m.session_tokens};
   seqs_.emplace(id, std::move(s));
   return m.computed;
 }
@@ -177,33 +177,45 @@ int32_t KvCacheManager::BlocksToReserve(SeqId id, int32_t n) const {
   return static_cast<int32_t>(std::max<int64_t>(0, needed - static_cast<int64_t>(s.blocks.size())));
 }
 
+bool KvCacheManager::MakeAllocatable(int64_t need) {
+  // Releasing a chain makes obtainable only the blocks that no one but sessions holds; when
+  // even all of those and every chunk the arena may add would not do, nothing is touched.
+  if (need <= pool_->num_free()) return true;  // the common case
+  if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
+  // Growth first, as Allocate() would (free, grow, evict), but here where its failure (the
+  // device is out of memory) is seen before a cached block or a session is given up for a
+  // room that is not there. CanGrow() is false after a failure, so NumObtainable() below
+  // counts only blocks that exist.
+  while (need > pool_->num_free() && pool_->CanGrow() && pool_->Grow().ok()) {
+  }
+  if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
+  while (need > pool_->NumObtainable()) {
+    std::optional<SessionTable::Released> r =
+        sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
+    KVD_CACHE_CHECK(r.has_value(), "MakeAllocatable: releasable pins ran out early");
+    ReleaseSessions({*std::move(r)});
+  }
+  return true;
+}
+
+BlockId KvCacheManager::AllocateObtainable() {
+  std::optional<BlockId> b = pool_->Allocate();
+  KVD_CACHE_CHECK(b.has_value(), "a block MakeAllocatable promised is not there");
+  return *b;
+}
+
 bool KvCacheManager::Reserve(SeqId id, int32_t n) {
   KVD_CACHE_CHECK(n >= 0, "Reserve: n must be >= 0");
   const int32_t need = BlocksToReserve(id, n);
-  if (need == 0) return true;
-  if (need > pool_->NumObtainable()) {
-    // Releasing a chain makes obtainable only the blocks that no one but sessions holds; when
-    // even all of those would not do, no session is dropped for nothing.
-    if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
-    while (need > pool_->NumObtainable()) {
-      std::optional<SessionTable::Released> r =
-          sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
-      KVD_CACHE_CHECK(r.has_value(), "Reserve: releasable pins ran out early");
-      ReleaseSessions({*std::move(r)});
-    }
-  }
-  std::vector<BlockId> got;
-  got.reserve(need);
-  for (int32_t i = 0; i < need; ++i) {
-    std::optional<BlockId> b = pool_->Allocate();
-    if (!b.has_value()) {  // the arena failed to grow
-      ReleaseTailFirst(got);
-      return false;
-    }
-    got.push_back(*b);
-  }
+  if (need > 0 && !MakeAllocatable(need)) return false;
   SeqState& s = Seq(id);
-  s.blocks.insert(s.blocks.end(), got.begin(), got.end());
+  for (int32_t i = 0; i < need; ++i) s.blocks.push_back(AllocateObtainable());
+  if (s.uncounted_hits.has_value()) {  // its first slots: the admission stands
+    prefix_query_tokens_ += s.uncounted_hits->query_tokens;
+    prefix_hit_tokens_ += s.uncounted_hits->prefix_hit_tokens;
+    session_hit_tokens_ += s.uncounted_hits->session_hit_tokens;
+    s.uncounted_hits.reset();
+  }
   return true;
 }
 
@@ -263,18 +275,18 @@ absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   const bool partial = p.num_computed % bs != 0;
   SeqState c;
   if (partial) {
-    std::optional<BlockId> copy = pool_->Allocate();
-    if (!copy.has_value()) return absl::ResourceExhaustedError("Fork: no free KV block");
+    if (!MakeAllocatable(1)) return absl::ResourceExhaustedError("Fork: no free KV block");
+    const BlockId copy = AllocateObtainable();
     if (arena_ != nullptr) {
       const BlockId src = p.blocks[full];
-      if (absl::Status s = arena_->CopyBlocks({&src, 1}, {&*copy, 1}); !s.ok()) {
-        pool_->Release(*copy);
+      if (absl::Status s = arena_->CopyBlocks({&src, 1}, {&copy, 1}); !s.ok()) {
+        pool_->Release(copy);
         return s;
       }
     }
     ++fork_copies_;
     c.blocks.assign(p.blocks.begin(), p.blocks.begin() + full);
-    c.blocks.push_back(*copy);
+    c.blocks.push_back(copy);
   } else {
     c.blocks.assign(p.blocks.begin(), p.blocks.begin() + full);
   }

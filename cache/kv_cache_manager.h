@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,8 +72,10 @@ class KvCacheManager {
   // Ensures slots for positions [num_computed, num_computed + n): takes free blocks, grows
   // the arena, then evicts cached blocks; when those fall short, releases detached sessions'
   // pins, oldest first, until they do (a running sequence comes before an idle session's
-  // cache). Returns false, changing nothing, when the pool cannot supply them even so (the
-  // caller preempts someone and retries). REQUIRES: n >= 0.
+  // cache). Returns false when the pool cannot supply them even so (the caller preempts
+  // someone and retries); nothing changes then, except that the arena may have grown (by
+  // chunks it could add before one failed to allocate). The sequence's first successful
+  // Reserve counts its prefix and session hits in stats(). REQUIRES: n >= 0.
   bool Reserve(SeqId id, int32_t n);
   // New blocks Reserve(id, n) would take.
   int32_t BlocksToReserve(SeqId id, int32_t n) const;
@@ -83,9 +86,10 @@ class KvCacheManager {
   void MarkComputed(SeqId id, int32_t n);
   // Makes `child` a copy of `parent` (tokens, num_computed): shares its full computed
   // blocks and copies its partial last block through the backend (copy-on-write), for
-  // n > 1 sampling. The child has no session. ResourceExhausted when no block is available
-  // for the copy (nothing changes; preempt and retry), or the backend's copy error.
-  // REQUIRES: parent live, child not.
+  // n > 1 sampling. The child has no session. A block for the copy is found as Reserve
+  // finds one. ResourceExhausted when there is none (nothing changes but, as for Reserve,
+  // the arena's size; preempt and retry), or the backend's copy error (the block taken for
+  // the copy may have been an evicted cached one). REQUIRES: parent live, child not.
   absl::Status Fork(SeqId parent, SeqId child);
   // Ends the sequence. Blocks are released tail first (so its tail is evicted before its
   // prefix); with an attached session, the blocks of its computed tokens become the
@@ -130,6 +134,12 @@ class KvCacheManager {
   absl::Status CheckInvariants() const;
 
  private:
+  // Prompt tokens an admission looked up, and those it found computed.
+  struct HitCounts {
+    int64_t query_tokens = 0;
+    int64_t prefix_hit_tokens = 0;
+    int64_t session_hit_tokens = 0;
+  };
   struct SeqState {
     std::vector<int32_t> tokens;
     std::vector<BlockId> blocks;
@@ -142,6 +152,10 @@ class KvCacheManager {
     int32_t num_computed = 0;
     std::string session_id;  // empty: none
     uint64_t session_serial = 0;
+    // What AddSequence found, counted in stats() once Reserve gives the sequence slots, so
+    // that an admission undone for want of room (Free after a failed Reserve; the engine
+    // retries it every step) is not counted once per attempt.
+    std::optional<HitCounts> uncounted_hits;
   };
   // What AddSequence would reuse for a prompt.
   struct Match {
@@ -160,6 +174,12 @@ class KvCacheManager {
   void ReleaseTailFirst(absl::Span<const BlockId> blocks);
   void ReleaseSessions(const std::vector<SessionTable::Released>& released);
   void RegisterFullBlocks(SeqState& s);
+  // Makes `need` blocks allocatable now: grows the arena, then releases detached sessions'
+  // pins, oldest first, as Reserve documents. False when even that falls short; only the
+  // arena's size has changed then.
+  bool MakeAllocatable(int64_t need);
+  // Allocates a block MakeAllocatable made room for; it cannot fail.
+  BlockId AllocateObtainable();
   int64_t MaxPinnedBlocks() const;
   // Pinned blocks that releasing every detached session would make obtainable: those held
   // by sessions only.

@@ -83,10 +83,19 @@ void KvCacheManager::ApplyMoves() {
   }
   if (src.empty()) return;
   // Evicting a cached destination is itself a state change, so do it only once the copy
-  // can go ahead; the copy reads sources only, so the order is safe.
+  // has gone through; the copy reads sources only, so the order is safe. The wait makes the
+  // pause measured below the copy's own time on an asynchronous (device) backend, not just
+  // its launch; the next step's kernels would wait for the copy anyway.
   if (arena_ != nullptr) {
-    if (absl::Status s = arena_->CopyBlocks(src, dst); !s.ok()) {
-      pending_moves_.clear();  // the destinations were unused; nothing changed
+    absl::Status s = arena_->CopyBlocks(src, dst);
+    if (s.ok()) s = arena_->backend()->Synchronize();
+    if (!s.ok()) {
+      // The sources and the tables are untouched, but a copy that failed part way may have
+      // overwritten cached destinations: their keys must not serve those bytes again.
+      for (BlockId d : dst) {
+        if (pool_->IsCached(d)) pool_->Evict(d);
+      }
+      pending_moves_.clear();
       return;
     }
   }

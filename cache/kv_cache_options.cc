@@ -96,7 +96,9 @@ absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& opt
                         options.max_pool_bytes));
   }
   g.max_chunks = static_cast<int32_t>(max_chunks);
-  const int64_t initial = (options.initial_pool_bytes + g.chunk_bytes - 1) / g.chunk_bytes;
+  // Rounded up without adding first: initial_pool_bytes may be as large as int64 allows.
+  const int64_t initial = options.initial_pool_bytes / g.chunk_bytes +
+                          (options.initial_pool_bytes % g.chunk_bytes != 0 ? 1 : 0);
   g.initial_chunks = static_cast<int32_t>(std::clamp<int64_t>(initial, 1, g.max_chunks));
   return g;
 }

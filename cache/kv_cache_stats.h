@@ -32,6 +32,8 @@ struct KvCacheStats {
   int32_t num_sessions = 0;
   int64_t num_prefix_keys = 0;
   // Counters.
+  // Counted per admission that got its slots (KvCacheManager::Reserve), so not again for
+  // attempts undone for want of room; a preempted sequence's readmission counts again.
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up
   int64_t prefix_hit_tokens = 0;    // ...found computed in the prefix index
   int64_t session_hit_tokens = 0;   // ...found computed in a session's pinned chain

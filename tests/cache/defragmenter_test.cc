@@ -113,8 +113,8 @@ TEST_P(DefragManagerTest, GrownPoolShrinksBackAndMovesPreserveKv) {
   EXPECT_GT(st.defrag_moves, 0);
   EXPECT_EQ(st.defrag_pauses.num_moves, st.defrag_moves);
   EXPECT_LE(st.defrag_pauses.num_moves, 2 * st.defrag_pauses.num_pauses);
-  EXPECT_EQ(backend_.live_bytes(),
-            chunk_bytes + 4 * int64_t{sizeof(void*)} + 2 * 2 * int64_t{sizeof(int32_t)});
+  EXPECT_EQ(backend_.live_bytes(), chunk_bytes + 4 * int64_t{sizeof(void*)} +
+                                       2 * KvArena::kInitialCopyPairs * int64_t{sizeof(int32_t)});
   // The survivors still run.
   m->AppendTokens(8, {1});
   ASSERT_TRUE(Step(*m, 8, 1));
@@ -123,17 +123,68 @@ TEST_P(DefragManagerTest, GrownPoolShrinksBackAndMovesPreserveKv) {
 
 INSTANTIATE_TEST_SUITE_P(InlineAndThreaded, DefragManagerTest, ::testing::Bool());
 
+// Chunk 0 has room for the top chunk's one used block either way; whether it moves there
+// is the low-water mark's call: 4 blocks in use is above 0.5 of the 4 below the top chunk,
+// and not above 1.0 of them.
 TEST(DefragManagerLoadTest, DoesNotShrinkWhileTheLoadIsHigh) {
+  for (const double low_water : {0.5, 1.0}) {
+    FakeBackend backend;
+    FakeClock clock;
+    KvCacheOptions o = TinyOptions(1, 2);  // chunks of 4 blocks
+    o.defrag_low_water = low_water;
+    auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
+    for (SeqId id = 0; id < 5; ++id) {  // one block each: the fifth grows chunk 1
+      ASSERT_TRUE(m->AddSequence(id, Iota(4, 100 * static_cast<int32_t>(id))).ok());
+      ASSERT_TRUE(Step(*m, id, 4));
+    }
+    ASSERT_EQ(m->stats().num_chunks, 2);
+    m->Free(0);  // room in chunk 0 (a cached block)
+    for (int i = 0; i < 5; ++i) m->Tick();
+    EXPECT_EQ(m->stats().num_chunks, low_water < 1 ? 2 : 1) << "low_water " << low_water;
+    EXPECT_EQ(m->stats().defrag_moves, low_water < 1 ? 0 : 1) << "low_water " << low_water;
+    EXPECT_EQ(CountBadKv(*m, 4), 0);
+    EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+  }
+}
+
+// A block copy that fails part way (a device error) may already have overwritten some of
+// its destinations. Cached destinations must lose their keys then: a later prompt with
+// their prefix must not be served the overwritten bytes. Nothing else changes, and the
+// pool shrinks once copies work again.
+TEST(DefragManagerFailureTest, ACopyFailedPartWayEvictsTheCachedBlocksItMayHaveOverwritten) {
   FakeBackend backend;
   FakeClock clock;
-  KvCacheOptions o = TinyOptions(1, 2);
-  o.defrag_background_planning = false;
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_low_water = 0.75;
   auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
-  ASSERT_TRUE(m->AddSequence(1, Iota(24)).ok());
-  ASSERT_TRUE(Step(*m, 1, 24));  // 6 of 8 blocks used: above half of one chunk
-  for (int i = 0; i < 5; ++i) m->Tick();
-  EXPECT_EQ(m->stats().num_chunks, 2);
+  for (SeqId id = 0; id < 8; ++id) {  // two full, keyed blocks each: 4 chunks
+    ASSERT_TRUE(m->AddSequence(id, Iota(8, 100 * static_cast<int32_t>(id))).ok());
+    ASSERT_TRUE(Step(*m, id, 8));
+  }
+  for (SeqId id = 0; id < 7; ++id) m->Free(id);  // every free slot is a cached block
+  backend.FailCopiesAfterPairs(1);
+  for (int i = 0; i < 3; ++i) m->Tick();
+  ASSERT_GT(backend.num_copy_calls(), 0);
+  EXPECT_EQ(m->stats().num_chunks, 4);
   EXPECT_EQ(m->stats().defrag_moves, 0);
+  EXPECT_EQ(CountBadKv(*m, 7), 0);
+  ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+  int32_t hits = 0;
+  for (SeqId id = 0; id < 7; ++id) {
+    const SeqId probe = 100 + id;
+    absl::StatusOr<int32_t> computed =
+        m->AddSequence(probe, Iota(9, 100 * static_cast<int32_t>(id)));
+    ASSERT_TRUE(computed.ok());
+    hits += *computed;
+    EXPECT_EQ(CountBadKv(*m, probe), 0) << "prefix of sequence " << id;
+    m->Free(probe);
+  }
+  EXPECT_GT(hits, 0);  // not everything was evicted
+  backend.FailCopiesAfterPairs(-1);
+  for (int i = 0; i < 50 && m->stats().num_chunks > 1; ++i) m->Tick();
+  EXPECT_EQ(m->stats().num_chunks, 1);
+  EXPECT_EQ(CountBadKv(*m, 7), 0);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
 }
 
 // The burst-then-idle state of the shrink test, with the given options.

@@ -13,7 +13,7 @@ namespace kvd {
 
 // A host-memory Backend that implements only what the KV cache needs (memory and
 // CopyBlocks) and counts what it does, so tests can check copies and leaks. Allocation
-// can be made to fail after a number of calls.
+// can be made to fail after a number of calls, and CopyBlocks part way through a call.
 class FakeBackend final : public Backend {
  public:
   std::string_view name() const override { return "fake"; }
@@ -56,6 +56,9 @@ class FakeBackend final : public Backend {
     num_copied_blocks_ += p.num_pairs;
     const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
     for (int32_t i = 0; i < p.num_pairs; ++i) {
+      if (fail_copies_after_pairs_ >= 0 && i >= fail_copies_after_pairs_) {
+        return absl::InternalError("fake backend: copy failed part way");
+      }
       const int32_t s = p.src[i];
       const int32_t d = p.dst[i];
       for (int32_t r = 0; r < p.num_regions; ++r) {
@@ -70,6 +73,8 @@ class FakeBackend final : public Backend {
   }
 
   void FailAllocationsAfter(int64_t n) { fail_allocations_after_ = n; }
+  // Every later CopyBlocks copies its first n pairs, then fails (n < 0: never).
+  void FailCopiesAfterPairs(int32_t n) { fail_copies_after_pairs_ = n; }
   int64_t num_allocations() const { return num_allocations_; }
   int64_t live_buffers() const { return live_buffers_; }
   int64_t live_bytes() const { return live_bytes_; }
@@ -87,6 +92,7 @@ class FakeBackend final : public Backend {
   static absl::Status Unimplemented() { return absl::UnimplementedError("fake backend"); }
 
   int64_t fail_allocations_after_ = -1;
+  int32_t fail_copies_after_pairs_ = -1;
   int64_t num_allocations_ = 0;
   int64_t live_buffers_ = 0;
   int64_t live_bytes_ = 0;

@@ -1,6 +1,9 @@
 #include "cache/kv_cache_manager.h"
 
+#include <cstdint>
+#include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cache/clock.h"
@@ -36,7 +39,9 @@ TEST_F(KvCacheManagerTest, RoundsPoolSizesToWholeChunksOfPowerOfTwoBlocks) {
   EXPECT_EQ(m->geometry().initial_chunks, 2);
   EXPECT_EQ(m->geometry().max_chunks, 4);
   EXPECT_EQ(m->stats().total_blocks, 8);
-  EXPECT_EQ(backend_.live_bytes(), 2 * 1024 + 4 * int64_t{sizeof(void*)});
+  // Two chunks, the chunk table and the copy ids buffer.
+  EXPECT_EQ(backend_.live_bytes(), 2 * 1024 + 4 * int64_t{sizeof(void*)} +
+                                       2 * KvArena::kInitialCopyPairs * int64_t{sizeof(int32_t)});
 }
 
 TEST_F(KvCacheManagerTest, RejectsBadOptionsNamingTheKey) {
@@ -95,6 +100,11 @@ TEST_F(KvCacheManagerTest, PrefixHitsReuseFullBlocksButLeaveTheLastTokenToComput
   std::vector<int32_t> other = longer;
   other[0] = 5;
   ASSERT_EQ(*m->AddSequence(4, other), 0);
+  // Hits count once an admission stands, i.e. has its slots.
+  EXPECT_EQ(m->stats().prefix_query_tokens, 8);
+  for (const auto& [id, n] : {std::pair<SeqId, int32_t>{2, 4}, {3, 1}, {4, 9}}) {
+    ASSERT_TRUE(m->Reserve(id, n)) << id;
+  }
   const KvCacheStats st = m->stats();
   EXPECT_EQ(st.prefix_hit_tokens, 12);
   EXPECT_EQ(st.prefix_query_tokens, 8 + 8 + 9 + 9);
@@ -165,6 +175,100 @@ TEST_F(KvCacheManagerTest, GrowthFailureOfTheBackendIsCapacityNotError) {
   EXPECT_TRUE(m->Reserve(1, 16));
   ExpectValid(*m);
   m->Free(1);
+}
+
+// The device is full: the arena cannot add the chunk NumObtainableBlocks() counted. A
+// Reserve that would have fitted with it fails without giving up a session's pins or a
+// cached block for room that was never there.
+TEST_F(KvCacheManagerTest, AFailedGrowthGivesUpNoSessionAndNoCachedBlock) {
+  auto m = Make(TinyOptions(1, 2));  // 4 blocks, may grow to 8
+  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100), "a").ok());
+  ASSERT_TRUE(Step(*m, 1, 8));
+  m->Free(1);  // session "a" pins 2 keyed blocks
+  ASSERT_TRUE(m->AddSequence(2, Iota(8, 200)).ok());
+  ASSERT_TRUE(Step(*m, 2, 8));
+  m->Free(2);  // 2 cached blocks: chunk 0 is full
+  const KvCacheStats before = m->stats();
+  ASSERT_EQ(before.pinned_blocks, 2);
+  ASSERT_EQ(before.num_prefix_keys, 4);
+  backend_.FailAllocationsAfter(backend_.num_allocations());
+  ASSERT_TRUE(m->AddSequence(3, Iota(29, 300)).ok());
+  // 7 blocks: 2 cached + 4 to grow + 2 pinned would do; without the growth only 4 are there.
+  EXPECT_FALSE(m->Reserve(3, 28));
+  const KvCacheStats after = m->stats();
+  EXPECT_EQ(after.num_sessions, 1);
+  EXPECT_EQ(after.pinned_blocks, 2);
+  EXPECT_EQ(after.session_releases_pressure, 0);
+  EXPECT_EQ(after.num_prefix_keys, 4);
+  EXPECT_EQ(after.evictions, 0);
+  EXPECT_EQ(m->ProbePrefix(Iota(9, 100), "a"), 8);
+  EXPECT_EQ(m->ProbePrefix(Iota(9, 200)), 8);
+  EXPECT_TRUE(m->BlockIds(3).empty());
+  ExpectValid(*m);
+  // What is there is still handed out: 4 blocks, the cached ones first, then the session's.
+  EXPECT_TRUE(m->Reserve(3, 16));
+  EXPECT_EQ(m->stats().session_releases_pressure, 1);
+  ExpectValid(*m);
+  m->Free(3);
+}
+
+// The engine admits by AddSequence + Reserve and undoes it (Free) when Reserve finds no
+// room, retrying on later steps: only the admission that stands counts its hits.
+TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {
+  auto m = Make(TinyOptions(2, 2));  // 8 blocks, no growth
+  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
+  ASSERT_TRUE(Step(*m, 1, 8));
+  m->Free(1);  // 2 cached blocks
+  ASSERT_TRUE(m->AddSequence(2, Iota(20, 500)).ok());
+  ASSERT_TRUE(Step(*m, 2, 20));  // 5 blocks: 1 free left
+  KvCacheStats st = m->stats();
+  ASSERT_EQ(st.prefix_query_tokens, 28);
+  ASSERT_EQ(st.prefix_hit_tokens, 0);
+  const std::vector<int32_t> prompt = Iota(20, 100);  // its first 8 tokens are cached
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ASSERT_EQ(*m->AddSequence(3, prompt), 8);
+    ASSERT_FALSE(m->Reserve(3, 12));  // 3 blocks; 1 is free
+    m->Free(3);
+  }
+  st = m->stats();
+  EXPECT_EQ(st.prefix_query_tokens, 28);
+  EXPECT_EQ(st.prefix_hit_tokens, 0);
+  m->Free(2);
+  ASSERT_EQ(*m->AddSequence(3, prompt), 8);
+  ASSERT_TRUE(m->Reserve(3, 12));
+  st = m->stats();
+  EXPECT_EQ(st.prefix_query_tokens, 48);
+  EXPECT_EQ(st.prefix_hit_tokens, 8);
+  ExpectValid(*m);
+  m->Free(3);
+}
+
+// The copy's block ids have room in the arena from the start, so a fork needs no
+// allocation from a device that has none left.
+TEST_F(KvCacheManagerTest, ForkNeedsNoNewDeviceMemory) {
+  auto m = Make(TinyOptions());
+  ASSERT_EQ(*m->AddSequence(1, Iota(6)), 0);
+  ASSERT_TRUE(Step(*m, 1, 6));
+  backend_.FailAllocationsAfter(backend_.num_allocations());
+  ASSERT_TRUE(m->Fork(1, 2).ok());
+  EXPECT_EQ(CountBadKv(*m, 2), 0);
+  ExpectValid(*m);
+  m->Free(1);
+  m->Free(2);
+}
+
+TEST(KvPoolGeometryTest, RoundsUpAnInitialSizeAsLargeAsInt64AllowsWithoutOverflow) {
+  KvCacheOptions o = TinyOptions();
+  o.block_size = 1024;
+  o.chunk_bytes = int64_t{1} << 43;  // 1024 blocks of 8 GiB
+  o.initial_pool_bytes = o.max_pool_bytes = std::numeric_limits<int64_t>::max();
+  ASSERT_TRUE(o.Validate().ok());
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(KvShape{1, 1, 1 << 20}, DType::kF32, 1024);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<KvPoolGeometry> g = KvPoolGeometry::Compute(o, *layout);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->max_chunks, (int64_t{1} << 20) - 1);
+  EXPECT_EQ(g->initial_chunks, g->max_chunks);
 }
 
 TEST_F(KvCacheManagerTest, ForkSharesFullBlocksAndCopiesThePartialOne) {

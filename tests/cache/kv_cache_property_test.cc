@@ -1,9 +1,12 @@
 // Randomized property test of KvCacheManager: thousands of operations (add with prefix
-// and session reuse, append, step, fork, free/preempt, tick with expiry and
-// defragmentation, close) from fixed seeds, checking after every operation that
+// and session reuse, append, step, fork, free, preempt (FreeForRecompute), tick with expiry
+// and defragmentation, close) from fixed seeds, checking after every operation that
 // reference counts equal holders, no block is both free and referenced, every prefix key
 // matches its tokens, free + used + cached == total, and every live sequence's computed
-// positions hold exactly the bytes the "model" wrote for their prefix.
+// positions hold exactly the bytes the "model" wrote for their prefix. Some seeds also
+// make the device fail now and then (no memory to grow the arena; block copies that stop
+// part way) and plan defragmentation on the planner's thread; a failed Reserve must then
+// still change nothing, and a prefix hit must still find the bytes of its prefix.
 
 #include <cstdint>
 #include <map>
@@ -31,6 +34,8 @@ struct Config {
   uint32_t seed;
   std::string policy;
   bool prefix_caching;
+  bool device_faults = false;
+  bool threaded_planning = false;
 };
 
 class KvCachePropertyTest : public ::testing::TestWithParam<Config> {};
@@ -47,6 +52,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     o.defrag_max_moves_per_step = 2;
     o.session_idle_timeout = absl::Seconds(30);
     o.max_pinned_fraction = 0.25;
+    o.defrag_background_planning = cfg.threaded_planning;
     auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
 
     std::mt19937 rng(cfg.seed);
@@ -60,7 +66,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     std::map<SeqId, std::string> live;                    // id -> session ("" for none)
     std::map<std::string, std::vector<int32_t>> history;  // session -> last turn's tokens
     SeqId next_id = 0;
-    int64_t num_ops[8] = {};
+    int64_t num_ops[9] = {};
 
     const int kOps = 2500;
     for (int op = 0; op < kOps; ++op) {
@@ -106,11 +112,18 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
         }
         const int32_t n = uniform(1, m->NumTokens(id) - m->NumComputed(id));
         const int32_t from = m->NumComputed(id);
+        const KvCacheStats before = m->stats();
         if (m->Reserve(id, n)) {
           WriteKv(*m, id, from, from + n);
           m->MarkComputed(id, n);
         } else {
           ASSERT_GT(m->BlocksToReserve(id, n), m->NumObtainableBlocks());
+          // Nothing was given up for room that did not come.
+          const KvCacheStats after = m->stats();
+          ASSERT_EQ(after.evictions, before.evictions) << "op " << op;
+          ASSERT_EQ(after.num_prefix_keys, before.num_prefix_keys) << "op " << op;
+          ASSERT_EQ(after.num_sessions, before.num_sessions) << "op " << op;
+          ASSERT_EQ(after.pinned_blocks, before.pinned_blocks) << "op " << op;
         }
         ++num_ops[2];
       } else if (kind < 58 && !live.empty() && live.size() < 8) {  // fork
@@ -120,11 +133,14 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
         if (s.ok()) {
           live[child] = "";
         } else {
-          ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+          // Internal: the fake device's copy failed.
+          ASSERT_TRUE(s.code() == absl::StatusCode::kResourceExhausted ||
+                      (cfg.device_faults && s.code() == absl::StatusCode::kInternal))
+              << s;
           ASSERT_FALSE(m->HasSequence(child));
         }
         ++num_ops[3];
-      } else if (kind < 75 && !live.empty()) {  // free (finish or preempt)
+      } else if (kind < 70 && !live.empty()) {  // free (the sequence finished)
         auto it = std::next(live.begin(), uniform(0, live.size() - 1));
         if (!it->second.empty()) {
           const absl::Span<const int32_t> t = m->Tokens(it->first);
@@ -133,10 +149,31 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
         m->Free(it->first);
         live.erase(it);
         ++num_ops[4];
+      } else if (kind < 75 && !live.empty()) {  // preempt: its session goes too
+        auto it = std::next(live.begin(), uniform(0, live.size() - 1));
+        m->FreeForRecompute(it->first);
+        if (!it->second.empty()) history.erase(it->second);
+        live.erase(it);
+        ++num_ops[7];
       } else if (kind < 93) {  // step boundary, time passes
         clock.Advance(absl::Seconds(uniform(0, 12)));
+        if (cfg.threaded_planning) m->WaitForDefragPlan();  // the same plans every run
         m->Tick();
         ++num_ops[5];
+      } else if (kind < 96 && cfg.device_faults) {  // the device's memory or copies fail
+        switch (uniform(0, 3)) {
+          case 0:
+            backend.FailAllocationsAfter(backend.num_allocations());
+            break;
+          case 1:
+            backend.FailCopiesAfterPairs(uniform(0, 1));
+            break;
+          default:
+            backend.FailAllocationsAfter(-1);
+            backend.FailCopiesAfterPairs(-1);
+            break;
+        }
+        ++num_ops[8];
       } else {  // close a session
         const std::string session = "s" + std::to_string(uniform(0, 3));
         if (m->CloseSession(session).ok()) {
@@ -155,7 +192,10 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
       }
     }
     // Every kind of operation ran, and the pool moved.
-    for (int k = 0; k < 7; ++k) EXPECT_GT(num_ops[k], 0) << "operation kind " << k;
+    for (int k = 0; k < 9; ++k) {
+      if (k == 8 && !cfg.device_faults) continue;
+      EXPECT_GT(num_ops[k], 0) << "operation kind " << k;
+    }
     const KvCacheStats st = m->stats();
     EXPECT_GT(st.chunks_grown, 0);
     EXPECT_GT(st.evictions + st.chunks_released, 0);
@@ -165,9 +205,14 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     EXPECT_GT(st.session_hit_tokens, 0);
     EXPECT_GT(st.fork_copies, 0);
     // The end of the load: everything comes back.
+    backend.FailAllocationsAfter(-1);
+    backend.FailCopiesAfterPairs(-1);
     for (const auto& [id, session] : live) m->Free(id);
     clock.Advance(absl::Minutes(1));
-    for (int i = 0; i < 40; ++i) m->Tick();
+    for (int i = 0; i < 40; ++i) {
+      m->WaitForDefragPlan();
+      m->Tick();
+    }
     const KvCacheStats end = m->stats();
     EXPECT_EQ(end.used_blocks, 0);
     EXPECT_EQ(end.pinned_blocks, 0);
@@ -182,10 +227,16 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
 INSTANTIATE_TEST_SUITE_P(Seeds, KvCachePropertyTest,
                          ::testing::Values(Config{1, "lru", true}, Config{2, "lru", true},
                                            Config{3, "chunk_lru", true},
-                                           Config{4, "chunk_lru", true}, Config{5, "lru", false}),
+                                           Config{4, "chunk_lru", true}, Config{5, "lru", false},
+                                           Config{6, "lru", true, /*device_faults=*/true},
+                                           Config{7, "chunk_lru", true, true, true},
+                                           Config{9, "lru", false, true, true}),
                          [](const ::testing::TestParamInfo<Config>& info) {
                            return "seed" + std::to_string(info.param.seed) + "_" +
-                                  info.param.policy + (info.param.prefix_caching ? "" : "_nocache");
+                                  info.param.policy +
+                                  (info.param.prefix_caching ? "" : "_nocache") +
+                                  (info.param.device_faults ? "_faults" : "") +
+                                  (info.param.threaded_planning ? "_threaded" : "");
                          });
 
 }  // namespace

@@ -63,6 +63,17 @@ TEST_F(SessionTest, NextTurnOnlyPrefillsItsNewTokensIncludingThePartialBlock) {
   EXPECT_EQ(m->stats().pinned_blocks, 3);  // 12 tokens
 }
 
+// A client's retry sends the same turn again, or a shorter one: the session's chain covers
+// the whole prompt, yet its last token is computed again so that the step has logits.
+TEST_F(SessionTest, AResentTurnStillComputesItsLastToken) {
+  KvCacheOptions o = TinyOptions();
+  o.enable_prefix_caching = false;  // the session's own blocks are all it can reuse
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8), 0, "chat", 0);
+  Turn(*m, 2, Iota(8), 0, "chat", 7);
+  Turn(*m, 3, Iota(6), 0, "chat", 5);
+}
+
 TEST_F(SessionTest, ADivergingTurnReusesTheCommonPrefixWithoutWritingSharedBlocks) {
   auto m = Make(TinyOptions());
   Turn(*m, 1, Iota(11), 0, "chat", 0);  // blocks [0,4) [4,8) full and keyed, [8,11) partial
