@@ -30,8 +30,9 @@ test-sanitize: deps
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# The CPU engine benchmark on stories260K, found or downloaded as `make serve` does.
 bench: build
-	@$(BUILD)/bench/kvd_cpu_bench
+	@model="$$(scripts/fetch-model)" && $(BUILD)/bench/kvd_cpu_bench --model "$$model"
 
 # Runs the daemon on stories260K with the CPU backend (config/serve.yaml): installs missing
 # packages, builds kvd, finds or downloads the model (scripts/fetch-model), then serves in the

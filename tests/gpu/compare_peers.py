@@ -12,7 +12,8 @@ JSON list, written by ../shared/peers/torch_peers.py) from one GPU run and print
   prefill B x L: kvd and SDPA TFLOP/s and kvd / SDPA.
 
 Usage: compare_peers.py GPU_BENCH_JSON TORCH_PEERS_JSON. Exit status 1 when a file is missing
-or unreadable, or when no shape appears in both; shapes one side lacks are listed as such.
+or unreadable, or when no shape appears in both; shapes one side lacks (either side) are
+listed as "missing on the kvd side" or "missing on the SDPA side".
 
 Rounds: compare_peers.py --rounds DIR, where each subdirectory of DIR is one round of kvd's and
 SDPA's measurements taken back to back (run.sh alternates `gpu_bench decode`, `gpu_bench
@@ -50,6 +51,20 @@ def kvd_decode(kvd, b, l):
 def kvd_prefill(kvd, b, l):
     """kvd's causal prefill row of b sequences of l tokens (None if absent)."""
     return kvd.get(f"prefill attention {b} x {l} / {l}")
+
+
+def kvd_shapes(kvd):
+    """The (B, L) of kvd's per-call decode rows and of its causal prefill rows (a prompt of L
+    tokens from empty), the rows compared with SDPA's."""
+    decode, prefill = set(), set()
+    for name in kvd:
+        m = re.fullmatch(r"decode attention (\d+) x (\d+)", name)
+        if m:
+            decode.add((int(m[1]), int(m[2])))
+        m = re.fullmatch(r"prefill attention (\d+) x (\d+) / (\d+)", name)
+        if m and m[2] == m[3]:
+            prefill.add((int(m[1]), int(m[2])))
+    return decode, prefill
 
 
 def parse_peers(peers):
@@ -138,12 +153,13 @@ def main(argv):
     print(f"{'shape':<22}{'kvd ms':>9}{'graph ms':>10}{'copy ms':>9}{'read ms':>9}{'SDPA ms':>9}"
           f"{'ratio':>7}"
           f"{'best SDPA ms':>14}{'ratio':>7}  best backend")
-    for b, l in sorted(decode):
+    kvd_decode_shapes, kvd_prefill_shapes = kvd_shapes(kvd)
+    for b, l in sorted(set(decode) | kvd_decode_shapes):
         call = kvd_decode(kvd, b, l)
         graph = kvd.get(f"decode attention {b} x {l} (graph)")
         copy = kvd.get(f"decode attention {b} x {l} (copy of its bytes)")
         read = kvd.get(f"decode attention {b} x {l} (read of its bytes)")
-        sdpa = decode[(b, l)]
+        sdpa = decode.get((b, l), {})
         shape = f"decode {b} x {l}"
         if call is None or "default" not in sdpa:
             print(f"{shape:<22}missing on the {'kvd' if call is None else 'SDPA'} side")
@@ -160,11 +176,11 @@ def main(argv):
               f"{sdpa['default'] / kvd_ms:>7.2f}{best_ms:>14.4f}{best_ms / kvd_ms:>7.2f}"
               f"  {best_name}")
     print("prefill (causal): kvd TFLOP/s / SDPA TFLOP/s")
-    for b, l in sorted(prefill):
+    for b, l in sorted(set(prefill) | kvd_prefill_shapes):
         row = kvd_prefill(kvd, b, l)
         shape = f"prefill {b} x {l}"
-        if row is None:
-            print(f"{shape:<22}missing on the kvd side")
+        if row is None or (b, l) not in prefill:
+            print(f"{shape:<22}missing on the {'kvd' if row is None else 'SDPA'} side")
             continue
         matched += 1
         print(f"{shape:<22}{row['TFLOP/s']:>9.1f} vs {prefill[(b, l)]:.1f}"

@@ -62,6 +62,23 @@ class ComparePeersTest(unittest.TestCase):
         self.assertIn("missing on the kvd side", lines["decode 8 x 4096"])
         self.assertIn("540.0 vs 600.0  ratio 0.90", lines["prefill 1 x 16384"])
 
+    def test_shapes_only_kvd_measured_are_listed(self):
+        # kvd rows SDPA lacks (the peer script skipped or failed them) are listed too, and a
+        # prefill from a cached prefix (q_len != context) is no SDPA shape, so not listed.
+        code, out, err = run(BENCH + [
+            {"name": "decode attention 4 x 131072", "ms": 3.0},
+            {"name": "decode attention 4 x 131072 (graph)", "ms": 2.9},
+            {"name": "prefill attention 8 x 2048 / 2048", "ms": 1.0, "TFLOP/s": 400.0},
+            {"name": "prefill attention 1 x 512 / 4096", "ms": 0.2, "TFLOP/s": 300.0},
+        ], PEERS)
+        self.assertEqual(code, 0, err)
+        lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+        self.assertIn("missing on the SDPA side", lines["decode 4 x 131072"])
+        self.assertIn("missing on the SDPA side", lines["prefill 8 x 2048"])
+        self.assertNotIn("prefill 1 x 512", lines)
+        self.assertNotIn("prefill 1 x 4096", lines)
+        self.assertIn("missing on the kvd side", lines["decode 8 x 4096"])
+
     def test_no_shape_in_both_files_fails(self):
         code, _, err = run(BENCH[:1], PEERS)
         self.assertEqual(code, 1)

@@ -10,8 +10,13 @@
 // `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
 // `gpu_bench decode` only the copy ceiling, the launch floor, the read reference and the decode
 // attention rows.
-// Rows timed call by call are the median of 20 calls, or of KVD_BENCH_RUNS (e.g. enough to
-// sample the clocks).
+// Rows timed call by call between events (Bench::TimeMs: the ceilings, matmul, attention,
+// sampling, the references and every graph replay) are the median of 20 calls, or of
+// KVD_BENCH_RUNS (e.g. enough to sample the clocks). The skinny-GEMM rows (batches of about
+// 5 ms of back-to-back calls, median of 5) and the host rows (200 calls by the CPU clock)
+// keep their own counts. Decode attention rows rotate through copies of their KV so that no
+// call finds the last ones' bytes in L2 (DecodeAttention), as the skinny-GEMM rows rotate
+// weight copies.
 
 #include <cuda_runtime_api.h>
 
@@ -105,15 +110,18 @@ class Bench {
     return times[times.size() / 2];
   }
 
+  // `extra_json`: more fields for the JSON line (`"key": value, ...`); the name stays the
+  // same from run to run (compare_peers.py looks rows up by it).
   void Row(const std::string& name, double ms, double gbps, double tflops, double ratio,
-           const char* ratio_of) {
+           const char* ratio_of, const std::string& extra_json = "") {
     std::printf("%-44s %9.4f ms %9.1f GB/s %8.1f TFLOP/s %6.3f of %s\n", name.c_str(), ms, gbps,
                 tflops, ratio, ratio_of);
     if (json_ != nullptr) {
       std::fprintf(json_,
                    "{\"name\": \"%s\", \"ms\": %.4f, \"GB/s\": %.1f, \"TFLOP/s\": %.1f, "
-                   "\"ratio\": %.4f, \"ratio_of\": \"%s\"}\n",
-                   name.c_str(), ms, gbps, tflops, ratio, ratio_of);
+                   "\"ratio\": %.4f, \"ratio_of\": \"%s\"%s%s}\n",
+                   name.c_str(), ms, gbps, tflops, ratio, ratio_of, extra_json.empty() ? "" : ", ",
+                   extra_json.c_str());
     }
     std::fflush(stdout);
   }
@@ -146,7 +154,8 @@ double GemmRate(Bench& bench, int m, int n, int k, double copy_gbps, double peak
   DeviceBuffer w = Must(bench.gpu().UploadWeights(host_w.data(), host_w.size()));
   DeviceBuffer in = Must(bench.gpu().Allocate(size_t(m) * k * 4));
   DeviceBuffer out = Must(bench.gpu().Allocate(size_t(m) * n * 4));
-  cudaMemsetAsync(in.data(), 0, in.bytes(), bench.gpu().stream());
+  // Random input, as a model's activations: a GEMM's power and clocks depend on the data.
+  BENCH_CHECK(bench.gpu().FillRandom(in.data(), DType::kF32, size_t(m) * k, RandomFill{5, 1, 0}));
   MatmulParams p;
   p.out = out.as<float>();
   p.in = in.as<float>();
@@ -158,7 +167,13 @@ double GemmRate(Bench& bench, int m, int n, int k, double copy_gbps, double peak
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().Matmul(p)); });
   const double tflops = 2.0 * m * n * k / (ms * 1e9);
   const double gbps = (2.0 * n * k + 4.0 * m * k + 4.0 * m * n) / (ms * 1e6);
-  const std::string name = absl::StrCat("matmul m", m, " n", n, " k", k);
+  // The backend's Matmul as the model calls it (fp32 in and out, bf16 weights): the skinny
+  // kernel for decode rows, else the input rounded to bf16 and then cuBLASLt, both timed.
+  const bool skinny =
+      m <= cuda::kMaxSkinnyRows && cuda::SkinnyGemmSupports(p.out, p.in, p.weight, p.m, p.n, p.k);
+  const std::string name =
+      absl::StrCat("matmul m", m, " n", n, " k", k,
+                   skinny ? " [Matmul: skinny]" : " [Matmul: f32->bf16 + cuBLASLt]");
   if (peak_tflops > 0) {
     bench.Row(name, ms, gbps, tflops, tflops / peak_tflops, "gemm");
   } else if (m <= 16) {
@@ -206,60 +221,107 @@ cudaGraph_t CaptureGraph(Bench& bench, Fn&& fn) {
   return graph;
 }
 
+// Median milliseconds of replaying CUDA graphs captured from `fn(g)` for g in
+// [0, num_graphs) (each call must have run before, so that it allocates nothing), one
+// after another in turn, or -1 (with a note) when a capture fails. Rotating graphs that
+// read different copies of their data keeps each replay from finding the last one's bytes
+// in L2, as the per-call rows rotate their inputs.
+template <typename Fn>
+double RotatingGraphTimeMs(Bench& bench, int num_graphs, Fn&& fn) {
+  std::vector<cudaGraph_t> graphs;
+  std::vector<cudaGraphExec_t> execs;
+  auto release = [&] {
+    for (cudaGraphExec_t exec : execs) cudaGraphExecDestroy(exec);
+    for (cudaGraph_t graph : graphs) cudaGraphDestroy(graph);
+  };
+  for (int g = 0; g < num_graphs; ++g) {
+    cudaGraph_t graph = CaptureGraph(bench, [&] { return fn(g); });
+    if (graph == nullptr) {
+      release();
+      return -1;
+    }
+    graphs.push_back(graph);
+    cudaGraphExec_t exec = nullptr;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+      std::printf("  (graph instantiation failed)\n");
+      cudaGetLastError();
+      release();
+      return -1;
+    }
+    execs.push_back(exec);
+  }
+  int next = 0;
+  const double ms =
+      bench.TimeMs([&] { cudaGraphLaunch(execs[next++ % num_graphs], bench.gpu().stream()); });
+  release();
+  return ms;
+}
+
 // Median milliseconds of replaying a CUDA graph captured from one call of `fn` (which must
 // have run before, so that it allocates nothing), or -1 (with a note) when capture fails.
 template <typename Fn>
 double GraphTimeMs(Bench& bench, Fn&& fn) {
-  cudaGraph_t graph = CaptureGraph(bench, fn);
-  if (graph == nullptr) return -1;
-  cudaGraphExec_t exec = nullptr;
-  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-    std::printf("  (graph instantiation failed)\n");
-    cudaGetLastError();
-    cudaGraphDestroy(graph);
-    return -1;
-  }
-  const double ms = bench.TimeMs([&] { cudaGraphLaunch(exec, bench.gpu().stream()); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return ms;
+  return RotatingGraphTimeMs(bench, 1, [&](int) { return fn(); });
 }
 
-// Median milliseconds per call of a CUDA graph captured from one call of `fn` (which must be
-// one kernel launch, and have run before), replayed after setting its kernel node's
-// parameters anew (to the captured values) each time. -1 (with a note) when capture fails or
-// the graph is not one kernel. Prints the host's share (HostMsPerCall).
+// Median milliseconds per call of a CUDA graph captured from one call of `fn(0)` (which must
+// be one kernel launch, and have run before), replayed after setting its kernel node's
+// parameters anew each time: call i to those captured from `fn(i % num_sets)` (the same
+// kernel on another copy of its data; with one set, the captured values themselves). -1
+// (with a note) when a capture fails or a graph is not one kernel of the same function.
+// Prints the host's share (HostMsPerCall).
 template <typename Fn>
-double GraphRelaunchTimeMs(Bench& bench, Fn&& fn) {
+double GraphRelaunchTimeMs(Bench& bench, int num_sets, Fn&& fn) {
   cudaStream_t stream = bench.gpu().stream();
-  cudaGraph_t graph = CaptureGraph(bench, fn);
-  if (graph == nullptr) return -1;
-  size_t num_nodes = 0;
-  cudaGraphNode_t node = nullptr;
-  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
-  cudaKernelNodeParams params;
+  std::vector<cudaGraph_t> graphs;  // kept: the parameters point into them
+  std::vector<cudaKernelNodeParams> params(num_sets);
+  cudaGraphNode_t node = nullptr;  // graphs[0]'s kernel
   cudaGraphExec_t exec = nullptr;
-  const bool one_kernel =
-      cudaGraphGetNodes(graph, nullptr, &num_nodes) == cudaSuccess && num_nodes == 1 &&
-      cudaGraphGetNodes(graph, &node, &num_nodes) == cudaSuccess &&
-      cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel &&
-      cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
-      cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (!one_kernel) {
-    std::printf("  (graph of one kernel unavailable: %zu nodes)\n", num_nodes);
+  auto release = [&] {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (cudaGraph_t graph : graphs) cudaGraphDestroy(graph);
+  };
+  for (int i = 0; i < num_sets; ++i) {
+    cudaGraph_t graph = CaptureGraph(bench, [&] { return fn(i); });
+    if (graph == nullptr) {
+      release();
+      return -1;
+    }
+    graphs.push_back(graph);
+    size_t num_nodes = 0;
+    cudaGraphNode_t set_node = nullptr;
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    const bool one_kernel =
+        cudaGraphGetNodes(graph, nullptr, &num_nodes) == cudaSuccess && num_nodes == 1 &&
+        cudaGraphGetNodes(graph, &set_node, &num_nodes) == cudaSuccess &&
+        cudaGraphNodeGetType(set_node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel &&
+        cudaGraphKernelNodeGetParams(set_node, &params[i]) == cudaSuccess &&
+        params[i].func == params[0].func;
+    if (!one_kernel) {
+      std::printf("  (graph of one kernel unavailable: %zu nodes)\n", num_nodes);
+      cudaGetLastError();
+      release();
+      return -1;
+    }
+    if (i == 0) node = set_node;
+  }
+  if (cudaGraphInstantiate(&exec, graphs[0], 0) != cudaSuccess) {
+    std::printf("  (graph instantiation failed)\n");
     cudaGetLastError();
-    cudaGraphDestroy(graph);
+    exec = nullptr;
+    release();
     return -1;
   }
+  int next = 0;
   auto call = [&] {
-    CudaCheck(cudaGraphExecKernelNodeSetParams(exec, node, &params), "set kernel node params");
+    CudaCheck(cudaGraphExecKernelNodeSetParams(exec, node, &params[next++ % num_sets]),
+              "set kernel node params");
     CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
   };
   const double ms = bench.TimeMs(call);
   std::printf("  (host: parameters set and graph launched in %.2f us a call)\n",
               HostMsPerCall(bench, call) * 1e3);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  release();
   return ms;
 }
 
@@ -289,56 +351,76 @@ double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
   return times[times.size() / 2];
 }
 
+// Bytes a decode row cycles through at least: 4 x the H200's L2 (50 MB), so that no call
+// finds much of the previous calls' data there (the skinny-GEMM rows rotate weight copies
+// for the same reason).
+constexpr double kRotateBytes = 4 * 50e6;
+constexpr int kMaxRotationSets = 128;  // bounds the memory: 1 x 512's 2 MB of KV gives 96
+
+// Copies of `bytes` of data that calls rotate through: enough for kRotateBytes, at least 1.
+int RotationSets(double bytes) {
+  return std::clamp(static_cast<int>(std::ceil(kRotateBytes / bytes)), 1, kMaxRotationSets);
+}
+
 // The copy reference: a device copy moving `bytes` (half read, half written), timed per call,
-// in row `name` against the 2 GiB copy. A reference, not a bound: its host path is lighter
-// than an op's, and a kernel that mostly reads can pass it (the largest decode shapes do).
-// The buffers come from cudaMalloc, not the backend, so that its KV view stays as the
-// attention rows had it.
-void CopyReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps) {
+// in row `name` against the 2 GiB copy; consecutive calls copy the next of `copies` slices
+// (RotationSets, as the attention rows rotate KV). A reference, not a bound: its host path
+// is lighter than an op's, and a kernel that mostly reads can pass it (the largest decode
+// shapes do). The buffers come from cudaMalloc, not the backend, so that its KV view stays
+// as the attention rows had it.
+void CopyReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps,
+                   int copies) {
   const size_t half = (bytes / 2) & ~size_t{255};
   void* src = nullptr;
   void* dst = nullptr;
-  CudaCheck(cudaMalloc(&src, half), "copy source");
-  CudaCheck(cudaMalloc(&dst, half), "copy destination");
+  CudaCheck(cudaMalloc(&src, half * copies), "copy source");
+  CudaCheck(cudaMalloc(&dst, half * copies), "copy destination");
+  CudaCheck(cudaMemsetAsync(src, 0x5a, half * copies, bench.gpu().stream()), "copy source fill");
+  int next = 0;
   const double ms = bench.TimeMs([&] {
-    CudaCheck(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice, bench.gpu().stream()),
+    const size_t offset = half * (next++ % copies);
+    CudaCheck(cudaMemcpyAsync(static_cast<char*>(dst) + offset, static_cast<char*>(src) + offset,
+                              half, cudaMemcpyDeviceToDevice, bench.gpu().stream()),
               "copy");
   });
   cudaFree(src);
   cudaFree(dst);
   const double gbps = 2.0 * half / (ms * 1e6);
-  bench.Row(name, ms, gbps, 0, gbps / copy_gbps, "copy");
+  bench.Row(name, ms, gbps, 0, gbps / copy_gbps, "copy", absl::StrCat("\"sets\": ", copies));
 }
 
 // The read reference: `bytes` read by LaunchStreamRead under each of its launch shapes,
-// timed per call (and, given a `graph_name`, replayed from a one-launch graph), the fastest
-// shape's time in row `name` (and `graph_name`) against the 2 GiB copy. A reference, not a
-// bound: one plain kernel's best of four shapes, launched with a lighter host path than an
-// op's; bytes that fit in L2 (50 MB) may partly come from it. The buffer comes from
-// cudaMalloc, not the backend, so that its KV view stays as the attention rows had it.
+// timed per call (and, given a `graph_name`, replayed from one-launch graphs), the fastest
+// shape's time in row `name` (and `graph_name`) against the 2 GiB copy; consecutive calls
+// (and graphs) read the next of `copies` slices (RotationSets). A reference, not a bound:
+// one plain kernel's best of four shapes, launched with a lighter host path than an op's.
+// The buffer comes from cudaMalloc, not the backend, so that its KV view stays as the
+// attention rows had it.
 void ReadReference(Bench& bench, size_t bytes, const std::string& name,
-                   const std::string& graph_name, double copy_gbps) {
+                   const std::string& graph_name, double copy_gbps, int copies) {
   bytes &= ~size_t{255};
   void* src = nullptr;
   void* sink_bytes = nullptr;
-  CudaCheck(cudaMalloc(&src, bytes), "read source");
+  CudaCheck(cudaMalloc(&src, bytes * copies), "read source");
   CudaCheck(cudaMalloc(&sink_bytes, sizeof(unsigned)), "read sink");
   unsigned* sink = static_cast<unsigned*>(sink_bytes);
-  CudaCheck(cudaMemsetAsync(src, 0x5a, bytes, bench.gpu().stream()), "read source fill");
+  CudaCheck(cudaMemsetAsync(src, 0x5a, bytes * copies, bench.gpu().stream()), "read source fill");
   double best_call = -1;
   double best_graph = -1;
   std::string shapes;
   for (const StreamReadShape shape : kStreamReadShapes) {
-    auto launch = [&] {
-      return LaunchStreamRead(src, bytes, sink, shape, bench.gpu().num_sms(), bench.gpu().stream());
+    auto launch = [&](int copy) {
+      return LaunchStreamRead(static_cast<char*>(src) + bytes * copy, bytes, sink, shape,
+                              bench.gpu().num_sms(), bench.gpu().stream());
     };
-    const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "stream read"); });
+    int next = 0;
+    const double call_ms = bench.TimeMs([&] { CudaCheck(launch(next++ % copies), "stream read"); });
     absl::StrAppend(&shapes, shapes.empty() ? "" : ", ", shape.threads, "x", shape.ctas_per_sm,
                     ": ", absl::SixDigits(call_ms * 1e3));
     if (best_call < 0 || call_ms < best_call) best_call = call_ms;
     if (!graph_name.empty()) {
-      const double graph_ms = GraphTimeMs(bench, [&] {
-        const cudaError_t err = launch();
+      const double graph_ms = RotatingGraphTimeMs(bench, copies, [&](int copy) {
+        const cudaError_t err = launch(copy);
         return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
       });
       absl::StrAppend(&shapes, " / ", absl::SixDigits(graph_ms * 1e3));
@@ -349,11 +431,12 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name,
   cudaFree(sink_bytes);
   std::printf("  read us by shape (threads x CTAs/SM: per call%s): %s\n",
               graph_name.empty() ? "" : " / graph", shapes.c_str());
+  const std::string sets = absl::StrCat("\"sets\": ", copies);
   const double gbps = bytes / (best_call * 1e6);
-  bench.Row(name, best_call, gbps, 0, gbps / copy_gbps, "copy");
+  bench.Row(name, best_call, gbps, 0, gbps / copy_gbps, "copy", sets);
   if (best_graph > 0) {
     const double graph_gbps = bytes / (best_graph * 1e6);
-    bench.Row(graph_name, best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy");
+    bench.Row(graph_name, best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy", sets);
   }
 }
 
@@ -438,20 +521,19 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
       // m = 1 under each tile count per CTA (the launcher picks one by n).
       if (m == 1) {
         for (const int tiles : {1, 2, 4}) {
-          const double ms =
-              GraphTimeMs(bench,
-                          [&] {
-                            for (int rep = 0; rep < reps; ++rep) {
-                              if (cudaError_t err = cuda::LaunchSkinnyGemmTiles(
-                                      tiles, out.as<float>(), in.as<float>(), weight(rep), m,
-                                      shape.n, shape.k, false, stream);
-                                  err != cudaSuccess) {
-                                return absl::InternalError(cudaGetErrorString(err));
-                              }
-                            }
-                            return absl::OkStatus();
-                          }) /
-              reps;
+          const double graph_ms = GraphTimeMs(bench, [&] {
+            for (int rep = 0; rep < reps; ++rep) {
+              if (cudaError_t err =
+                      cuda::LaunchSkinnyGemmTiles(tiles, out.as<float>(), in.as<float>(),
+                                                  weight(rep), m, shape.n, shape.k, false, stream);
+                  err != cudaSuccess) {
+                return absl::InternalError(cudaGetErrorString(err));
+              }
+            }
+            return absl::OkStatus();
+          });
+          if (graph_ms <= 0) continue;  // capture failed (noted above): no row, as elsewhere
+          const double ms = graph_ms / reps;
           const double gbps = weight_bytes / (ms * 1e6);
           bench.Row(absl::StrCat("gemv tiles", tiles, " graph ", shape.name, " m1"), ms, gbps, 0,
                     gbps / copy_gbps, "copy");
@@ -484,7 +566,8 @@ constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},   {1, 32768},  {8, 4
 // One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
 // `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
 // the max_q_len hint the model gives. Blocks are handed out shuffled (a fragmented pool)
-// unless `shuffled` is false. The params point into the buffers held here.
+// unless `shuffled` is false. `set` picks the random values (copies that calls rotate
+// through get different ones). The params point into the buffers held here.
 struct AttentionSetup {
   DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, q_bf16, out;
   PagedAttentionParams p;
@@ -492,7 +575,7 @@ struct AttentionSetup {
 };
 
 AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, int block_size,
-                             bool shuffled) {
+                             bool shuffled, int set = 0) {
   AttentionSetup a;
   const int blocks_per_seq = (context + block_size - 1) / block_size;
   const int num_blocks = batch * blocks_per_seq;
@@ -504,7 +587,7 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   // Random K, V and Q (uniform, unit variance, as torch_peers.py's randn): the kernels'
   // work depends on the data (how often the running maximum grows).
   BENCH_CHECK(bench.gpu().FillRandom(a.chunk.data(), DType::kBF16, a.chunk.bytes() / 2,
-                                     RandomFill{21, kUnitVarianceScale, 0}));
+                                     RandomFill{21 + 100u * set, kUnitVarianceScale, 0}));
   void* table_host[1] = {a.chunk.data()};
   a.table = Must(bench.gpu().Allocate(sizeof(table_host)));
   BENCH_CHECK(bench.gpu().CopyToDevice(a.table.data(), table_host, sizeof(table_host)));
@@ -531,7 +614,7 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   a.q = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
   a.out = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 4));
   BENCH_CHECK(bench.gpu().FillRandom(a.q.data(), DType::kF32, a.q.bytes() / 4,
-                                     RandomFill{22, kUnitVarianceScale, 0}));
+                                     RandomFill{22 + 100u * set, kUnitVarianceScale, 0}));
   if (q_len > 1) {  // prefills also get a bf16 Q (random like q), as the model's RoPE gives them
     a.q_bf16 = Must(bench.gpu().Allocate(rows * kQHeads * kHeadDim * 2));
     BENCH_CHECK(bench.gpu().FillRandom(a.q_bf16.data(), DType::kBF16, a.q_bf16.bytes() / 2,
@@ -587,7 +670,8 @@ void LaunchFloor(Bench& bench) {
   // through a graph launch in place of a direct one.
   const double graph_ms = GraphTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
   if (graph_ms > 0) bench.Row("launch floor (graph)", graph_ms, 0, 0, 0, "none");
-  const double relaunch_ms = GraphRelaunchTimeMs(bench, [&] { return bench.gpu().SiluMul(p); });
+  const double relaunch_ms =
+      GraphRelaunchTimeMs(bench, 1, [&](int) { return bench.gpu().SiluMul(p); });
   if (relaunch_ms > 0) bench.Row("launch floor (graph, params set)", relaunch_ms, 0, 0, 0, "none");
   // A kernel with nothing to do (the read reference over no bytes, one CTA of 128 threads per
   // multiprocessor), launched directly with no op around it: the share of every per-call row
@@ -601,85 +685,107 @@ void LaunchFloor(Bench& bench) {
   bench.Row("launch floor (empty kernel)", empty_ms, 0, 0, 0, "none");
 }
 
-// One layer of attention for `batch` sequences of `context` keys, q_len query rows each.
+// One layer of decode attention (one query row a sequence) for `batch` sequences of
+// `context` keys. Every row here (per call, graph, graph with parameters set, host, and the
+// copy and read references) rotates through RotationSets(KV bytes) copies of the KV cache
+// (each with its own random values, block table, Q and out; slices of as many bytes for the
+// references), call after call and graph after graph, so that at least kRotateBytes pass
+// between two reads of the same bytes and L2 cannot serve a shape whose KV fits in it. Each
+// row's JSON says how many copies ("sets").
+void DecodeAttention(Bench& bench, int batch, int context, double copy_gbps) {
+  const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
+  const int num_sets = RotationSets(kv_bytes);
+  std::vector<AttentionSetup> sets;
+  for (int i = 0; i < num_sets; ++i) {
+    sets.push_back(MakeAttention(bench, batch, context, 1, 16, /*shuffled=*/true, i));
+  }
+  const std::string shape_name = absl::StrCat("decode attention ", batch, " x ", context);
+  const std::string extra = absl::StrCat("\"sets\": ", num_sets);
+  std::printf("  (%s: %d KV copies, %.0f MB cycled, every row below)\n", shape_name.c_str(),
+              num_sets, num_sets * kv_bytes / 1e6);
+  const double bytes = sets[0].bytes;  // KV plus q and out, per call
+  auto call = [&](int i) { return bench.gpu().PagedAttention(sets[i % num_sets].p); };
+  int next = 0;
+  const double ms = bench.TimeMs([&] { BENCH_CHECK(call(next++)); });
+  const double gbps = bytes / (ms * 1e6);
+  bench.Row(shape_name, ms, gbps, 0, gbps / copy_gbps, "copy", extra);
+  // The same calls replayed from CUDA graphs (one a copy, in turn), as the engine runs decode
+  // steps: no host launch overhead, so short contexts show the kernels' own time.
+  const double graph_ms = RotatingGraphTimeMs(bench, num_sets, call);
+  if (graph_ms > 0) {
+    const double graph_gbps = bytes / (graph_ms * 1e6);
+    bench.Row(shape_name + " (graph)", graph_ms, graph_gbps, 0, graph_gbps / copy_gbps, "copy",
+              extra);
+  }
+  // One graph with the kernel's parameters set anew before each replay (to the next copy's):
+  // the kernel through a graph launch in place of a direct one. A caller launching every call
+  // so would still pay the op's host checks and the parameters' making.
+  const double relaunch_ms = GraphRelaunchTimeMs(bench, num_sets, call);
+  if (relaunch_ms > 0) {
+    const double relaunch_gbps = bytes / (relaunch_ms * 1e6);
+    bench.Row(shape_name + " (graph, params set)", relaunch_ms, relaunch_gbps, 0,
+              relaunch_gbps / copy_gbps, "copy", extra);
+  }
+  // What the simplest memory op and a plain read reach at this size (CopyReference,
+  // ReadReference): no block table, no math and no merge.
+  CopyReference(bench, static_cast<size_t>(bytes), shape_name + " (copy of its bytes)", copy_gbps,
+                num_sets);
+  ReadReference(bench, static_cast<size_t>(bytes), shape_name + " (read of its bytes)",
+                shape_name + " (read of its bytes, graph)", copy_gbps, num_sets);
+  // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
+  // enqueued back to back. A call between events pays it where it exceeds the time the GPU
+  // takes to start the kernel. Its ratio is to the attention row's time per call.
+  const double host_ms = HostMsPerCall(bench, [&] { BENCH_CHECK(call(next++)); });
+  bench.Row(shape_name + " (host)", host_ms, 0, 0, host_ms / ms, "call", extra);
+}
+
+// One layer of attention for `batch` sequences of `context` keys, q_len query rows each:
+// DecodeAttention for one row, else a causal prefill of the last q_len positions (one KV
+// copy: the rows are bound by the tensor cores, not by memory).
 void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps,
                double gemm_tflops) {
+  if (q_len == 1) {
+    DecodeAttention(bench, batch, context, copy_gbps);
+    return;
+  }
   const AttentionSetup a = MakeAttention(bench, batch, context, q_len, 16, /*shuffled=*/true);
   const PagedAttentionParams& p = a.p;
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
   // A prefill through the backend reads Q's bf16 copy where the backend can.
-  const double q_saved = q_len > 1 && bench.gpu().ReadsBf16Q(kHeadDim)
-                             ? 2.0 * batch * q_len * kQHeads * kHeadDim
-                             : 0.0;
+  const double q_saved =
+      bench.gpu().ReadsBf16Q(kHeadDim) ? 2.0 * batch * q_len * kQHeads * kHeadDim : 0.0;
   const double gbps = (a.bytes - q_saved) / (ms * 1e6);
-  if (q_len == 1) {
-    bench.Row(absl::StrCat("decode attention ", batch, " x ", context), ms, gbps, 0,
-              gbps / copy_gbps, "copy");
-    // The same call replayed from a CUDA graph, as the engine runs decode steps: no host
-    // launch overhead, so short contexts show the kernels' own time.
-    const double graph_ms = GraphTimeMs(bench, [&] { return bench.gpu().PagedAttention(p); });
-    if (graph_ms > 0) {
-      const double graph_gbps = a.bytes / (graph_ms * 1e6);
-      bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph)"), graph_ms,
-                graph_gbps, 0, graph_gbps / copy_gbps, "copy");
-    }
-    // The same graph with the kernel's parameters set anew (to the same values) before each
-    // replay: the kernel through a graph launch in place of a direct one. A caller launching
-    // every call so would still pay the op's host checks and the parameters' making.
-    const double relaunch_ms =
-        GraphRelaunchTimeMs(bench, [&] { return bench.gpu().PagedAttention(p); });
-    if (relaunch_ms > 0) {
-      const double relaunch_gbps = a.bytes / (relaunch_ms * 1e6);
-      bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (graph, params set)"),
-                relaunch_ms, relaunch_gbps, 0, relaunch_gbps / copy_gbps, "copy");
-    }
-    // What the simplest memory op and a plain read reach at this size (CopyReference,
-    // ReadReference): no block table, no math and no merge.
-    const std::string shape_name = absl::StrCat("decode attention ", batch, " x ", context);
-    CopyReference(bench, static_cast<size_t>(a.bytes), shape_name + " (copy of its bytes)",
-                  copy_gbps);
-    ReadReference(bench, static_cast<size_t>(a.bytes), shape_name + " (read of its bytes)",
-                  shape_name + " (read of its bytes, graph)", copy_gbps);
-    // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
-    // enqueued back to back. A call between events pays it where it exceeds the time the GPU
-    // takes to start the kernel. Its ratio is to the attention row's time per call.
-    const double host_ms =
-        HostMsPerCall(bench, [&] { BENCH_CHECK(bench.gpu().PagedAttention(p)); });
-    bench.Row(absl::StrCat("decode attention ", batch, " x ", context, " (host)"), host_ms, 0, 0,
-              host_ms / ms, "call");
-  } else {
-    // Causal: the chunk's rows see on average (context - q_len/2) keys.
-    const double flops = 4.0 * batch * q_len * (context - q_len / 2.0) * kQHeads * kHeadDim;
-    const double tflops = flops / (ms * 1e9);
-    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
-              tflops, tflops / gemm_tflops, "gemm");
-    // The backend's kernel reading fp32 Q, and the split-QP and mma.sync kernels, launched
-    // directly for comparison with the row above (the backend's pick: on Hopper at head_dim
-    // 128, the wgmma kernel reading the bf16 Q).
-    DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
-    auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma,
-                          bool bf16_q = true) {
-      PagedAttentionParams direct = p;
-      if (!bf16_q) direct.q_bf16 = nullptr;
-      const double direct_ms = bench.TimeMs([&] {
-        CudaCheck(cuda::LaunchPrefillAttention(direct, tile_indptr.as<int32_t>(),
-                                               bench.gpu().num_sms() * 4, bench.gpu().stream(),
-                                               precision, allow_wgmma),
-                  "LaunchPrefillAttention");
-      });
-      const double direct_tflops = flops / (direct_ms * 1e9);
-      bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " ", label),
-                direct_ms, a.bytes / (direct_ms * 1e6), direct_tflops,
-                direct_tflops / gemm_tflops, "gemm");
-    };
-    // The backend's kernel reading Q in fp32 (what it does when no bf16 copy is given).
-    direct_row("fp32 Q", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/true, /*bf16_q=*/false);
-    // The 64-row kernel with Q and P split into bf16 pairs (two MMAs each instead of one,
-    // fp32-close results).
-    direct_row("split QP", cuda::MmaPrecision::kSplit, /*allow_wgmma=*/true);
-    // The mma.sync kernel the backend runs where the Hopper (wgmma) one cannot.
-    direct_row("mma.sync", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
-  }
+  // Causal: the chunk's rows see on average (context - q_len/2) keys.
+  const double flops = 4.0 * batch * q_len * (context - q_len / 2.0) * kQHeads * kHeadDim;
+  const double tflops = flops / (ms * 1e9);
+  bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context), ms, gbps,
+            tflops, tflops / gemm_tflops, "gemm");
+  // The backend's kernel reading fp32 Q, and the split-QP and mma.sync kernels, launched
+  // directly for comparison with the row above (the backend's pick: on Hopper at head_dim
+  // 128, the wgmma kernel reading the bf16 Q).
+  DeviceBuffer tile_indptr = Must(bench.gpu().Allocate(size_t(batch + 1) * 4));
+  auto direct_row = [&](const char* label, cuda::MmaPrecision precision, bool allow_wgmma,
+                        bool bf16_q = true) {
+    PagedAttentionParams direct = p;
+    if (!bf16_q) direct.q_bf16 = nullptr;
+    const double direct_ms = bench.TimeMs([&] {
+      CudaCheck(
+          cuda::LaunchPrefillAttention(direct, tile_indptr.as<int32_t>(), bench.gpu().num_sms() * 4,
+                                       bench.gpu().stream(), precision, allow_wgmma),
+          "LaunchPrefillAttention");
+    });
+    const double direct_tflops = flops / (direct_ms * 1e9);
+    bench.Row(absl::StrCat("prefill attention ", batch, " x ", q_len, " / ", context, " ", label),
+              direct_ms, a.bytes / (direct_ms * 1e6), direct_tflops, direct_tflops / gemm_tflops,
+              "gemm");
+  };
+  // The backend's kernel reading Q in fp32 (what it does when no bf16 copy is given).
+  direct_row("fp32 Q", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/true, /*bf16_q=*/false);
+  // The 64-row kernel with Q and P split into bf16 pairs (two MMAs each instead of one,
+  // fp32-close results).
+  direct_row("split QP", cuda::MmaPrecision::kSplit, /*allow_wgmma=*/true);
+  // The mma.sync kernel the backend runs where the Hopper (wgmma) one cannot.
+  direct_row("mma.sync", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
 }
 
 // `gpu_bench sweep`: decode attention under every launch-shape variant of the kernel
@@ -687,13 +793,25 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
 // DecodeMaxSplits' policy from measurements ("s" is the grid's split slices, max_splits; the
 // plan may use fewer, see PlanSplits). Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
-// run it). "auto" marks what the backend would launch. KVD_SWEEP_SHAPE=64x4096
+// run it). Both rotate through KV copies as the decode attention rows do (DecodeAttention):
+// call after call, and launch after launch across the graphs. "auto" marks what the backend
+// would launch. KVD_SWEEP_SHAPE=64x4096
 // and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1
 // keeps the in-order and 64-token-block layouts for that shape.
 void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuffled,
                  double copy_gbps) {
   constexpr int kSweepCalls = 16;
-  const AttentionSetup a = MakeAttention(bench, batch, context, 1, block_size, shuffled);
+  const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
+  const int num_sets = RotationSets(kv_bytes);
+  std::vector<AttentionSetup> sets;
+  for (int i = 0; i < num_sets; ++i) {
+    sets.push_back(MakeAttention(bench, batch, context, 1, block_size, shuffled, i));
+  }
+  const AttentionSetup& a = sets[0];
+  // Graph g launches copies g * kSweepCalls + i (mod num_sets): every copy in some graph.
+  const int num_graphs = (num_sets + kSweepCalls - 1) / kSweepCalls;
+  std::printf("  (sweep %d x %d: %d KV copies, %.0f MB cycled, in %d graphs of %d launches)\n",
+              batch, context, num_sets, num_sets * kv_bytes / 1e6, num_graphs, kSweepCalls);
   constexpr int kMaxSplits = 128;
   DeviceBuffer partial_out = Must(
       bench.gpu().Allocate(cuda::DecodePartialOutSize(batch, kMaxSplits, kQHeads, kHeadDim) * 4));
@@ -729,21 +847,24 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
         if (only_splits >= 0 && n != only_splits) continue;
         ws.max_splits = n;
         const char* name = "";
-        auto launch = [&] {
-          return cuda::LaunchDecodeAttentionVariant(a.p, ws, variant, bench.gpu().UpdatedKvRows(),
+        auto launch = [&](int set) {
+          return cuda::LaunchDecodeAttentionVariant(sets[set % num_sets].p, ws, variant,
+                                                    bench.gpu().UpdatedKvRows(),
                                                     bench.gpu().stream(), &name);
         };
-        const double call_ms = bench.TimeMs([&] { CudaCheck(launch(), "decode variant"); });
+        int next = 0;
+        const double call_ms = bench.TimeMs([&] { CudaCheck(launch(next++), "decode variant"); });
         const double graph_ms =
-            GraphTimeMs(bench,
-                        [&] {
-                          for (int i = 0; i < kSweepCalls; ++i) {
-                            if (cudaError_t err = launch(); err != cudaSuccess) {
-                              return absl::InternalError(cudaGetErrorString(err));
-                            }
-                          }
-                          return absl::OkStatus();
-                        }) /
+            RotatingGraphTimeMs(bench, num_graphs,
+                                [&](int g) {
+                                  for (int i = 0; i < kSweepCalls; ++i) {
+                                    if (cudaError_t err = launch(g * kSweepCalls + i);
+                                        err != cudaSuccess) {
+                                      return absl::InternalError(cudaGetErrorString(err));
+                                    }
+                                  }
+                                  return absl::OkStatus();
+                                }) /
             kSweepCalls;
         const bool is_auto = variant == auto_variant && n == auto_splits &&
                              min_granules == auto_ws.min_split_granules;
@@ -783,9 +904,9 @@ int SweepMain(Bench& bench, double copy_gbps) {
   return 0;
 }
 
-// Sample over rows x 128256 (Llama 3's vocabulary): microseconds per call, and the one
-// pass of logits it must read as GB/s against the copy ceiling (it makes several passes,
-// mostly from L2).
+// Sample over rows x 128256 (Llama 3's vocabulary): ms per call (and microseconds, in the
+// JSON's "us"), and the one pass of logits it must read as GB/s against the copy ceiling (it
+// makes several passes, mostly from L2).
 void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* label,
               double copy_gbps) {
   constexpr int kVocab = 128256;
@@ -810,9 +931,8 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
   p.out_tokens = tokens.as<int32_t>();
   const double ms = bench.TimeMs([&] { BENCH_CHECK(bench.gpu().Sample(p)); });
   const double gbps = double(rows) * kVocab * 4 / (ms * 1e6);
-  bench.Row(absl::StrCat("sample ", rows, " x ", kVocab, " ", label, ": ",
-                         static_cast<int>(std::lround(ms * 1e3)), " us"),
-            ms, gbps, 0, gbps / copy_gbps, "copy");
+  bench.Row(absl::StrCat("sample ", rows, " x ", kVocab, " ", label), ms, gbps, 0, gbps / copy_gbps,
+            "copy", absl::StrCat("\"us\": ", std::lround(ms * 1e3)));
 }
 
 int Main(int argc, char** argv) {
@@ -835,7 +955,7 @@ int Main(int argc, char** argv) {
   if (mode == "sweep") return SweepMain(bench, copy);
   if (mode == "decode") {  // decode attention rows only
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy, 1);
     for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
     return 0;
   }
@@ -847,7 +967,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy, 1);
     for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }

@@ -11,10 +11,17 @@
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
 # skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py
 # and the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench
-# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). Exit status: non-zero
-# when gpu_test, gpu_engine_test, serve_check.sh or kvd_e2e_bench (engine failure,
-# non-finite logits or graphs never replayed; never a time) failed. The last lines are a
-# PASS/FAIL summary per part.
+# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them).
+#
+# Every output of every step is deleted first, so what $OUT holds afterwards was written by
+# this run (compare_peers.py never reads an earlier run's JSON). The last lines are a summary,
+# one line per part: PASS, FAIL (with the exit status) or SKIP (with why: not built, turned
+# off, no PyTorch). Exit status: non-zero when one of kvd's programs failed (gpu_test,
+# gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, kvd_e2e_bench:
+# an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
+# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py) are
+# informational: a failure is listed as FAIL in the summary but leaves the exit status alone,
+# as a missing PyTorch does.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,8 +48,27 @@ fi
 export OUT="${OUT:-$here/gpu-out}"
 mkdir -p "$OUT"
 
+# Everything the steps below write under $OUT, removed before any runs.
+outputs=(nvidia-smi.txt gpu_test.json gpu_test.log gpu_bench.json gpu_bench.log
+  gpu_engine_test.json gpu_engine_test.log serve_check serve_check.log kvd_e2e_bench.log
+  e2e_decode_bench.jsonl torch_peers.json torch_peers.log compare_peers.txt rounds
+  compare_peers_rounds.txt)
+for output in "${outputs[@]}"; do rm -rf "${OUT:?}/$output"; done
+
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader | tee "$OUT/nvidia-smi.txt"
+
+# The summary: one "NAME|CODE|KIND" entry per part, CODE an exit status or "skip" (KIND then
+# says why). A failed kvd part sets the run's exit status (the first failure's); a failed peer
+# part is reported only.
+status=0
+declare -a parts=()
+record() {  # record NAME CODE [kvd|peer]
+  parts+=("$1|$2|${3:-kvd}")
+  if [[ ${3:-kvd} == kvd && $2 != 0 && $status == 0 ]]; then status=$2; fi
+}
+skip() { parts+=("$1|skip|$2"); }  # skip NAME WHY
+have_torch() { python3 -c 'import torch' 2> /dev/null; }
 
 # summarize NAME: totals from $OUT/NAME.json, then each failure with its first message line.
 summarize() {
@@ -72,75 +98,149 @@ PY
 }
 
 echo "== gpu_test"
-"$bin/gpu_test" --gtest_output="json:$OUT/gpu_test.json" "$@" 2>&1 | tee "$OUT/gpu_test.log"
-status=${PIPESTATUS[0]}
+if [[ -x "$bin/gpu_test" ]]; then
+  "$bin/gpu_test" --gtest_output="json:$OUT/gpu_test.json" "$@" 2>&1 | tee "$OUT/gpu_test.log"
+  test_status=${PIPESTATUS[0]}
+  summarize gpu_test
+  echo "gpu_test exit status $test_status"
+  record gpu_test "$test_status"
+else
+  # Not a skip: without gpu_test the run tests nothing.
+  echo "gpu_test: $bin/gpu_test not built"
+  parts+=("gpu_test|127|not built")
+  status=127
+fi
 
-summarize gpu_test
-echo "gpu_test exit status $status"
-declare -a parts=("gpu_test $status")
-
-if [[ "${RUN_BENCH:-1}" != 0 && -x "$bin/gpu_bench" ]]; then
+if [[ "${RUN_BENCH:-1}" == 0 ]]; then
+  skip gpu_bench "RUN_BENCH=0"
+elif [[ ! -x "$bin/gpu_bench" ]]; then
+  skip gpu_bench "not built"
+else
   echo "== gpu_bench"
   "$bin/gpu_bench" 2>&1 | tee "$OUT/gpu_bench.log"
+  bench_status=${PIPESTATUS[0]}
+  echo "gpu_bench exit status $bench_status"
+  record gpu_bench "$bench_status"
 fi
-if [[ "${RUN_ENGINE:-1}" != 0 && -x "$bin/gpu_engine_test" ]]; then
+if [[ "${RUN_ENGINE:-1}" == 0 ]]; then
+  skip gpu_engine_test "RUN_ENGINE=0"
+elif [[ ! -x "$bin/gpu_engine_test" ]]; then
+  skip gpu_engine_test "not built"
+else
   echo "== gpu_engine_test"
   "$bin/gpu_engine_test" --gtest_output="json:$OUT/gpu_engine_test.json" 2>&1 |
     tee "$OUT/gpu_engine_test.log"
   engine_status=${PIPESTATUS[0]}
   summarize gpu_engine_test
   echo "gpu_engine_test exit status $engine_status"
-  parts+=("gpu_engine_test $engine_status")
-  [[ $engine_status != 0 ]] && status=$engine_status
+  record gpu_engine_test "$engine_status"
 fi
-if [[ "${RUN_SERVE:-1}" != 0 && -x "$kvd_bin" && -f "$here/serve_check.sh" ]]; then
+if [[ "${RUN_SERVE:-1}" == 0 ]]; then
+  skip serve_check "RUN_SERVE=0"
+elif [[ ! -x "$kvd_bin" ]]; then
+  skip serve_check "kvd not built"
+elif [[ ! -f "$here/serve_check.sh" ]]; then
+  skip serve_check "serve_check.sh missing"
+else
   echo "== serve_check"
   bash "$here/serve_check.sh" "$kvd_bin" "$OUT" 2>&1 | tee "$OUT/serve_check.log"
   serve_status=${PIPESTATUS[0]}
   echo "serve_check exit status $serve_status"
-  parts+=("serve_check $serve_status")
-  [[ $serve_status != 0 && $status == 0 ]] && status=$serve_status
+  record serve_check "$serve_status"
 fi
-if [[ "${RUN_BENCH:-1}" != 0 && "${RUN_E2E:-1}" != 0 && -x "$bench_bin/kvd_e2e_bench" ]]; then
+if [[ "${RUN_BENCH:-1}" == 0 ]]; then
+  skip kvd_e2e_bench "RUN_BENCH=0"
+elif [[ "${RUN_E2E:-1}" == 0 ]]; then
+  skip kvd_e2e_bench "RUN_E2E=0"
+elif [[ ! -x "$bench_bin/kvd_e2e_bench" ]]; then
+  skip kvd_e2e_bench "not built"
+else
   echo "== kvd_e2e_bench"
   # Every case twice: decode steps uncaptured, then replayed as CUDA graphs.
   timeout 480 "$bench_bin/kvd_e2e_bench" --device cuda --graphs both 2>&1 |
     tee "$OUT/kvd_e2e_bench.log"
   e2e_status=${PIPESTATUS[0]}
   echo "kvd_e2e_bench exit status $e2e_status"
-  parts+=("kvd_e2e_bench $e2e_status")
-  [[ $e2e_status != 0 && $status == 0 ]] && status=$e2e_status
+  record kvd_e2e_bench "$e2e_status"
 fi
-if [[ "${RUN_PEERS:-1}" != 0 && -f "$peers" ]] && python3 -c 'import torch' 2> /dev/null; then
+if [[ "${RUN_PEERS:-1}" == 0 ]]; then
+  skip torch_peers "RUN_PEERS=0"
+elif [[ ! -f "$peers" ]]; then
+  skip torch_peers "$peers missing"
+elif ! have_torch; then
+  skip torch_peers "no PyTorch"
+else
   echo "== torch_peers.py"
   python3 "$peers" 2>&1 | tee "$OUT/torch_peers.log"
+  record torch_peers "${PIPESTATUS[0]}" peer
 fi
-# kvd's attention rows beside SDPA's at the same shapes (informational: never a failure).
+# kvd's attention rows beside SDPA's at the same shapes (informational), from this run's files
+# only: both were deleted above, so they exist only if written since.
 if [[ -f "$OUT/gpu_bench.json" && -f "$OUT/torch_peers.json" ]]; then
   echo "== kvd vs SDPA"
   python3 "$compare_peers" "$OUT/gpu_bench.json" "$OUT/torch_peers.json" 2>&1 |
     tee "$OUT/compare_peers.txt"
+  record compare_peers "${PIPESTATUS[0]}" peer
+else
+  skip compare_peers "needs gpu_bench.json and torch_peers.json from this run"
 fi
 # Then PEER_ROUNDS (default 3) rounds of kvd's decode and prefill rows each followed by SDPA's
-# at the same shapes, compared by their medians over rounds (informational too).
+# at the same shapes, compared by their medians over rounds (informational too, but a failed
+# gpu_bench in them fails the run as gpu_bench's own step does).
 rounds="${PEER_ROUNDS:-3}"
-if [[ "${RUN_BENCH:-1}" != 0 && "${RUN_PEERS:-1}" != 0 && "$rounds" -gt 0 && -x "$bin/gpu_bench" &&
-      -f "$sdpa_shapes" ]] && python3 -c 'import torch' 2> /dev/null; then
+if [[ "${RUN_BENCH:-1}" == 0 ]]; then
+  skip "peer rounds" "RUN_BENCH=0"
+elif [[ "${RUN_PEERS:-1}" == 0 ]]; then
+  skip "peer rounds" "RUN_PEERS=0"
+elif [[ "$rounds" -le 0 ]]; then
+  skip "peer rounds" "PEER_ROUNDS=$rounds"
+elif [[ ! -x "$bin/gpu_bench" ]]; then
+  skip "peer rounds" "gpu_bench not built"
+elif [[ ! -f "$sdpa_shapes" ]]; then
+  skip "peer rounds" "sdpa_shapes.py missing"
+elif ! have_torch; then
+  skip "peer rounds" "no PyTorch"
+else
   echo "== kvd vs SDPA, $rounds rounds alternating"
-  rm -rf "$OUT/rounds"
+  rounds_bench_status=0
+  rounds_sdpa_status=0
   for ((round = 1; round <= rounds; round++)); do
     dir="$OUT/rounds/$round"
     for mode in decode prefill; do  # each writes its own $OUT/gpu_bench.json
       mkdir -p "$dir/$mode"
       OUT="$dir/$mode" "$bin/gpu_bench" "$mode" > "$dir/$mode/gpu_bench.log" 2>&1
+      code=$?
+      if [[ $code != 0 ]]; then
+        echo "round $round: gpu_bench $mode exit status $code (log: $dir/$mode/gpu_bench.log)"
+        [[ $rounds_bench_status == 0 ]] && rounds_bench_status=$code
+      fi
     done
     python3 "$sdpa_shapes" "$dir/sdpa.json" > "$dir/sdpa.log" 2>&1
+    code=$?
+    if [[ $code != 0 ]]; then
+      echo "round $round: sdpa_shapes.py exit status $code (log: $dir/sdpa.log)"
+      [[ $rounds_sdpa_status == 0 ]] && rounds_sdpa_status=$code
+    fi
   done
+  record "gpu_bench (rounds)" "$rounds_bench_status"
+  record "sdpa_shapes (rounds)" "$rounds_sdpa_status" peer
   python3 "$compare_peers" --rounds "$OUT/rounds" 2>&1 | tee "$OUT/compare_peers_rounds.txt"
+  record "compare_peers (rounds)" "${PIPESTATUS[0]}" peer
 fi
 echo "== summary"
 for part in "${parts[@]}"; do
-  read -r name code <<< "$part"
-  if [[ $code == 0 ]]; then echo "PASS $name"; else echo "FAIL $name (exit status $code)"; fi
+  IFS='|' read -r name code kind <<< "$part"
+  if [[ $code == skip ]]; then
+    echo "SKIP $name ($kind)"
+  elif [[ $code == 0 ]]; then
+    echo "PASS $name"
+  elif [[ $kind == peer ]]; then
+    echo "FAIL $name (exit status $code; a peer step: reported, the exit status is kvd's)"
+  elif [[ $kind == kvd ]]; then
+    echo "FAIL $name (exit status $code)"
+  else
+    echo "FAIL $name ($kind)"
+  fi
 done
+echo "== $([[ $status == 0 ]] && echo PASS || echo FAIL) (exit status $status)"
 exit "$status"

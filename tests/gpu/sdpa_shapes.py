@@ -8,6 +8,8 @@ names, without its ceilings, backend sweep and HF model, so that a round takes s
 run.sh can alternate it with gpu_bench (compare_peers.py --rounds). Needs torch and a GPU.
 
 Usage: sdpa_shapes.py OUT_JSON   (writes a JSON list of rows; prints each row as it goes)
+A shape that fails (e.g. out of memory) gets a row with ms -1 and its error, the others are
+still measured, and the file is written whatever happens; exit status 1 when a shape failed.
 """
 import json
 import sys
@@ -54,24 +56,39 @@ def main(argv):
                 torch.randn(b, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16),
                 torch.randn(b, HKV, kv_len, D, device="cuda", dtype=torch.bfloat16))
 
-    for b, l in DECODE:
-        q, k, v = qkv(b, 1, l)
-        ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        emit({"name": f"sdpa decode B={b} L={l}", "ms": round(ms, 4),
-              "GB/s": round(2 * b * HKV * l * D * 2 / ms / 1e6, 1)})
-        del q, k, v
-        torch.cuda.empty_cache()
-    for b, l in PREFILL:
-        q, k, v = qkv(b, l, l)
-        ms = median_ms(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
-        emit({"name": f"sdpa prefill causal B={b} L={l}", "ms": round(ms, 4),
-              "TFLOP/s": round(4 * b * HQ * l * l * D / 2 / ms / 1e9, 1)})
-        del q, k, v
-        torch.cuda.empty_cache()
-    with open(argv[1], "w") as f:
-        json.dump(rows, f)
-    return 0
+    failures = 0
+
+    def measure(name, make, fn, rate):
+        """One shape: a row with its ms and rate, or, if anything fails, one with ms -1 and the
+        error (compare_peers.py skips such rows), so one shape never costs the others."""
+        nonlocal failures
+        tensors = None
+        try:
+            tensors = make()
+            ms = median_ms(lambda: fn(*tensors))
+            emit({"name": name, "ms": round(ms, 4), **rate(ms)})
+        except Exception as err:  # noqa: BLE001 (CUDA OOM, a missing kernel, ...)
+            failures += 1
+            message = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            emit({"name": name, "ms": -1, "error": f"{type(err).__name__}: {message}"})
+        finally:
+            del tensors
+            torch.cuda.empty_cache()
+
+    try:
+        for b, l in DECODE:
+            measure(f"sdpa decode B={b} L={l}", lambda: qkv(b, 1, l),
+                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                    lambda ms: {"GB/s": round(2 * b * HKV * l * D * 2 / ms / 1e6, 1)})
+        for b, l in PREFILL:
+            measure(f"sdpa prefill causal B={b} L={l}", lambda: qkv(b, l, l),
+                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                   enable_gqa=True),
+                    lambda ms: {"TFLOP/s": round(4 * b * HQ * l * l * D / 2 / ms / 1e9, 1)})
+    finally:  # the rows measured so far, whatever happened
+        with open(argv[1], "w") as f:
+            json.dump(rows, f)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

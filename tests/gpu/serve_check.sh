@@ -24,8 +24,26 @@ fail() {
   echo "serve_check: FAIL $*"
   failures=$((failures + 1))
 }
+# Stops the daemon on every way out. `timeout` (whose pid $pid is) leads its own process group
+# with kvd in it: TERM to timeout is passed on to kvd (which drains), then whatever of the
+# group is left after 10 s is killed outright, so no daemon outlives the check holding GPU
+# memory and ports.
+stop_daemon() {
+  [[ -n "$pid" ]] || return 0
+  if kill -0 "$pid" 2> /dev/null; then
+    kill -TERM "$pid" 2> /dev/null
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2> /dev/null || break
+      sleep 0.1
+    done
+  fi
+  kill -KILL -- "-$pid" 2> /dev/null
+  kill -KILL "$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+  pid=""
+}
 finish() {
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2> /dev/null; then kill -KILL "$pid" 2> /dev/null; fi
+  stop_daemon
   if ((failures == 0)); then
     echo "serve_check: PASS (all checks)"
     exit 0
@@ -34,6 +52,8 @@ finish() {
   tail -n 20 "$daemon_log" 2> /dev/null | sed 's/^/    daemon: /'
   exit 1
 }
+trap stop_daemon EXIT
+trap 'fail "interrupted"; finish' INT TERM
 
 # GET /metrics over bash's /dev/tcp (curl when present).
 scrape() {
@@ -55,7 +75,7 @@ timeout 150 "$kvd" serve --model synthetic:llama3-8b --device cuda \
   --set kv_cache_config.memory_pool.initial_size=8GiB \
   --set kv_cache_config.memory_pool.max_size=8GiB \
   --set server.drain_timeout=30s > "$daemon_log" 2>&1 &
-pid=$!
+pid=$!  # timeout's: it runs kvd as its child, in a process group of its own (pgid $pid)
 
 # Startup: weights are generated on the device, so this takes seconds, not minutes.
 for _ in $(seq 1 600); do
