@@ -1,10 +1,8 @@
 #include "cache/kv_cache_manager.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_check.h"
 #include "cache/eviction_policy.h"
@@ -140,6 +138,7 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
     Session& se = **attached;
     s.session_id = se.id;
     s.session_serial = se.serial;
+    s.session_created = session == nullptr;
     std::vector<BlockId> chain = std::move(se.chain);
     se.chain.clear();
     se.tokens.clear();
@@ -161,9 +160,19 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
 
 int32_t KvCacheManager::ProbePrefix(absl::Span<const int32_t> prompt,
                                     std::string_view session_id) const {
-  if (prompt.empty()) return 0;
+  return ProbePrefixBlocks(prompt, session_id).computed_tokens;
+}
+
+KvCacheManager::PrefixProbe KvCacheManager::ProbePrefixBlocks(absl::Span<const int32_t> prompt,
+                                                              std::string_view session_id) const {
+  PrefixProbe p;
+  if (prompt.empty()) return p;
   const Session* session = session_id.empty() ? nullptr : sessions_.Find(session_id);
-  return MatchPrompt(prompt, session).computed;
+  const Match m = MatchPrompt(prompt, session);
+  p.computed_tokens = m.computed;
+  p.matched_blocks = m.session_blocks + static_cast<int32_t>(m.index_blocks.size());
+  for (BlockId b : m.index_blocks) p.evictable_blocks += pool_->RefCount(b) == 0 ? 1 : 0;
+  return p;
 }
 
 void KvCacheManager::AppendTokens(SeqId id, absl::Span<const int32_t> tokens) {
@@ -297,66 +306,6 @@ absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   c.num_computed = p.num_computed;
   seqs_.emplace(child, std::move(c));  // invalidates p
   return absl::OkStatus();
-}
-
-void KvCacheManager::Free(SeqId id) {
-  auto it = seqs_.find(id);
-  KVD_CACHE_CHECK(it != seqs_.end(), "Free: unknown sequence id");
-  SeqState& s = it->second;
-  if (s.session_id.empty()) {
-    ReleaseTailFirst(s.blocks);
-  } else {
-    const size_t keep = static_cast<size_t>(layout_.BlocksForTokens(s.num_computed));
-    ReleaseTailFirst(absl::MakeConstSpan(s.blocks).subspan(keep));
-    std::vector<BlockId> chain(s.blocks.begin(), s.blocks.begin() + keep);
-    std::vector<int32_t> tokens(s.tokens.begin(), s.tokens.begin() + s.num_computed);
-    if (sessions_.Detach(s.session_id, s.session_serial, chain, std::move(tokens))) {
-      ReleaseSessions(sessions_.EnforcePinCap(MaxPinnedBlocks()));
-    } else {
-      ReleaseTailFirst(chain);
-    }
-  }
-  seqs_.erase(it);
-}
-
-int64_t KvCacheManager::ReleasablePinnedBlocks() const {
-  int64_t n = 0;
-  sessions_.ForEachPin([&](BlockId b, int32_t pins) { n += pool_->RefCount(b) == pins ? 1 : 0; });
-  return n;
-}
-
-void KvCacheManager::FreeForRecompute(SeqId id) {
-  auto it = seqs_.find(id);
-  KVD_CACHE_CHECK(it != seqs_.end(), "FreeForRecompute: unknown sequence id");
-  const SeqState& s = it->second;
-  if (!s.session_id.empty()) {
-    if (std::optional<SessionTable::Released> r =
-            sessions_.Release(s.session_id, s.session_serial, SessionReleaseReason::kPressure)) {
-      ReleaseSessions({*std::move(r)});  // attached: no chain, only the count
-    }
-  }
-  ReleaseTailFirst(s.blocks);
-  seqs_.erase(it);
-}
-
-void KvCacheManager::ReleaseSessions(const std::vector<SessionTable::Released>& released) {
-  for (const SessionTable::Released& r : released) {
-    ReleaseTailFirst(r.chain);
-    ++session_releases_[static_cast<int>(r.reason)];
-  }
-}
-
-absl::Status KvCacheManager::CloseSession(std::string_view session_id) {
-  std::optional<SessionTable::Released> r = sessions_.Close(session_id);
-  if (!r.has_value()) {
-    return absl::NotFoundError(absl::StrCat("no session \"", std::string(session_id), "\""));
-  }
-  ReleaseSessions({*std::move(r)});
-  return absl::OkStatus();
-}
-
-int64_t KvCacheManager::MaxPinnedBlocks() const {
-  return static_cast<int64_t>(options_.max_pinned_fraction * pool_->max_blocks());
 }
 
 void KvCacheManager::Tick() {

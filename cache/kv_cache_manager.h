@@ -91,6 +91,12 @@ class KvCacheManager {
   // the arena's size; preempt and retry), or the backend's copy error (the block taken for
   // the copy may have been an evicted cached one). REQUIRES: parent live, child not.
   absl::Status Fork(SeqId parent, SeqId child);
+  // Undoes AddSequence for a sequence that never got slots (the engine retries an admission
+  // whose first Reserve failed): releases the blocks it took; a session that AddSequence
+  // created is forgotten again, and one that existed gets back, pinned, the chain blocks and
+  // tokens the sequence took from it (its idle time starting again). Counts no hit and no
+  // session release. REQUIRES: id is live and no Reserve of it has succeeded.
+  void Abandon(SeqId id);
   // Ends the sequence. Blocks are released tail first (so its tail is evicted before its
   // prefix); with an attached session, the blocks of its computed tokens become the
   // session's pinned chain instead (then the pin cap applies).
@@ -116,6 +122,19 @@ class KvCacheManager {
   absl::Span<const int32_t> BlockIds(SeqId id) const;
   // Prompt tokens AddSequence(prompt, session_id) would find computed now. Pure.
   int32_t ProbePrefix(absl::Span<const int32_t> prompt, std::string_view session_id = "") const;
+  // What AddSequence(prompt, session_id) would reuse now, in blocks, for admission control.
+  struct PrefixProbe {
+    int32_t computed_tokens = 0;  // as ProbePrefix
+    // Blocks it would take instead of new ones: from the session's chain, then the index.
+    int32_t matched_blocks = 0;
+    // Of those, the cached ones no one holds (refcount 0): NumObtainableBlocks() counts
+    // them, and they stop being obtainable once the sequence holds them. A session's chain
+    // is pinned, so never evictable.
+    int32_t evictable_blocks = 0;
+  };
+  // Pure.
+  PrefixProbe ProbePrefixBlocks(absl::Span<const int32_t> prompt,
+                                std::string_view session_id = "") const;
   // Blocks obtainable now for admission: free + evictable cached + room to grow.
   int64_t NumObtainableBlocks() const { return pool_->NumObtainable(); }
   int32_t num_free_blocks() const { return pool_->num_free(); }
@@ -152,9 +171,10 @@ class KvCacheManager {
     int32_t num_computed = 0;
     std::string session_id;  // empty: none
     uint64_t session_serial = 0;
+    bool session_created = false;  // AddSequence created the session (Abandon forgets it)
     // What AddSequence found, counted in stats() once Reserve gives the sequence slots, so
-    // that an admission undone for want of room (Free after a failed Reserve; the engine
-    // retries it every step) is not counted once per attempt.
+    // that an admission undone for want of room (Abandon after a failed Reserve; the engine
+    // retries it every step) is not counted once per attempt. Set: no Reserve succeeded yet.
     std::optional<HitCounts> uncounted_hits;
   };
   // What AddSequence would reuse for a prompt.

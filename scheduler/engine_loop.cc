@@ -113,7 +113,7 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is draining and accepts no new requests");
   }
-  if (published_waiting_ + static_cast<int32_t>(incoming_.size()) >=
+  if (published_.requests_waiting + static_cast<int32_t>(incoming_.size()) >=
       options_.max_waiting_requests) {
     ++published_.requests_rejected;
     return absl::ResourceExhaustedError(absl::StrCat(

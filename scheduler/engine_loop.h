@@ -78,7 +78,9 @@ class EngineLoop {
   // Waits until nothing is waiting or running, or the timeout passes. True when idle.
   bool WaitIdle(absl::Duration timeout);
 
-  // A consistent snapshot for metrics and GetCacheStats.
+  // A snapshot for metrics and GetCacheStats as of the last step's end, except
+  // requests_waiting and requests_running: those are current also mid-step (from a stream
+  // callback, say), and requests_waiting is what Submit holds to max_waiting_requests.
   EngineStats Stats() const;
 
   // OK while the backend works. A step that fails with DataLoss (the backend is unusable

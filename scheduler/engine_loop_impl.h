@@ -76,6 +76,13 @@ class EngineLoop::Impl {
   void Emit(Sequence& s, bool final_event, FinishReason reason, const absl::Status& error);
   void RemoveFinished();
   void InsertWaiting(SeqPtr s);
+  // Publishes how many requests wait (plus `drained`, taken from incoming_ but not yet in
+  // waiting_) and run, unfinished, so that Submit's limit and Stats() hold mid-step too:
+  // a stream callback, or another thread, may look. Called where requests join waiting_
+  // (intake, preemption) and before a step's stream callbacks; one that finishes counts
+  // until then, so the limit errs toward refusing.
+  void PublishQueueLocked(int32_t drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step's end: all of stats_.
   void PublishStats();
   // Finishes every request the engine holds or has been handed (kAborted, `error`).
   void AbortAll(const absl::Status& error);
@@ -102,7 +109,8 @@ class EngineLoop::Impl {
   // Nothing waiting or running: false from a request's submission, through its intake, until
   // a step ends with nothing left (WaitIdle also waits for incoming_ to empty).
   bool idle_ ABSL_GUARDED_BY(mu_) = true;
-  int32_t published_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // requests_waiting and requests_running are current (PublishQueueLocked); the rest as of
+  // the last step's end (PublishStats). requests_waiting does not count incoming_.
   EngineStats published_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 

@@ -36,6 +36,8 @@ void EngineLoop::Impl::DrainIngress() {
     incoming.swap(incoming_);
     cancels.swap(cancels_);
     closes.swap(closes_);
+    // Still waiting, for Submit's limit and Stats(), though no longer incoming.
+    PublishQueueLocked(static_cast<int32_t>(incoming.size()));
     // The engine holds these requests now, and not idle: a step that ended after they were
     // submitted but before this intake may have said so (PublishStats).
     if (!incoming.empty()) idle_ = false;
@@ -91,15 +93,13 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
     const int64_t held = static_cast<int64_t>(cache_->BlockIds(s->handle).size());
     committed += std::max<int64_t>(0, TargetBlocks(*s) - held);
   }
-  // The candidate's cached prefix (prefix index or its session) needs no new blocks.
-  // reserve_max counts it anyway: a cached block that is evictable is also counted as
-  // obtainable, and the never-preempt guarantee must not rest on that double count.
-  const int64_t cached_blocks =
-      options_.admission == AdmissionMode::kReserveMax
-          ? 0
-          : cache_->ProbePrefix(candidate.tokens, candidate.request.session_id) /
-                cache_->block_size();
-  return committed + TargetBlocks(candidate) - cached_blocks <= cache_->NumObtainableBlocks();
+  // The candidate's cached prefix (its session's chain, then the prefix index) takes the
+  // place of new blocks; but the evictable ones among it are counted as obtainable, and
+  // holding them takes them out of the obtainable pool.
+  const KvCacheManager::PrefixProbe prefix =
+      cache_->ProbePrefixBlocks(candidate.tokens, candidate.request.session_id);
+  return committed + TargetBlocks(candidate) - prefix.matched_blocks + prefix.evictable_blocks <=
+         cache_->NumObtainableBlocks();
 }
 
 EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budget, int32_t& n) {
@@ -114,7 +114,7 @@ EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budge
   s.num_computed = *cached;
   n = std::min({s.pending(), budget, options_.prefill_chunk_tokens});
   if (!cache_->Reserve(static_cast<SeqId>(s.handle), n)) {
-    cache_->Free(static_cast<SeqId>(s.handle));
+    cache_->Abandon(static_cast<SeqId>(s.handle));  // its session as before, if it had one
     s.num_computed = 0;
     return AdmitResult::kNoRoom;
   }
@@ -124,9 +124,9 @@ EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budge
     s.scheduled_once = true;
     s.usage.cached_prompt_tokens = std::min<int32_t>(*cached, s.usage.prompt_tokens);
     s.usage.queue_time = clock_->Now() - s.submit_time;
+    // As cached_prompt_tokens: the recompute after a preemption is not counted again.
+    stats_.computed_prompt_tokens += s.usage.prompt_tokens - s.usage.cached_prompt_tokens;
   }
-  stats_.computed_prompt_tokens +=
-      std::max<int64_t>(0, static_cast<int64_t>(s.request.prompt.size()) - *cached);
   return AdmitResult::kAdmitted;
 }
 
@@ -142,6 +142,8 @@ void EngineLoop::Impl::Preempt(Sequence* victim) {
   SeqPtr owned = std::move(*it);
   running_.erase(it);
   InsertWaiting(std::move(owned));
+  absl::MutexLock lock(&mu_);
+  PublishQueueLocked(0);
 }
 
 bool EngineLoop::Impl::Step() {
@@ -226,6 +228,10 @@ bool EngineLoop::Impl::Step() {
     // Nothing runs and the head cannot be admitted: it would wait forever.
     Finish(*waiting_.front(), FinishReason::kAborted,
            absl::ResourceExhaustedError("the KV pool cannot hold this request"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    PublishQueueLocked(0);  // before the stream callbacks below
   }
 
   if (!plan.empty()) {
@@ -350,6 +356,15 @@ void EngineLoop::Impl::RemoveFinished() {
   }
 }
 
+void EngineLoop::Impl::PublishQueueLocked(int32_t drained) {
+  auto unfinished = [](const std::vector<SeqPtr>& list) {
+    return static_cast<int32_t>(
+        std::count_if(list.begin(), list.end(), [](const SeqPtr& s) { return !s->finished(); }));
+  };
+  published_.requests_waiting = unfinished(waiting_) + drained;
+  published_.requests_running = unfinished(running_);
+}
+
 void EngineLoop::Impl::PublishStats() {
   stats_.requests_waiting = static_cast<int32_t>(waiting_.size());
   stats_.requests_running = static_cast<int32_t>(running_.size());
@@ -358,7 +373,6 @@ void EngineLoop::Impl::PublishStats() {
   const int64_t rejected = published_.requests_rejected;
   published_ = stats_;
   published_.requests_rejected = rejected;
-  published_waiting_ = stats_.requests_waiting;
   idle_ = waiting_.empty() && running_.empty();
 }
 

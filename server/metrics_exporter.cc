@@ -49,7 +49,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_prompt_tokens", "Prompt tokens received (tokens in).",
             static_cast<double>(s.prompt_tokens));
   w.Counter("kvd_prompt_tokens_computed",
-            "Prompt tokens actually prefilled (the rest came from the prefix or session cache).",
+            "Prompt tokens prefilled at each request's first admission (the rest came from the "
+            "prefix or session cache; recomputing after a preemption is not counted).",
             static_cast<double>(s.computed_prompt_tokens));
   w.Counter("kvd_generation_tokens", "Tokens generated (tokens out).",
             static_cast<double>(s.generated_tokens));

@@ -212,7 +212,7 @@ TEST_F(KvCacheManagerTest, AFailedGrowthGivesUpNoSessionAndNoCachedBlock) {
   m->Free(3);
 }
 
-// The engine admits by AddSequence + Reserve and undoes it (Free) when Reserve finds no
+// The engine admits by AddSequence + Reserve and undoes it (Abandon) when Reserve finds no
 // room, retrying on later steps: only the admission that stands counts its hits.
 TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {
   auto m = Make(TinyOptions(2, 2));  // 8 blocks, no growth
@@ -228,7 +228,7 @@ TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     ASSERT_EQ(*m->AddSequence(3, prompt), 8);
     ASSERT_FALSE(m->Reserve(3, 12));  // 3 blocks; 1 is free
-    m->Free(3);
+    m->Abandon(3);
   }
   st = m->stats();
   EXPECT_EQ(st.prefix_query_tokens, 28);
@@ -241,6 +241,47 @@ TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {
   EXPECT_EQ(st.prefix_hit_tokens, 8);
   ExpectValid(*m);
   m->Free(3);
+}
+
+// Admission control's view of a prompt: the blocks AddSequence would take instead of new
+// ones, and which of them are evictable, counted as obtainable until a sequence holds them.
+TEST_F(KvCacheManagerTest, ProbePrefixBlocksTellsWhichMatchedBlocksAreEvictable) {
+  auto m = Make(TinyOptions(2, 2));  // 8 blocks of 4 tokens, no growth
+  ASSERT_TRUE(m->AddSequence(1, Iota(12, 100)).ok());
+  ASSERT_TRUE(Step(*m, 1, 12));
+  m->Free(1);  // 3 cached blocks
+  const std::vector<int32_t> prompt = Iota(14, 100);
+  KvCacheManager::PrefixProbe p = m->ProbePrefixBlocks(prompt);
+  EXPECT_EQ(p.computed_tokens, 12);
+  EXPECT_EQ(p.matched_blocks, 3);
+  EXPECT_EQ(p.evictable_blocks, 3);
+  // Holding them takes exactly the evictable ones out of the obtainable pool.
+  const int64_t obtainable = m->NumObtainableBlocks();
+  ASSERT_EQ(*m->AddSequence(2, prompt), 12);
+  EXPECT_EQ(m->NumObtainableBlocks(), obtainable - p.evictable_blocks);
+  // Now held by a live sequence: matched, not evictable.
+  p = m->ProbePrefixBlocks(prompt);
+  EXPECT_EQ(p.matched_blocks, 3);
+  EXPECT_EQ(p.evictable_blocks, 0);
+  m->Free(2);
+  // A session's chain is pinned: its blocks, the partial last one included, are matched and
+  // never evictable; through the prefix index only its full block is found.
+  ASSERT_TRUE(m->AddSequence(3, Iota(6, 500), "chat").ok());
+  ASSERT_TRUE(Step(*m, 3, 6));
+  m->Free(3);
+  std::vector<int32_t> turn2 = Iota(6, 500);
+  turn2.push_back(7);
+  p = m->ProbePrefixBlocks(turn2, "chat");
+  EXPECT_EQ(p.computed_tokens, 6);
+  EXPECT_EQ(p.matched_blocks, 2);
+  EXPECT_EQ(p.evictable_blocks, 0);
+  EXPECT_EQ(m->ProbePrefix(turn2, "chat"), 6);
+  p = m->ProbePrefixBlocks(turn2);
+  EXPECT_EQ(p.computed_tokens, 4);
+  EXPECT_EQ(p.matched_blocks, 1);
+  EXPECT_EQ(p.evictable_blocks, 0);
+  EXPECT_EQ(m->ProbePrefixBlocks({}).matched_blocks, 0);
+  ExpectValid(*m);
 }
 
 // The copy's block ids have room in the arena from the start, so a fork needs no

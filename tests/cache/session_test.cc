@@ -202,6 +202,79 @@ TEST_F(SessionTest, FreeForRecomputeReleasesTheSequencesOwnSessionOnly) {
   ExpectValid(*m);
 }
 
+// An admission undone for want of room (AddSequence, a failed Reserve, Abandon) leaves no
+// trace of a session it started: nothing pinned for a turn that never ran, no release and
+// no hit counted, and CloseSession finds nothing.
+TEST_F(SessionTest, AbandonForgetsTheSessionItsAdmissionStarted) {
+  auto m = Make(TinyOptions(2, 2));  // 8 blocks, no growth
+  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
+  ASSERT_TRUE(Step(*m, 1, 8));
+  m->Free(1);  // 2 cached blocks
+  ASSERT_TRUE(m->AddSequence(2, Iota(20, 500)).ok());
+  ASSERT_TRUE(Step(*m, 2, 20));  // 5 blocks: 1 free left
+  const KvCacheStats before = m->stats();
+  ASSERT_EQ(*m->AddSequence(3, Iota(20, 100), "new"), 8);  // P's 2 cached blocks
+  ASSERT_FALSE(m->Reserve(3, 12));                         // 3 more blocks; 1 is free
+  m->Abandon(3);
+  EXPECT_FALSE(m->HasSequence(3));
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.used_blocks, before.used_blocks);
+  EXPECT_EQ(st.cached_blocks, before.cached_blocks);
+  EXPECT_EQ(st.prefix_hit_tokens, before.prefix_hit_tokens);
+  EXPECT_EQ(st.session_releases_closed + st.session_releases_pressure + st.session_releases_idle +
+                st.session_releases_pin_cap,
+            0);
+  EXPECT_EQ(m->CloseSession("new").code(), absl::StatusCode::kNotFound);
+  ExpectValid(*m);
+  // The retry, once there is room, is the session's first turn.
+  m->Free(2);
+  ASSERT_EQ(*m->AddSequence(3, Iota(20, 100), "new"), 8);
+  ASSERT_TRUE(Step(*m, 3, 12));
+  EXPECT_EQ(m->stats().prefix_hit_tokens, before.prefix_hit_tokens + 8);
+  EXPECT_EQ(m->stats().num_sessions, 1);
+  ExpectValid(*m);
+  m->Free(3);
+}
+
+// An existing session whose next turn is abandoned gets its own chain back, pinned as
+// before; blocks the turn found through the prefix index stay ordinary cached blocks.
+TEST_F(SessionTest, AbandonGivesAnExistingSessionItsChainBack) {
+  KvCacheOptions o = TinyOptions(2, 2);  // 8 blocks, no growth
+  o.max_pinned_fraction = 1;             // the retried turn's 5 blocks stay pinned
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8), 0, "chat", 0);  // "chat" pins 2 blocks
+  Turn(*m, 2, Iota(16), 0, "", 8);     // 2 more keyed blocks, cached
+  ASSERT_TRUE(m->AddSequence(3, Iota(16, 500)).ok());
+  ASSERT_TRUE(Step(*m, 3, 16));  // the 4 free blocks
+  const KvCacheStats before = m->stats();
+  ASSERT_EQ(before.pinned_blocks, 2);
+  ASSERT_EQ(before.cached_blocks, 2);
+  const std::vector<int32_t> turn2 = Iota(20);
+  ASSERT_EQ(*m->AddSequence(4, turn2, "chat"), 16);  // 8 from the chain, 8 from the index
+  ASSERT_FALSE(m->Reserve(4, 4));                    // 1 more block; none is left
+  m->Abandon(4);
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_EQ(st.pinned_blocks, 2);
+  EXPECT_EQ(st.cached_blocks, 2);
+  EXPECT_EQ(st.used_blocks, before.used_blocks);
+  EXPECT_EQ(st.session_hit_tokens, 0);
+  EXPECT_EQ(st.prefix_hit_tokens, before.prefix_hit_tokens);
+  EXPECT_EQ(m->ProbePrefix(turn2, "chat"), 16);
+  ExpectValid(*m);
+  // The retry finds the chain as the first attempt did.
+  m->Free(3);
+  Turn(*m, 4, turn2, 0, "chat", 16);
+  st = m->stats();
+  EXPECT_EQ(st.session_hit_tokens, 8);
+  EXPECT_EQ(st.pinned_blocks, 5);
+  EXPECT_EQ(st.session_releases_closed + st.session_releases_pressure + st.session_releases_idle +
+                st.session_releases_pin_cap,
+            0);
+}
+
 TEST_F(SessionTest, PinCapDemotesTheOldestSessionsFirst) {
   KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
   o.max_pinned_fraction = 0.5;           // 4 pinned blocks

@@ -93,7 +93,7 @@ TEST_F(EngineFailureTest, AFailedStepAbortsItsRequestsAndTheEngineRunsOn) {
 }
 
 TEST_F(EngineFailureTest, ABackendLostForGoodStopsTheEngine) {
-  // Two requests in the step that fails, one more waiting behind a batch of one.
+  // Two requests in the step that fails (a batch of two), one more waiting behind them.
   engine_ = std::make_unique<EngineLoop>(EngineOptions{.max_batch_size = 2}, model_.get(),
                                          cache_.get(), nullptr, &clock_);
   Outcome a, b, c;

@@ -182,27 +182,38 @@ TEST_F(EngineLoopTest, CancelFreesBlocksWithinAStep) {
   MakeCache(64, 4);
   MakeEngine();
   uint64_t handle = 0;
+  uint64_t other_handle = 0;
   Stream* victim = Submit(Greedy(0), &handle);
-  Stream* other = Submit(Greedy(2));
-  int cancelled_after = -1;
-  // Cancel from the stream callback once 5 tokens arrived (as a disconnecting client would).
-  streams_.push_back(std::make_unique<Stream>());
+  Stream* other = Submit(Greedy(2), &other_handle);
+  // A third request cancels the victim from its stream callback once 5 tokens arrived (as a
+  // disconnecting client would). At its next event, one step later, the victim is finished
+  // and the pool's used blocks are those of the two still running.
   Request r = Greedy(4);
   r.max_tokens = 30;
-  ASSERT_TRUE(engine_
-                  ->Submit(r,
-                           [&](const StreamEvent& e) {
-                             if (cancelled_after < 0 && victim->tokens.size() >= 5) {
-                               cancelled_after = static_cast<int>(victim->tokens.size());
-                               engine_->Cancel(handle);
-                             }
-                             (void)e;
-                           })
-                  .ok());
+  uint64_t canceller = 0;
+  int cancelled_after = -1;
+  bool checked = false;
+  auto h = engine_->Submit(r, [&](const StreamEvent&) {
+    if (cancelled_after >= 0 && !checked) {
+      checked = true;
+      EXPECT_TRUE(victim->finished);
+      EXPECT_FALSE(cache_->HasSequence(static_cast<SeqId>(handle)));
+      EXPECT_EQ(cache_->stats().used_blocks,
+                cache_->BlockIds(static_cast<SeqId>(other_handle)).size() +
+                    cache_->BlockIds(static_cast<SeqId>(canceller)).size());
+    }
+    if (cancelled_after < 0 && victim->tokens.size() >= 5) {
+      cancelled_after = static_cast<int>(victim->tokens.size());
+      engine_->Cancel(handle);
+    }
+  });
+  ASSERT_TRUE(h.ok()) << h.status();
+  canceller = *h;
   engine_->RunUntilIdle();
+  EXPECT_TRUE(checked);
   ASSERT_TRUE(victim->finished);
   EXPECT_EQ(victim->reason, FinishReason::kCancelled);
-  EXPECT_LE(static_cast<int>(victim->tokens.size()), cancelled_after + 1);
+  EXPECT_EQ(static_cast<int>(victim->tokens.size()), cancelled_after);
   EXPECT_EQ(other->tokens, golden_[2].output);
   EXPECT_EQ(engine_->Stats().cache.used_blocks, 0);
   engine_->Cancel(handle);  // finished handles are ignored

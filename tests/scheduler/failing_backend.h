@@ -4,9 +4,11 @@
 // FailingBackend: the CPU reference backend, except that once FailOpsWith(status) is called
 // every op and Synchronize return that status, as a device whose context a kernel fault has
 // lost answers every call. Memory keeps working (buffers come from, and go back to, the
-// CPU backend inside), so a model and a cache built on it are destroyed normally.
+// CPU backend inside), so a model and a cache built on it are destroyed normally; only new
+// allocations can be made to fail (FailAllocationsWith), as on a device whose memory is spent.
 // Not thread safe, as every Backend.
 
+#include <cstdint>
 #include <string_view>
 #include <utility>
 
@@ -19,9 +21,18 @@ namespace kvd::test {
 class FailingBackend final : public Backend {
  public:
   void FailOpsWith(absl::Status failure) { failure_ = std::move(failure); }
+  // Allocate returns `failure` from now on (OK: allocates again).
+  void FailAllocationsWith(absl::Status failure) { allocation_failure_ = std::move(failure); }
+  int64_t num_failed_allocations() const { return num_failed_allocations_; }
 
   std::string_view name() const override { return "failing-cpu"; }
-  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override { return inner_.Allocate(bytes); }
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    if (!allocation_failure_.ok()) {
+      ++num_failed_allocations_;
+      return allocation_failure_;
+    }
+    return inner_.Allocate(bytes);
+  }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return inner_.CopyToDevice(dst, src, bytes);
   }
@@ -63,6 +74,8 @@ class FailingBackend final : public Backend {
 
   CpuBackend inner_{1};
   absl::Status failure_;
+  absl::Status allocation_failure_;
+  int64_t num_failed_allocations_ = 0;
 };
 
 }  // namespace kvd::test

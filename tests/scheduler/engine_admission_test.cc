@@ -1,0 +1,247 @@
+// What admission and the engine's counters promise, driven offline (RunUntilIdle) with a
+// fake clock: admission counts a cached prefix in evictable blocks once, so exact output
+// predictions never preempt; an admission that finds no room leaves nothing of its turn
+// pinned; max_waiting_requests and Stats() hold while a step runs; and recomputing after a
+// preemption is not counted as prompt work.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/clock.h"
+#include "kernels/cpu_backend.h"
+#include "model/llama2c_loader.h"
+#include "scheduler/engine_loop.h"
+#include "tests/scheduler/failing_backend.h"
+
+namespace kvd {
+namespace {
+
+// What a client sees of one request.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  bool finished = false;
+  FinishReason reason = FinishReason::kAborted;
+  Usage usage;
+  absl::Status error;
+};
+
+// n consecutive token ids from `first`: prompts from disjoint ranges share no block.
+std::vector<int32_t> Iota(int32_t n, int32_t first) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class EngineAdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto weights = LoadLlama2cCheckpoint(std::string(KVD_SHARED_DIR) + "/models/stories260K.bin");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    spec_ = weights->spec;
+    auto model = LlamaModel::Create(*weights, &backend_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+  }
+
+  // A pool of 16-token blocks in chunks of `blocks_per_chunk`, from `initial_chunks` up to
+  // `max_chunks`, whose memory comes from cache_backend_.
+  void MakeCache(int32_t blocks_per_chunk, int32_t initial_chunks, int32_t max_chunks) {
+    engine_.reset();  // it points at the cache
+    const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
+    const int64_t block_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes();
+    KvCacheOptions o;
+    o.chunk_bytes = block_bytes * blocks_per_chunk;
+    o.initial_pool_bytes = o.chunk_bytes * initial_chunks;
+    o.max_pool_bytes = o.chunk_bytes * max_chunks;
+    o.defrag_background_planning = false;
+    auto cache = KvCacheManager::Create(o, shape, &cache_backend_, &clock_);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    cache_ = *std::move(cache);
+  }
+
+  void MakeEngine(EngineOptions options = {}) {
+    engine_ = std::make_unique<EngineLoop>(options, model_.get(), cache_.get(),
+                                           /*tokenizer=*/nullptr, &clock_);
+  }
+
+  // Greedy, no stop tokens: exactly max_tokens tokens come out.
+  static Request Req(std::vector<int32_t> prompt, int32_t max_tokens,
+                     int32_t expected_output_tokens) {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.expected_output_tokens = expected_output_tokens;
+    r.sampling.temperature = 0;
+    return r;
+  }
+
+  // Submits r; its events are recorded in the returned Outcome, then passed to `also`.
+  Outcome* Submit(Request r, std::function<void(const StreamEvent&)> also = nullptr) {
+    outcomes_.push_back(std::make_unique<Outcome>());
+    Outcome* o = outcomes_.back().get();
+    auto h = engine_->Submit(std::move(r), [this, o, also](const StreamEvent& e) {
+      EXPECT_FALSE(o->finished) << "event after the final one";
+      o->tokens.insert(o->tokens.end(), e.token_ids.begin(), e.token_ids.end());
+      if (e.finished) {
+        o->finished = true;
+        o->reason = e.finish_reason;
+        o->usage = e.usage;
+        o->error = e.error;
+      }
+      EXPECT_TRUE(cache_->CheckInvariants().ok());
+      if (also) also(e);
+    });
+    EXPECT_TRUE(h.ok()) << h.status();
+    return o;
+  }
+
+  CpuBackend backend_{2};               // the model's
+  test::FailingBackend cache_backend_;  // the KV pool's memory
+  FakeClock clock_;
+  ModelSpec spec_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<KvCacheManager> cache_;
+  std::unique_ptr<EngineLoop> engine_;
+  std::vector<std::unique_ptr<Outcome>> outcomes_;
+};
+
+// With exact predictions (expected_output_tokens == max_tokens, no stop token) predicted
+// admission never over-commits, also when the candidate's prefix is cached in evictable
+// blocks: the pool counts those as obtainable, and admitting it takes them out of it.
+TEST_F(EngineAdmissionTest, PredictedAdmissionCountsAnEvictableCachedPrefixOnce) {
+  const std::vector<int32_t> p = Iota(64, 300);  // 4 blocks
+  std::vector<int32_t> cold_output;
+  for (const bool warm : {false, true}) {
+    SCOPED_TRACE(warm ? "P cached" : "cold cache");
+    MakeCache(8, 1, 1);  // 8 blocks, no growth
+    MakeEngine();
+    if (warm) {
+      Submit(Req(p, 1, 1));
+      engine_->RunUntilIdle();
+      ASSERT_EQ(cache_->stats().cached_blocks, 4);
+    }
+    // R: 48 + 33 - 1 = 80 KV tokens, 5 blocks. C: P + 16 tokens, 80 + 33 - 1 = 112, 7 blocks
+    // of which P's 4 may be cached: the two do not fit the pool together.
+    Outcome* r = Submit(Req(Iota(48, 100), 33, 33));
+    Outcome* c = Submit(Req(Concat(p, Iota(16, 200)), 33, 33));
+    engine_->RunUntilIdle();
+    for (const Outcome* o : {r, c}) {
+      ASSERT_TRUE(o->finished);
+      EXPECT_TRUE(o->error.ok()) << o->error;
+      EXPECT_EQ(o->tokens.size(), 33u);
+      EXPECT_EQ(o->usage.num_preemptions, 0);
+    }
+    EXPECT_EQ(engine_->Stats().preemptions, 0);
+    if (warm) {
+      EXPECT_EQ(c->tokens, cold_output);
+    } else {
+      cold_output = c->tokens;
+    }
+  }
+}
+
+// A request admitted on room the pool counted on but could not supply (here the device has
+// no memory for the chunk the pool may grow by) is taken back whole: the session its
+// admission started is forgotten, so nothing of a turn that never ran stays pinned and the
+// pool's blocks stay obtainable, to be evicted (not released from a session) for room.
+TEST_F(EngineAdmissionTest, AnAdmissionWithoutRoomLeavesNoSessionBehind) {
+  MakeCache(4, 1, 2);  // 4 blocks, may grow to 8
+  MakeEngine();
+  const std::vector<int32_t> p = Iota(32, 300);  // 2 blocks
+  Submit(Req(p, 1, 1));
+  engine_->RunUntilIdle();
+  ASSERT_EQ(cache_->stats().cached_blocks, 2);  // and 2 free
+  cache_backend_.FailAllocationsWith(absl::ResourceExhaustedError("injected: no device memory"));
+  // R is expected to need no more than its 20-token prompt (2 blocks: the free ones) and runs
+  // to 20 + 30 - 1 = 49 KV tokens (4 blocks). C, the first turn of session "s", needs 3
+  // blocks, P's 2 cached ones among them: admitted counting on the growth, which fails, it
+  // waits for R.
+  int32_t sessions_while_c_waits = -1;
+  int64_t pinned_while_c_waits = -1;
+  Outcome* r = Submit(Req(Iota(20, 100), 30, 1), [&](const StreamEvent&) {
+    if (sessions_while_c_waits >= 0) return;
+    sessions_while_c_waits = cache_->stats().num_sessions;
+    pinned_while_c_waits = cache_->stats().pinned_blocks;
+  });
+  Request turn = Req(Concat(p, Iota(16, 200)), 2, 1);
+  turn.session_id = "s";
+  Outcome* c = Submit(turn);
+  engine_->RunUntilIdle();
+  EXPECT_EQ(cache_backend_.num_failed_allocations(), 1);  // C's admission met it
+  EXPECT_EQ(sessions_while_c_waits, 0);
+  EXPECT_EQ(pinned_while_c_waits, 0);
+  for (const Outcome* o : {r, c}) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->reason, FinishReason::kLength);
+  }
+  const KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.session_releases_pressure, 0);  // R grew into P's blocks by evicting them
+  EXPECT_EQ(st.num_sessions, 1);               // C's turn ran: "s" pins it now
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+  EXPECT_TRUE(engine_->CloseSession("s").ok());
+}
+
+// max_waiting_requests bounds the requests accepted and not yet running, also while a step
+// runs: the requests that step took in still wait. Stats() says so at that moment too.
+TEST_F(EngineAdmissionTest, TheWaitingLimitAndStatsHoldMidStep) {
+  MakeCache(64, 1, 4);
+  MakeEngine({.max_batch_size = 1, .max_waiting_requests = 2});
+  EngineStats before, after;
+  bool tried = false;
+  int accepted = 0;
+  Submit(Req(Iota(5, 300), 5, 0), [&](const StreamEvent&) {
+    if (std::exchange(tried, true)) return;  // A's first event only
+    // A runs alone; B waits. One more fits the limit, of the four tried.
+    before = engine_->Stats();
+    for (int32_t i = 0; i < 4; ++i) {
+      if (engine_->Submit(Req(Iota(5, 310 + 10 * i), 3, 0), nullptr).ok()) ++accepted;
+    }
+    after = engine_->Stats();
+  });
+  Outcome* b = Submit(Req(Iota(5, 400), 3, 0));
+  engine_->RunUntilIdle();
+  EXPECT_EQ(before.requests_running, 1);
+  EXPECT_EQ(before.requests_waiting, 1);
+  EXPECT_EQ(accepted, 1);
+  EXPECT_EQ(after.requests_waiting, 2);
+  EXPECT_EQ(after.requests_rejected, 3);
+  EXPECT_TRUE(b->finished);
+  const EngineStats end = engine_->Stats();
+  EXPECT_EQ(end.requests_finished, 3);
+  EXPECT_EQ(end.requests_waiting, 0);
+  EXPECT_EQ(end.requests_running, 0);
+}
+
+// computed_prompt_tokens counts the prompt tokens prefilled at each request's first
+// admission, so it never exceeds prompt_tokens: the recompute after a preemption is
+// counted by preemptions, not as prompt work the client sent.
+TEST_F(EngineAdmissionTest, RecomputeAfterPreemptionIsNotCountedAsPromptWork) {
+  MakeCache(1, 1, 7);  // 7 blocks: two 5 + 99 KV-token requests do not fit together
+  MakeEngine({.admission = AdmissionMode::kOptimistic});
+  Outcome* a = Submit(Req(Iota(5, 300), 100, 0));
+  Outcome* b = Submit(Req(Iota(5, 350), 100, 0));
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(a->finished);
+  ASSERT_TRUE(b->finished);
+  EXPECT_EQ(a->tokens.size(), 100u);
+  EXPECT_EQ(b->tokens.size(), 100u);
+  const EngineStats st = engine_->Stats();
+  ASSERT_GE(st.preemptions, 1);
+  EXPECT_EQ(st.prompt_tokens, 10);
+  EXPECT_EQ(st.computed_prompt_tokens, 10);
+}
+
+}  // namespace
+}  // namespace kvd
