@@ -94,8 +94,10 @@ class KvCacheManager {
   // Undoes AddSequence for a sequence that never got slots (the engine retries an admission
   // whose first Reserve failed): releases the blocks it took; a session that AddSequence
   // created is forgotten again, and one that existed gets back, pinned, the chain blocks and
-  // tokens the sequence took from it (its idle time starting again). Counts no hit and no
-  // session release. REQUIRES: id is live and no Reserve of it has succeeded.
+  // tokens the sequence took from it, i.e. the part of its history the prompt matched (the
+  // rest AddSequence already let go), its idle time starting again. Counts no hit and no
+  // session release. REQUIRES: id was made by AddSequence (not Fork), is live, and no
+  // Reserve of it has succeeded.
   void Abandon(SeqId id);
   // Ends the sequence. Blocks are released tail first (so its tail is evicted before its
   // prefix); with an attached session, the blocks of its computed tokens become the

@@ -79,8 +79,9 @@ class EngineLoop::Impl {
   // Publishes how many requests wait (plus `drained`, taken from incoming_ but not yet in
   // waiting_) and run, unfinished, so that Submit's limit and Stats() hold mid-step too:
   // a stream callback, or another thread, may look. Called where requests join waiting_
-  // (intake, preemption) and before a step's stream callbacks; one that finishes counts
-  // until then, so the limit errs toward refusing.
+  // (intake, preemption) and after admission, before the step's token callbacks; a request
+  // that finishes (also one that expires or fails admission earlier in the step) counts
+  // until the next call, so the limit errs toward refusing.
   void PublishQueueLocked(int32_t drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step's end: all of stats_.
   void PublishStats();

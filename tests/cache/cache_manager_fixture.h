@@ -23,6 +23,17 @@ class CacheManagerTest : public ::testing::Test {
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? *std::move(m) : nullptr;
   }
+  // 8 blocks, no growth: Iota(8, 100)'s 2 blocks are cached (its sequence 1 ended) and
+  // sequence 2, Iota(20, 500), holds 5 more, so 1 block is free.
+  std::unique_ptr<KvCacheManager> MakeCachedPrefixAndOneFreeBlock() {
+    std::unique_ptr<KvCacheManager> m = Make(TinyOptions(2, 2));
+    EXPECT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
+    EXPECT_TRUE(Step(*m, 1, 8));
+    m->Free(1);
+    EXPECT_TRUE(m->AddSequence(2, Iota(20, 500)).ok());
+    EXPECT_TRUE(Step(*m, 2, 20));
+    return m;
+  }
   void ExpectValid(const KvCacheManager& m) {
     ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
   }

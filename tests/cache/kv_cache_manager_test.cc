@@ -215,12 +215,7 @@ TEST_F(KvCacheManagerTest, AFailedGrowthGivesUpNoSessionAndNoCachedBlock) {
 // The engine admits by AddSequence + Reserve and undoes it (Abandon) when Reserve finds no
 // room, retrying on later steps: only the admission that stands counts its hits.
 TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {
-  auto m = Make(TinyOptions(2, 2));  // 8 blocks, no growth
-  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
-  ASSERT_TRUE(Step(*m, 1, 8));
-  m->Free(1);  // 2 cached blocks
-  ASSERT_TRUE(m->AddSequence(2, Iota(20, 500)).ok());
-  ASSERT_TRUE(Step(*m, 2, 20));  // 5 blocks: 1 free left
+  auto m = MakeCachedPrefixAndOneFreeBlock();
   KvCacheStats st = m->stats();
   ASSERT_EQ(st.prefix_query_tokens, 28);
   ASSERT_EQ(st.prefix_hit_tokens, 0);

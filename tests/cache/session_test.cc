@@ -206,12 +206,7 @@ TEST_F(SessionTest, FreeForRecomputeReleasesTheSequencesOwnSessionOnly) {
 // trace of a session it started: nothing pinned for a turn that never ran, no release and
 // no hit counted, and CloseSession finds nothing.
 TEST_F(SessionTest, AbandonForgetsTheSessionItsAdmissionStarted) {
-  auto m = Make(TinyOptions(2, 2));  // 8 blocks, no growth
-  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
-  ASSERT_TRUE(Step(*m, 1, 8));
-  m->Free(1);  // 2 cached blocks
-  ASSERT_TRUE(m->AddSequence(2, Iota(20, 500)).ok());
-  ASSERT_TRUE(Step(*m, 2, 20));  // 5 blocks: 1 free left
+  auto m = MakeCachedPrefixAndOneFreeBlock();
   const KvCacheStats before = m->stats();
   ASSERT_EQ(*m->AddSequence(3, Iota(20, 100), "new"), 8);  // P's 2 cached blocks
   ASSERT_FALSE(m->Reserve(3, 12));                         // 3 more blocks; 1 is free
