@@ -88,12 +88,17 @@ TEST(CpuBackendTest, CopiesAndUploadsRoundTrip) {
   EXPECT_EQ(backend.UploadWeights(nullptr, 3).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Runs every op once on fixed inputs and returns all outputs concatenated.
+// Runs every op once on fixed inputs and returns all outputs concatenated. The shapes are
+// large enough that every op splits into several parallel chunks (cpu_elementwise.cc: at
+// least 2^14 elements a chunk, so 170 rows of 96 for Embedding and RmsNorm, 256 of 64 for
+// SiluMul, 128 tokens of 8 heads x 16 for Rope; cpu_kv_ops.cc: at least 64 KiB, so 256 rows
+// for AppendKv and 51 block pairs for CopyBlocks here), so a chunk writing at the wrong
+// offset changes the result.
 std::vector<float> RunEveryOp(int num_threads) {
   CpuBackend backend(num_threads);
   std::vector<float> all;
   auto keep = [&all](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
-  const int rows = 25, dim = 96, n = 160;
+  const int rows = 600, dim = 96, n = 160;
 
   const std::vector<float> table = RandomFloats(40 * dim, 1);
   std::vector<int32_t> ids(rows);
@@ -124,9 +129,11 @@ std::vector<float> RunEveryOp(int num_threads) {
   EXPECT_TRUE(backend.Rope({y.data(), y.data() + 96, pos.data(), rows, 6, 2, 16, n, n}).ok());
   keep(y);
 
-  TestArena arena(1, 2, 5, 16, 2, 4);
+  TestArena arena(1, 2, 5, 16, 4, 10);  // 160 blocks of 5 slots
   std::vector<int64_t> slots(rows);
-  for (int i = 0; i < rows; ++i) slots[i] = 79 - i;  // backwards through the arena
+  for (int i = 0; i < rows; ++i) {
+    slots[i] = i < 25 ? 79 - i : 80 + (i - 25);  // the first 25 backwards, for the attention
+  }
   EXPECT_TRUE(
       backend.AppendKv({arena.View(0), y.data() + 96, y.data() + 128, slots.data(), rows, n, n})
           .ok());
@@ -148,6 +155,15 @@ std::vector<float> RunEveryOp(int num_threads) {
   ap.sm_scale = 0.25f;
   EXPECT_TRUE(backend.PagedAttention(ap).ok());
   keep(attn);
+
+  // 60 pairs: blocks 16..75 (rows 0..24's and the next ones') to 100..159.
+  std::vector<int32_t> src(60), dst(60);
+  for (int i = 0; i < 60; ++i) {
+    src[i] = 16 + i;
+    dst[i] = 100 + i;
+  }
+  EXPECT_TRUE(backend.CopyBlocks(arena.CopyParams(src, dst)).ok());
+  for (int c = 0; c < arena.num_chunks(); ++c) keep(arena.chunk(c));
   return all;
 }
 
