@@ -36,8 +36,8 @@ FlagSet MakeFlags() {
   f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
   constexpr IntRange kUint32{0, std::numeric_limits<uint32_t>::max()};  // the proto's fields
   f.AddInt("max-tokens", "most tokens to generate; 0 = server default", 0, kUint32);
-  f.AddFloat("temperature", "a finite number; 0 = greedy", 0.0);
-  f.AddFloat("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
+  f.AddFloat32("temperature", "a finite number; 0 = greedy", 0.0);
+  f.AddFloat32("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
   f.AddInt("top-k", "0 = off", 0, kUint32);
   f.AddUint64("seed", "sampling seed; 0 = server default", 0);
   f.AddString("stop", "stop string (not printed)");
@@ -75,6 +75,12 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
     out << flags.Usage();
     return 0;
   }
+  // An empty address would reach gRPC's resolver, which logs and fails with a message that
+  // names no flag.
+  if (flags.GetString("address").empty()) {
+    err << "kvd client: --address is empty; give the daemon's HOST:PORT\n\n" << flags.Usage();
+    return 2;
+  }
   const bool token_ids = flags.Has("prompt-token-ids");
   if (token_ids == flags.Has("prompt")) {
     err << "kvd client: exactly one of --prompt and --prompt-token-ids is required\n\n"
@@ -98,7 +104,8 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   // The proto's fields are uint32, float and uint64: the integer flags' ranges are checked
   // by Parse, the floats' here, so that the server sees the number the user typed (or the
   // user sees why not), never a wrapped one.
-  // Temperature and top-p ranges are the server's to check; here only what a float holds.
+  // Temperature and top-p ranges are the server's to check; here only what a float holds
+  // (Parse has refused a finite value that overflows a float or rounds to 0 in one).
   constexpr double kMaxFloat = std::numeric_limits<float>::max();
   constexpr char kFloatRange[] = "a finite number within a float's range (|x| <= 3.4e38)";
   const std::optional<double> temperature =
@@ -130,20 +137,23 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   v1::GenerateResponse response;
   v1::GenerateResponse last;
   bool first_id = true;
+  bool wrote = false;  // the trailing newline ends output, if there was any
   while (reader->Read(&response)) {
     if (token_ids) {
       for (uint32_t id : response.token_ids()) {
         out << (first_id ? "" : " ") << id;
         first_id = false;
+        wrote = true;
       }
       out << std::flush;
     } else {
       out << response.text() << std::flush;
+      wrote = wrote || !response.text().empty();
     }
     if (!response.finish_reason().empty()) last = response;
   }
   const grpc::Status status = reader->Finish();
-  out << "\n";
+  if (wrote) out << "\n";
   if (!status.ok()) {
     err << "kvd client: " << absl::StatusCodeToString(FromGrpcStatus(status).code()) << ": "
         << status.error_message() << "\n";

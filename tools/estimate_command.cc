@@ -30,8 +30,10 @@ FlagSet MakeFlags() {
       "(twice the bytes): pass --kv-dtype f32 for CPU deployments.");
   f.AddString("model", "llama2.c checkpoint (only its header is read) or synthetic:<preset> "
                        "(tiny, llama2-7b, llama3-8b)");
-  f.AddInt("batch", "number of sequences");
-  f.AddInt("seq-len", "tokens per sequence (prompt + output)");
+  constexpr IntRange kPositive{1, std::numeric_limits<int64_t>::max()};
+  f.AddInt("batch", "number of sequences", std::nullopt, kPositive);
+  f.AddInt("seq-len", "tokens per sequence (prompt + output), at most the model's context",
+           std::nullopt, kPositive);
   f.AddString("kv-dtype",
               "KV storage, any case: f32 (the CPU backend), bf16 (CUDA), fp16, fp8, int8, int4",
               std::string("bf16"));
@@ -61,48 +63,72 @@ absl::StatusOr<DType> ParseKvDtype(const std::string& text) {
                                                  "'; allowed: f32, bf16, fp16, fp8, int8, int4"));
 }
 
-absl::Status Run(const FlagSet& flags, std::ostream& out) {
-  auto spec = LoadModelSpec(flags.GetString("model"));
-  if (!spec.ok()) return spec.status();
+// --budget in bytes; 0 when absent.
+absl::StatusOr<int64_t> ParseBudget(const FlagSet& flags) {
+  if (!flags.Has("budget")) return 0;
+  auto budget = ParseByteSize(flags.GetString("budget"));
+  if (!budget.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
+  }
+  // The estimator reads 0 as "no budget"; a typed 0 is a mistake, not that (nothing fits).
+  if (*budget == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--budget: '", flags.GetString("budget"),
+                     "' is zero bytes; allowed: a byte size > 0 (leave --budget out for none)"));
+  }
+  return *budget;
+}
+
+// The flag values Parse cannot judge alone, checked before the model is read: a failure is a
+// usage error.
+absl::Status CheckFlagValues(const FlagSet& flags) {
+  if (auto dtype = ParseKvDtype(flags.GetString("kv-dtype")); !dtype.ok()) {
+    return dtype.status();
+  }
+  return ParseBudget(flags).status();
+}
+
+// --seq-len against the model's context: a usage error too, once the model is known.
+absl::Status CheckSeqLen(const FlagSet& flags, const ModelSpec& spec) {
+  const int64_t seq_len = flags.GetInt("seq-len");
+  if (spec.max_context_tokens <= 0 || seq_len <= spec.max_context_tokens) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--seq-len: ", seq_len,
+                                                 " is more than the context of model ", spec.name,
+                                                 " (", spec.max_context_tokens, " tokens)"));
+}
+
+absl::Status Run(const FlagSet& flags, const ModelSpec& spec, std::ostream& out) {
   auto dtype = ParseKvDtype(flags.GetString("kv-dtype"));
   if (!dtype.ok()) return dtype.status();
   MemoryEstimateRequest req;
-  req.num_layers = spec->num_layers;
-  req.d_model = spec->dim;
-  req.num_kv_heads = spec->num_kv_heads;
-  req.head_dim = spec->head_dim;
+  req.num_layers = spec.num_layers;
+  req.d_model = spec.dim;
+  req.num_kv_heads = spec.num_kv_heads;
+  req.head_dim = spec.head_dim;
   req.kv_dtype = *dtype;
   req.block_size = static_cast<int32_t>(flags.GetInt("block-size"));  // ranged in MakeFlags
   req.batch = flags.GetInt("batch");
   req.seq_len = flags.GetInt("seq-len");
-  if (flags.Has("budget")) {
-    auto budget = ParseByteSize(flags.GetString("budget"));
-    if (!budget.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
-    }
-    // The estimator reads 0 as "no budget"; a typed 0 is a mistake, not that (nothing fits).
-    if (*budget == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--budget: '", flags.GetString("budget"),
-                       "' is zero bytes; allowed: a byte size > 0 (leave --budget out for none)"));
-    }
-    req.budget_bytes = *budget;
-  }
+  auto budget = ParseBudget(flags);
+  if (!budget.ok()) return budget.status();
+  req.budget_bytes = *budget;
   auto est = MemoryEstimator::Estimate(req);
   if (!est.ok()) return est.status();
   if (!flags.GetBool("json")) {
-    out << "model " << spec->name << ": " << spec->num_layers << " layers, d_model "
-        << spec->dim << ", " << spec->num_heads << " query heads, " << spec->num_kv_heads
-        << " KV heads x " << spec->head_dim << "\n"
+    out << "model " << spec.name << ": " << spec.num_layers << " layers, d_model " << spec.dim
+        << ", " << spec.num_heads << " query heads, " << spec.num_kv_heads << " KV heads x "
+        << spec.head_dim << "\n"
         << MemoryEstimator::Format(req, *est);
     return absl::OkStatus();
   }
   nlohmann::json j;
-  j["model"] = spec->name;
-  j["num_layers"] = spec->num_layers;
-  j["d_model"] = spec->dim;
-  j["num_kv_heads"] = spec->num_kv_heads;
-  j["head_dim"] = spec->head_dim;
+  j["model"] = spec.name;
+  j["num_layers"] = spec.num_layers;
+  j["d_model"] = spec.dim;
+  j["num_kv_heads"] = spec.num_kv_heads;
+  j["head_dim"] = spec.head_dim;
   j["kv_dtype"] = std::string(DTypeName(*dtype));
   j["block_size"] = req.block_size;
   j["batch"] = req.batch;
@@ -146,7 +172,20 @@ int RunEstimateCommand(const std::vector<std::string>& args, std::ostream& out,
     err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
-  if (absl::Status s = Run(flags, out); !s.ok()) {
+  if (absl::Status s = CheckFlagValues(flags); !s.ok()) {
+    err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  auto spec = LoadModelSpec(flags.GetString("model"));
+  if (!spec.ok()) {
+    err << "kvd estimate: " << spec.status().message() << "\n";
+    return 1;
+  }
+  if (absl::Status s = CheckSeqLen(flags, *spec); !s.ok()) {
+    err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (absl::Status s = Run(flags, *spec, out); !s.ok()) {
     err << "kvd estimate: " << s.message() << "\n";
     return 1;
   }

@@ -1,6 +1,7 @@
 #include "tools/flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/ascii.h"
@@ -53,6 +54,11 @@ void FlagSet::AddFloat(std::string name, std::string help, std::optional<double>
                   std::nullopt};
 }
 
+void FlagSet::AddFloat32(std::string name, std::string help, std::optional<double> def) {
+  AddFloat(name, std::move(help), def);
+  flags_[name].kind = Kind::kFloat32;
+}
+
 void FlagSet::AddBool(std::string name, std::string help) {
   order_.push_back(name);
   flags_[name] = {Kind::kBool, std::move(help), std::nullopt, std::nullopt};
@@ -91,6 +97,12 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
+      // `--prompt --json` is a forgotten value far more often than a prompt of "--json".
+      if (args[i + 1].rfind("--", 0) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --", name, " needs a value; to pass one starting with --, write --",
+                         name, "=VALUE"));
+      }
       value = args[++i];
     }
     if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) {
@@ -112,11 +124,24 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
         return absl::InvalidArgumentError(
             absl::StrCat("flag --", name, ": ", *value, " is outside ", RangeText(flag)));
       }
-    } else if (flag.kind == Kind::kFloat) {
+    } else if (flag.kind == Kind::kFloat || flag.kind == Kind::kFloat32) {
       double v;
       if (!absl::SimpleAtod(*value, &v)) {
         return absl::InvalidArgumentError(
             absl::StrCat("flag --", name, " wants a number, got '", *value, "'"));
+      }
+      if (flag.kind == Kind::kFloat32 && std::isfinite(v)) {
+        const float narrowed = static_cast<float>(v);
+        if (std::isinf(narrowed)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("flag --", name, ": ", *value,
+                           " is out of range; allowed: a number a float holds (|x| <= 3.4e38)"));
+        }
+        if (narrowed == 0 && v != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("flag --", name, ": ", *value,
+                           " is not 0 but rounds to 0 as a float; allowed: 0 or |x| >= 1.4e-45"));
+        }
       }
     }
     // Given twice, one value would silently win (`--config a.yaml --config b.yaml`).
@@ -156,7 +181,9 @@ double FlagSet::GetFloat(const std::string& name) const {
 
 absl::Status FlagSet::Require(const std::vector<std::string>& names) const {
   for (const std::string& name : names) {
-    if (!Has(name)) return absl::InvalidArgumentError(absl::StrCat("missing required flag --", name));
+    if (!Has(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("missing required flag --", name));
+    }
   }
   return absl::OkStatus();
 }
@@ -168,7 +195,7 @@ std::string FlagSet::Usage() const {
     std::string left = absl::StrCat("  --", name);
     if (flag.kind == Kind::kString) absl::StrAppend(&left, " TEXT");
     if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) absl::StrAppend(&left, " N");
-    if (flag.kind == Kind::kFloat) absl::StrAppend(&left, " X");
+    if (flag.kind == Kind::kFloat || flag.kind == Kind::kFloat32) absl::StrAppend(&left, " X");
     absl::StrAppend(&out, absl::StrFormat("%-28s %s", left, flag.help));
     std::vector<std::string> notes;
     if (flag.def) notes.push_back(absl::StrCat("default ", *flag.def));

@@ -20,10 +20,12 @@ struct IntRange {
 };
 
 // A subcommand's flags: declared once with their help text, then parsed from argv.
-// `--name value` and `--name=value` both work; boolean flags take no value. Unknown flags,
-// missing values, malformed numbers, integers outside their flag's range and a flag with a
-// value given twice are errors that name the flag and the value as typed (and the range): a
-// number is never wrapped or clamped, and no value silently replaces another.
+// `--name value` and `--name=value` both work; boolean flags take no value. A value that
+// starts with "--" is taken only as `--name=--value`: `--prompt --json` is a missing value, not
+// the prompt "--json". Unknown flags, missing values, malformed numbers, integers outside their
+// flag's range and a flag with a value given twice are errors that name the flag and the value as
+// typed (and the range): a number is never wrapped or clamped, and no value silently replaces
+// another.
 class FlagSet {
  public:
   explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}
@@ -37,6 +39,10 @@ class FlagSet {
   // A uint64 flag (seeds): 0 .. 18446744073709551615; a negative value is out of range.
   void AddUint64(std::string name, std::string help, std::optional<uint64_t> def = {});
   void AddFloat(std::string name, std::string help, std::optional<double> def = {});
+  // A number the caller stores in a float: Parse also refuses a finite value that overflows a
+  // float (|x| > 3.4e38) or that is not 0 but rounds to 0 as a float (|x| < 1.4e-45), rather
+  // than let it turn into inf or 0. NaN and infinities typed as such are the caller's to check.
+  void AddFloat32(std::string name, std::string help, std::optional<double> def = {});
   void AddBool(std::string name, std::string help);
 
   // Parses args (without the program and subcommand names). `--help` sets help().
@@ -58,7 +64,7 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kInt, kUint64, kFloat, kBool };
+  enum class Kind { kString, kInt, kUint64, kFloat, kFloat32, kBool };
   struct Flag {
     Kind kind;
     std::string help;

@@ -17,6 +17,7 @@
 #include "model/streaming_decoder.h"
 #include "model/tokenizer.h"
 #include "scheduler/generator.h"
+#include "scheduler/request.h"
 #include "tools/device.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
@@ -42,18 +43,21 @@ FlagSet MakeFlags() {
       "repeated). llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
       "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
       "reference); synthetic models are generated in device memory from --seed. A number\n"
-      "outside its flag's range (below) is a usage error, never wrapped or clamped; a\n"
-      "sampling value outside the range its help gives fails before the model loads.");
+      "outside its flag's range (below) is a usage error, never wrapped or clamped, as is a\n"
+      "sampling value outside the range its help gives or a --device other than those three;\n"
+      "both are refused before the model loads.");
   f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
               "whichever matches its vocabulary");
   f.AddString("prompt", "text to complete");
-  f.AddInt("max-tokens", "most tokens to generate", 256, IntRange{0, kMaxInt32});
-  f.AddFloat("temperature", "0 = greedy; otherwise softmax temperature", 1.0);
-  f.AddFloat("top-p", "nucleus sampling mass, in (0, 1]", 1.0);
+  f.AddInt("max-tokens",
+           "most tokens to generate; the model's context (prompt + output) also caps it", 256,
+           IntRange{0, kMaxInt32});
+  f.AddFloat32("temperature", "0 = greedy; otherwise softmax temperature", 1.0);
+  f.AddFloat32("top-p", "nucleus sampling mass, in (0, 1]", 1.0);
   f.AddInt("top-k", "keep the K most likely tokens; 0 = off", 0, IntRange{0, kMaxInt32});
-  f.AddFloat("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
+  f.AddFloat32("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
   f.AddUint64("seed",
               "sampling seed, as the config's model.seed; the same seed gives the same text", 0);
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
@@ -74,20 +78,37 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& mode
       absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
 }
 
-absl::Status Run(const FlagSet& flags, std::ostream& out) {
-  const std::string model_ref = flags.GetString("model");
-  if (model_ref.rfind("synthetic:", 0) == 0 && !flags.Has("tokenizer")) {
-    return absl::InvalidArgumentError(
-        "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
-  }
-  // Checked before anything loads: a typo in --top-p must not cost a checkpoint load.
+// The sampling flags as the generator takes them (Parse has refused floats a float cannot
+// hold); not yet validated.
+SamplingParams SamplingFromFlags(const FlagSet& flags) {
   SamplingParams sampling;
   sampling.temperature = static_cast<float>(flags.GetFloat("temperature"));
   sampling.top_p = static_cast<float>(flags.GetFloat("top-p"));
   sampling.top_k = static_cast<int32_t>(flags.GetInt("top-k"));
   sampling.min_p = static_cast<float>(flags.GetFloat("min-p"));
   sampling.seed = flags.GetUint64("seed");
-  if (auto s = sampling.Validate(); !s.ok()) return s;
+  return sampling;
+}
+
+// The flag values Parse cannot judge alone, checked before anything loads (a typo in --top-p
+// must not cost a checkpoint load): a failure is a usage error. Whether the named device is
+// there is Run's to find out (a runtime failure).
+absl::Status CheckFlagValues(const FlagSet& flags) {
+  if (flags.GetString("model").rfind("synthetic:", 0) == 0 && !flags.Has("tokenizer")) {
+    return absl::InvalidArgumentError(
+        "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
+  }
+  if (absl::Status s = SamplingFromFlags(flags).Validate(); !s.ok()) return s;
+  const std::string device = flags.GetString("device");
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    return Prefixed("--device", ResolveDevice(device).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err) {
+  const std::string model_ref = flags.GetString("model");
+  const SamplingParams sampling = SamplingFromFlags(flags);
   auto device = ResolveDevice(flags.GetString("device"));
   if (!device.ok()) {
     return Prefixed("--device", device.status());
@@ -145,10 +166,14 @@ absl::Status Run(const FlagSet& flags, std::ostream& out) {
     j["prompt_tokens"] = request.prompt;
     j["output_tokens"] = r.output;
     j["text"] = text;
-    j["stop"] = r.finish == FinishReason::kStop ? "stop_token" : "length";
+    j["stop"] = std::string(FinishReasonName(r.finish));
     out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     out << tail << "\n";
+    if (r.finish == FinishReason::kContextLimit) {
+      err << "kvd generate: the output was cut at the model's context (" << spec.max_context_tokens
+          << " tokens, prompt included) after " << r.output.size() << " tokens\n";
+    }
   }
   return absl::OkStatus();
 }
@@ -169,7 +194,11 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
-  if (absl::Status s = Run(flags, out); !s.ok()) {
+  if (absl::Status s = CheckFlagValues(flags); !s.ok()) {
+    err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
+    return 2;
+  }
+  if (absl::Status s = Run(flags, out, err); !s.ok()) {
     err << "kvd generate: " << s.message() << "\n";
     return 1;
   }

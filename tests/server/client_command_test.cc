@@ -85,6 +85,41 @@ TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
   }
 }
 
+// The request's floats: 1e-50 was once sent as 0 (greedy temperature, unset top-p).
+TEST(ClientCommandTest, SamplingFloatsThatRoundToZeroAreUsageErrors) {
+  for (const char* flag : {"--temperature", "--top-p"}) {
+    const Result r =
+        Client({"--prompt", "hi", "--address", "127.0.0.1:1", "--timeout", "1", flag, "1e-50"});
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_THAT(r.err,
+                HasSubstr(std::string(flag) + ": 1e-50 is not 0 but rounds to 0 as a float"));
+  }
+}
+
+// gRPC's resolver once logged raw lines and failed with "UNKNOWN: Failed to create secure
+// client channel", which names no flag.
+TEST(ClientCommandTest, EmptyAddressIsAUsageErrorNamingIt) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--prompt", "hi", "--address", ""},
+        std::vector<std::string>{"--prompt", "hi", "--address="}}) {
+    const Result r = Client(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("kvd client: --address is empty"));
+    EXPECT_THAT(r.err, Not(HasSubstr("UNKNOWN")));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// A call that fails before any text streams leaves stdout empty, not one bare newline.
+TEST(ClientCommandTest, FailedCallPrintsNothingToStdout) {
+  for (const char* prompt_flag : {"--prompt", "--prompt-token-ids"}) {
+    const Result r = Client({prompt_flag, "1", "--address", "127.0.0.1:1", "--timeout", "1"});
+    EXPECT_EQ(r.code, 1) << r.err;  // nothing listens
+    EXPECT_EQ(r.out, "") << prompt_flag;
+    EXPECT_THAT(r.err, HasSubstr("kvd client: UNAVAILABLE"));
+  }
+}
+
 // The request's seed is a uint64, as the config's model.seed: the largest is sent, not refused.
 TEST(ClientCommandTest, SeedTakesTheWholeUint64Range) {
   const Result r = Client({"--prompt", "hi", "--address", "127.0.0.1:1", "--timeout", "1", "--seed",

@@ -83,6 +83,21 @@ TEST(FlagSetTest, AValueFlagGivenTwiceIsAnErrorNamingBothValues) {
   EXPECT_TRUE(Flags().Parse({"--json", "--json"}).ok());  // a switch twice is still on
 }
 
+// `--prompt --json` once made the prompt "--json" (and dropped the switch).
+TEST(FlagSetTest, AValueStartingWithDashDashIsTakenOnlyAfterEquals) {
+  FlagSet f = Flags();
+  const absl::Status s = f.Parse({"--model", "--json"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--model needs a value; to pass one starting with --, write "
+                                     "--model=VALUE"));
+  EXPECT_FALSE(Flags().Parse({"--max-tokens", "--json"}).ok());
+  FlagSet g = Flags();
+  ASSERT_TRUE(g.Parse({"--model=--json", "--max-tokens", "-5"}).ok());
+  EXPECT_EQ(g.GetString("model"), "--json");
+  EXPECT_FALSE(g.GetBool("json"));
+  EXPECT_EQ(g.GetInt("max-tokens"), -5);  // one dash is a value
+}
+
 TEST(FlagSetTest, RequireAndUsage) {
   FlagSet f = Flags();
   ASSERT_TRUE(f.Parse({"--help"}).ok());

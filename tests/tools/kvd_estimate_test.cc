@@ -74,15 +74,17 @@ TEST(KvdEstimateTest, TableAndErrors) {
                     "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("per token           1280 bytes"));
+  // A bad flag value is a usage error (2); a model that is not there is a runtime one (1).
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --kv-dtype int3");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.out, HasSubstr("int3"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--kv-dtype: unknown type 'int3'"));
+  EXPECT_THAT(r.out, HasSubstr("usage: kvd estimate"));
   r = RunKvd("estimate --model synthetic:llama9 --batch 1 --seq-len 10");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("llama9"));
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget 12XB");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.out, HasSubstr("--budget"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--budget: unknown unit 'XB'"));
   // Not cut to 32 bits (4294967312 would have become 16): a usage error.
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --block-size 4294967312");
   EXPECT_EQ(r.exit_code, 2);
@@ -106,6 +108,27 @@ TEST(KvdEstimateTest, TableAndErrors) {
   }
 }
 
+// Once sized without a word: a batch of 0 or -3, and sequences no model run could hold.
+TEST(KvdEstimateTest, BatchAndSeqLenOutsideWhatAModelRunsAreUsageErrors) {
+  const std::string model = "estimate --model synthetic:llama3-8b ";
+  for (const char* args : {"--batch 0 --seq-len 10", "--batch -3 --seq-len 10",
+                           "--batch 1 --seq-len 0", "--batch 1 --seq-len -1"}) {
+    const KvdResult r = RunKvd(model + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(" is outside [1, 9223372036854775807]")) << args;
+  }
+  KvdResult r = RunKvd(model + "--batch 1 --seq-len 100000");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--seq-len: 100000 is more than the context of model "
+                               "synthetic:llama3-8b (8192 tokens)"));
+  r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
+             "/models/stories260K.bin --batch 1 --seq-len 513");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--seq-len: 513 is more than the context of model "));
+  EXPECT_THAT(r.out, HasSubstr("(512 tokens)"));
+  EXPECT_EQ(RunKvd(model + "--batch 1 --seq-len 8192").exit_code, 0);  // the whole context
+}
+
 TEST(KvdEstimateTest, KvDtypeTakesTheConfigsQuantizationNamesInAnyCase) {
   const std::string args = "estimate --model synthetic:llama3-8b --batch 1 --seq-len 16 --json";
   for (KvQuantization q : AllValues<KvQuantization>()) {
@@ -121,7 +144,7 @@ TEST(KvdEstimateTest, KvDtypeTakesTheConfigsQuantizationNamesInAnyCase) {
   // `none` is the backend's native type, which the estimate cannot see: it says which to pass.
   for (const char* none : {"none", "None"}) {
     const KvdResult r = RunKvd(args + " --kv-dtype " + none);
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
     EXPECT_THAT(r.out, HasSubstr("pass f32 for the CPU backend, bf16 for CUDA"));
   }
 }
@@ -141,7 +164,7 @@ TEST(KvdEstimateTest, ZeroBudgetIsAnErrorNotDropped) {
         RunKvd(std::string(
                    "estimate --model synthetic:llama3-8b --batch 1 --seq-len 16 --json --budget ") +
                zero);
-    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_EQ(r.exit_code, 2) << r.out;
     EXPECT_THAT(r.out, HasSubstr(std::string("--budget: '") + zero + "' is zero bytes"));
   }
 }

@@ -16,18 +16,21 @@ using ::testing::Not;
 using ::testing::StartsWith;
 
 const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bin";
+// The goldens are the fp32 CPU reference's (llama2.c's); on a GPU host auto would pick bf16
+// CUDA.
+const std::string kGenerate = "generate --device cpu --model " + kModel;
 
 TEST(KvdGenerateTest, GreedyStoryMatchesLlama2c) {
-  const KvdResult r = RunKvd("generate --model " + kModel +
-                          " --prompt 'Once upon a time' --max-tokens 60 --temperature 0");
+  const KvdResult r =
+      RunKvd(kGenerate + " --prompt 'Once upon a time' --max-tokens 60 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, StartsWith(", there was a little girl named Lily."));
 }
 
 TEST(KvdGenerateTest, JsonOutput) {
-  const KvdResult r = RunKvd("generate --model " + kModel +
-                          " --prompt 'Once upon a time' --max-tokens 20 --temperature 0 --json"
-                          " --block-size 4");
+  const KvdResult r = RunKvd(kGenerate +
+                             " --prompt 'Once upon a time' --max-tokens 20 --temperature 0 --json"
+                             " --block-size 4");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["prompt_tokens"], nlohmann::json({1, 403, 407, 261, 378}));
@@ -37,16 +40,16 @@ TEST(KvdGenerateTest, JsonOutput) {
 }
 
 TEST(KvdGenerateTest, StopsAtBosLikeLlama2c) {
-  const KvdResult r = RunKvd("generate --model " + kModel +
-                          " --prompt 'Lily and Tom' --max-tokens 400 --temperature 0 --json");
+  const KvdResult r =
+      RunKvd(kGenerate + " --prompt 'Lily and Tom' --max-tokens 400 --temperature 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["stop"], "stop_token");
+  EXPECT_EQ(j["stop"], "stop");                // FinishReasonName, as the server's finish_reason
   EXPECT_EQ(j["output_tokens"].size(), 220u);  // golden: 220 tokens, then BOS
 }
 
 TEST(KvdGenerateTest, SeededSamplingIsReproducible) {
-  const std::string args = "generate --model " + kModel +
+  const std::string args = kGenerate +
                            " --prompt 'The little dog' --max-tokens 40 --temperature 0.9"
                            " --top-p 0.9 --seed 42 --json";
   const KvdResult a = RunKvd(args);
@@ -63,10 +66,66 @@ TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
   EXPECT_THAT(top.out, HasSubstr("generate"));
   const KvdResult r = RunKvd("generate --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag : {"--model", "--tokenizer", "--prompt", "--max-tokens", "--temperature",
-                           "--top-p", "--top-k", "--seed", "--block-size", "--json"}) {
-    EXPECT_THAT(r.out, HasSubstr(flag));
+  for (const char* flag :
+       {"--model", "--tokenizer", "--prompt", "--max-tokens", "--temperature", "--top-p", "--top-k",
+        "--min-p", "--seed", "--block-size", "--device", "--threads", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string("\n  ") + flag + " "));
   }
+  EXPECT_THAT(r.out, HasSubstr("the model's context (prompt + output) also caps it"));
+}
+
+// 482 prompt tokens leave 30 of stories260K's 512: the finish is the context's, not "length"
+// (which --max-tokens 300 was not reached for), and text mode says so on stderr.
+TEST(KvdGenerateTest, ContextLimitIsReportedAsSuch) {
+  std::string prompt;
+  for (int i = 0; i < 48; ++i) prompt += "Once upon a time there was a dog. ";
+  const std::string args =
+      kGenerate + " --prompt '" + prompt + "' --max-tokens 300 --temperature 0";
+  const KvdResult json = RunKvd(args + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["prompt_tokens"].size(), 482u);
+  EXPECT_LT(j["output_tokens"].size(), 300u);
+  EXPECT_EQ(j["stop"], "context_limit");
+  const KvdResult text = RunKvd(args);
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("kvd generate: the output was cut at the model's context "
+                                  "(512 tokens, prompt included)"));
+  EXPECT_THAT(RunKvd(kGenerate + " --prompt hi --max-tokens 5 --temperature 0").out,
+              Not(HasSubstr("context")));
+}
+
+// A value a float cannot hold was once narrowed: 1e-50 ran greedy (temperature 0), top-p 1e-50
+// was reported as "top_p = 0", 1e39 as inf.
+TEST(KvdGenerateTest, FloatsAFloatCannotHoldAreUsageErrors) {
+  struct Case {
+    const char* flag;
+    const char* value;
+    const char* why;
+  };
+  for (const Case& c : {Case{"temperature", "1e-50", "is not 0 but rounds to 0 as a float"},
+                        Case{"top-p", "1e-50", "is not 0 but rounds to 0 as a float"},
+                        Case{"min-p", "-1e-60", "is not 0 but rounds to 0 as a float"},
+                        Case{"temperature", "1e39", "is out of range"},
+                        Case{"top-p", "-1e39", "is out of range"}}) {
+    const KvdResult r =
+        RunKvd(kGenerate + " --prompt hi --max-tokens 2 --" + c.flag + " " + c.value);
+    EXPECT_EQ(r.exit_code, 2) << c.flag << " " << c.value << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(std::string("--") + c.flag + ": " + c.value + " " + c.why));
+  }
+  // The smallest float is a float, not an error.
+  EXPECT_EQ(RunKvd(kGenerate + " --prompt hi --max-tokens 2 --temperature 1e-45").exit_code, 0);
+}
+
+// `--prompt --json` once completed the text "--json" (as text, not JSON).
+TEST(KvdGenerateTest, AFlagWhereAValueBelongsIsAUsageError) {
+  KvdResult r = RunKvd(kGenerate + " --max-tokens 2 --prompt --json");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--prompt needs a value; to pass one starting with --, write "
+                               "--prompt=VALUE"));
+  r = RunKvd(kGenerate + " --max-tokens 2 --temperature 0 --json --prompt=--json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["output_tokens"].size(), 2u);
 }
 
 TEST(KvdGenerateTest, TopLevelUsageSaysGenerateRunsWhereDevicePoints) {
@@ -98,8 +157,8 @@ TEST(KvdGenerateTest, IntegerFlagsOutsideTheirRangeAreUsageErrors) {
         Case{"threads", "4294967297", "[0, 1024]"}, Case{"threads", "-7", "[0, 1024]"},
         Case{"seed", "-1", "[0, 18446744073709551615]"},
         Case{"seed", "18446744073709551616", "[0, 18446744073709551615]"}}) {
-    const KvdResult r = RunKvd("generate --model " + kModel + " --prompt hi --temperature 0 --" +
-                               c.flag + " " + c.value);
+    const KvdResult r =
+        RunKvd(kGenerate + " --prompt hi --temperature 0 --" + c.flag + " " + c.value);
     EXPECT_EQ(r.exit_code, 2) << c.flag << " " << c.value << ": " << r.out;
     EXPECT_THAT(r.out,
                 HasSubstr(std::string("--") + c.flag + ": " + c.value + " is outside " + c.range));
@@ -108,8 +167,8 @@ TEST(KvdGenerateTest, IntegerFlagsOutsideTheirRangeAreUsageErrors) {
 
 TEST(KvdGenerateTest, SeedTakesTheWholeUint64RangeAsTheConfigDoes) {
   // model.seed allows [0, 2^64 - 1]; so does --seed, and each seed is its own stream.
-  const std::string args = "generate --model " + kModel +
-                           " --prompt 'The little dog' --max-tokens 40 --temperature 0.9 --json";
+  const std::string args =
+      kGenerate + " --prompt 'The little dog' --max-tokens 40 --temperature 0.9 --json";
   const KvdResult top = RunKvd(args + " --seed 18446744073709551615");
   ASSERT_EQ(top.exit_code, 0) << top.out;
   EXPECT_EQ(top.out, RunKvd(args + " --seed 18446744073709551615").out);
@@ -125,20 +184,24 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("generate --model /nonexistent/model.bin --prompt hi");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr("/nonexistent/model.bin"));
-  r = RunKvd("generate --model " + kModel + " --prompt hi --temperature -1");
-  EXPECT_EQ(r.exit_code, 1);
+  // A bad flag value is a usage error (2), as an integer out of range is; what fails while
+  // running (the missing model above) is 1.
+  r = RunKvd(kGenerate + " --prompt hi --temperature -1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("temperature"));
+  EXPECT_THAT(r.out, HasSubstr("usage: kvd generate"));
   // Sampling values are checked before anything loads: a missing model is not reported.
   r = RunKvd("generate --model /nonexistent/model.bin --prompt hi --top-p 0");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("top_p"));
   EXPECT_THAT(r.out, Not(HasSubstr("/nonexistent/model.bin")));
-  r = RunKvd("generate --model " + kModel + " --prompt hi --block-size 0");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.out, HasSubstr("block"));
+  r = RunKvd(kGenerate + " --prompt hi --block-size 0");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--block-size: 0 is outside a power of two in [1, 256]"));
   r = RunKvd("generate --model " + kModel + " --prompt hi --device gpu");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--device: 'gpu' is not one of cpu, cuda, auto"));
+  EXPECT_THAT(r.out, HasSubstr("usage: kvd generate"));
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));
