@@ -79,13 +79,19 @@ absl::StatusOr<int64_t> ParseBudget(const FlagSet& flags) {
   return *budget;
 }
 
-// The flag values Parse cannot judge alone, checked before the model is read: a failure is a
+// The flag values Parse cannot judge alone, parsed before the model is read: a failure is a
 // usage error.
-absl::Status CheckFlagValues(const FlagSet& flags) {
-  if (auto dtype = ParseKvDtype(flags.GetString("kv-dtype")); !dtype.ok()) {
-    return dtype.status();
-  }
-  return ParseBudget(flags).status();
+struct FlagValues {
+  DType kv_dtype = DType::kBF16;
+  int64_t budget_bytes = 0;  // 0: none
+};
+
+absl::StatusOr<FlagValues> ParseFlagValues(const FlagSet& flags) {
+  auto dtype = ParseKvDtype(flags.GetString("kv-dtype"));
+  if (!dtype.ok()) return dtype.status();
+  auto budget = ParseBudget(flags);
+  if (!budget.ok()) return budget.status();
+  return FlagValues{*dtype, *budget};
 }
 
 // --seq-len against the model's context: a usage error too, once the model is known.
@@ -99,21 +105,18 @@ absl::Status CheckSeqLen(const FlagSet& flags, const ModelSpec& spec) {
                                                  " (", spec.max_context_tokens, " tokens)"));
 }
 
-absl::Status Run(const FlagSet& flags, const ModelSpec& spec, std::ostream& out) {
-  auto dtype = ParseKvDtype(flags.GetString("kv-dtype"));
-  if (!dtype.ok()) return dtype.status();
+absl::Status Run(const FlagSet& flags, const FlagValues& values, const ModelSpec& spec,
+                 std::ostream& out) {
   MemoryEstimateRequest req;
   req.num_layers = spec.num_layers;
   req.d_model = spec.dim;
   req.num_kv_heads = spec.num_kv_heads;
   req.head_dim = spec.head_dim;
-  req.kv_dtype = *dtype;
+  req.kv_dtype = values.kv_dtype;
   req.block_size = static_cast<int32_t>(flags.GetInt("block-size"));  // ranged in MakeFlags
   req.batch = flags.GetInt("batch");
   req.seq_len = flags.GetInt("seq-len");
-  auto budget = ParseBudget(flags);
-  if (!budget.ok()) return budget.status();
-  req.budget_bytes = *budget;
+  req.budget_bytes = values.budget_bytes;
   auto est = MemoryEstimator::Estimate(req);
   if (!est.ok()) return est.status();
   if (!flags.GetBool("json")) {
@@ -129,7 +132,7 @@ absl::Status Run(const FlagSet& flags, const ModelSpec& spec, std::ostream& out)
   j["d_model"] = spec.dim;
   j["num_kv_heads"] = spec.num_kv_heads;
   j["head_dim"] = spec.head_dim;
-  j["kv_dtype"] = std::string(DTypeName(*dtype));
+  j["kv_dtype"] = std::string(DTypeName(values.kv_dtype));
   j["block_size"] = req.block_size;
   j["batch"] = req.batch;
   j["seq_len"] = req.seq_len;
@@ -172,8 +175,9 @@ int RunEstimateCommand(const std::vector<std::string>& args, std::ostream& out,
     err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
-  if (absl::Status s = CheckFlagValues(flags); !s.ok()) {
-    err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
+  const absl::StatusOr<FlagValues> values = ParseFlagValues(flags);
+  if (!values.ok()) {
+    err << "kvd estimate: " << values.status().message() << "\n\n" << flags.Usage();
     return 2;
   }
   auto spec = LoadModelSpec(flags.GetString("model"));
@@ -185,7 +189,7 @@ int RunEstimateCommand(const std::vector<std::string>& args, std::ostream& out,
     err << "kvd estimate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
-  if (absl::Status s = Run(flags, *spec, out); !s.ok()) {
+  if (absl::Status s = Run(flags, *values, *spec, out); !s.ok()) {
     err << "kvd estimate: " << s.message() << "\n";
     return 1;
   }
