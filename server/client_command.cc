@@ -9,7 +9,9 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,12 +27,15 @@ namespace {
 FlagSet MakeFlags() {
   FlagSet f(
       "kvd client --address HOST:PORT (--prompt TEXT | --prompt-token-ids 1,2,3)\n"
-      "           [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-      "           [--stop TEXT] [--session-id ID] [--ignore-eos] [--timeout SECONDS] [--usage]\n"
+      "           [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
+      "           [--seed S] [--stop TEXT]... [--stop-token-ids 1,2] [--session-id ID]\n"
+      "           [--priority N] [--expected-output-tokens N] [--request-id ID]\n"
+      "           [--ignore-eos] [--timeout SECONDS] [--usage]\n"
       "\n"
       "Streams a completion of TEXT (or of the token ids) from a running `kvd serve` to\n"
       "stdout; with --prompt-token-ids the generated token ids are printed, space-separated.\n"
-      "A number outside its flag's range (below) is a usage error, never wrapped or clamped.");
+      "A number outside its flag's range (below) is a usage error, never wrapped or clamped;\n"
+      "the server checks the sampling values and answers INVALID_ARGUMENT naming the field.");
   f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
   f.AddString("prompt", "text to complete");
   f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
@@ -39,12 +44,19 @@ FlagSet MakeFlags() {
   f.AddFloat32("temperature", "a finite number; 0 = greedy", 0.0);
   f.AddFloat32("top-p", "nucleus mass in (0, 1]; 0 = unset", 0.0);
   f.AddInt("top-k", "0 = off", 0, kUint32);
+  f.AddFloat32("min-p", "drop tokens below min-p times the top probability; 0 = off", 0.0);
   f.AddUint64("seed", "sampling seed; 0 = server default", 0);
-  f.AddString("stop", "stop string (not printed)");
+  f.AddStringList("stop", "stop string (not printed); give it once per string");
+  f.AddString("stop-token-ids", "comma-separated token ids that end generation (not printed)");
   f.AddString("session-id", "multi-turn session id");
+  f.AddInt("priority", "larger runs first and is preempted last", 0,
+           IntRange{std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()});
+  f.AddInt("expected-output-tokens", "your estimate of the output length, for admission; 0 = none",
+           0, kUint32);
+  f.AddString("request-id", "echoed in the responses; empty = the server makes one up");
   f.AddBool("ignore-eos", "do not stop at the model's end-of-text token");
   f.AddFloat("timeout", "deadline in seconds, 0 .. 315360000 (ten years); 0 = none", 0.0);
-  f.AddBool("usage", "print usage and timings to stderr at the end");
+  f.AddBool("usage", "print the request id, usage and timings to stderr at the end");
   return f;
 }
 
@@ -61,6 +73,22 @@ std::optional<double> FloatInRange(const FlagSet& flags, const std::string& name
   err << "kvd client: --" << name << ": " << flags.GetString(name)
       << " is out of range; allowed: " << allowed << "\n";
   return std::nullopt;
+}
+
+// The comma-separated token ids of flag `name`, or a usage error naming the flag and the item.
+std::optional<std::vector<uint32_t>> TokenIds(const FlagSet& flags, const std::string& name,
+                                              std::ostream& err) {
+  std::vector<uint32_t> ids;
+  for (absl::string_view item : absl::StrSplit(flags.GetString(name), ',')) {
+    uint32_t id = 0;
+    if (!absl::SimpleAtoi(item, &id)) {
+      err << "kvd client: --" << name << ": '" << item
+          << "' is not a token id (comma-separated non-negative integers)\n";
+      return std::nullopt;
+    }
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 }  // namespace
@@ -89,22 +117,16 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   v1::GenerateRequest request;
   if (token_ids) {
-    for (absl::string_view item : absl::StrSplit(flags.GetString("prompt-token-ids"), ',')) {
-      uint32_t id = 0;
-      if (!absl::SimpleAtoi(item, &id)) {
-        err << "kvd client: --prompt-token-ids: '" << item
-            << "' is not a token id (comma-separated non-negative integers)\n";
-        return 2;
-      }
-      request.add_prompt_token_ids(id);
-    }
+    const std::optional<std::vector<uint32_t>> ids = TokenIds(flags, "prompt-token-ids", err);
+    if (!ids) return 2;
+    request.mutable_prompt_token_ids()->Add(ids->begin(), ids->end());
   } else {
     request.set_prompt(flags.GetString("prompt"));
   }
   // The proto's fields are uint32, float and uint64: the integer flags' ranges are checked
   // by Parse, the floats' here, so that the server sees the number the user typed (or the
   // user sees why not), never a wrapped one.
-  // Temperature and top-p ranges are the server's to check; here only what a float holds
+  // Temperature, top-p and min-p ranges are the server's to check; here only what a float holds
   // (Parse has refused a finite value that overflows a float or rounds to 0 in one).
   constexpr double kMaxFloat = std::numeric_limits<float>::max();
   constexpr char kFloatRange[] = "a finite number within a float's range (|x| <= 3.4e38)";
@@ -112,17 +134,28 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
       FloatInRange(flags, "temperature", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> top_p =
       FloatInRange(flags, "top-p", -kMaxFloat, kMaxFloat, kFloatRange, err);
+  const std::optional<double> min_p =
+      FloatInRange(flags, "min-p", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> timeout = FloatInRange(
       flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
-  if (!temperature || !top_p || !timeout) return 2;
+  if (!temperature || !top_p || !min_p || !timeout) return 2;
   request.set_ignore_eos(flags.GetBool("ignore-eos"));
   request.set_max_tokens(static_cast<uint32_t>(flags.GetInt("max-tokens")));
   request.set_temperature(static_cast<float>(*temperature));
   request.set_top_p(static_cast<float>(*top_p));
   request.set_top_k(static_cast<uint32_t>(flags.GetInt("top-k")));
+  request.set_min_p(static_cast<float>(*min_p));
   request.set_seed(flags.GetUint64("seed"));
-  if (flags.Has("stop")) request.add_stop(flags.GetString("stop"));
-  if (flags.Has("session-id")) request.set_session_id(flags.GetString("session-id"));
+  for (const std::string& stop : flags.GetStrings("stop")) request.add_stop(stop);
+  if (flags.Has("stop-token-ids")) {
+    const std::optional<std::vector<uint32_t>> ids = TokenIds(flags, "stop-token-ids", err);
+    if (!ids) return 2;
+    request.mutable_stop_token_ids()->Add(ids->begin(), ids->end());
+  }
+  request.set_session_id(flags.GetString("session-id"));
+  request.set_priority(static_cast<int32_t>(flags.GetInt("priority")));
+  request.set_expected_output_tokens(static_cast<uint32_t>(flags.GetInt("expected-output-tokens")));
+  request.set_request_id(flags.GetString("request-id"));
 
   auto channel =
       grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials());
@@ -161,12 +194,13 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   if (flags.GetBool("usage")) {
     const v1::Usage& u = last.usage();
-    err << "finish_reason=" << last.finish_reason() << " prompt_tokens=" << u.prompt_tokens()
+    err << "request_id=" << last.request_id() << " finish_reason=" << last.finish_reason()
+        << " prompt_tokens=" << u.prompt_tokens()
         << " cached_prompt_tokens=" << u.cached_prompt_tokens()
         << " completion_tokens=" << u.completion_tokens()
         << " queue_time_s=" << u.queue_time_seconds()
         << " ttft_s=" << u.time_to_first_token_seconds() << " total_s=" << u.total_time_seconds()
-        << "\n";
+        << " preemptions=" << u.num_preemptions() << "\n";
   }
   return 0;
 }

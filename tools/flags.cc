@@ -64,6 +64,11 @@ void FlagSet::AddBool(std::string name, std::string help) {
   flags_[name] = {Kind::kBool, std::move(help), std::nullopt, std::nullopt};
 }
 
+void FlagSet::AddStringList(std::string name, std::string help) {
+  order_.push_back(name);
+  flags_[name] = {Kind::kStringList, std::move(help), std::nullopt, std::nullopt};
+}
+
 absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -144,6 +149,11 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
         }
       }
     }
+    if (flag.kind == Kind::kStringList) {
+      lists_[name].push_back(*value);
+      values_[name] = *value;
+      continue;
+    }
     // Given twice, one value would silently win (`--config a.yaml --config b.yaml`).
     if (auto given = values_.find(name); given != values_.end()) {
       return absl::InvalidArgumentError(absl::StrCat("flag --", name, " is given twice ('",
@@ -179,6 +189,11 @@ double FlagSet::GetFloat(const std::string& name) const {
   return v;
 }
 
+std::vector<std::string> FlagSet::GetStrings(const std::string& name) const {
+  auto it = lists_.find(name);
+  return it == lists_.end() ? std::vector<std::string>{} : it->second;
+}
+
 absl::Status FlagSet::Require(const std::vector<std::string>& names) const {
   for (const std::string& name : names) {
     if (!Has(name)) {
@@ -193,12 +208,15 @@ std::string FlagSet::Usage() const {
   for (const std::string& name : order_) {
     const Flag& flag = flags_.at(name);
     std::string left = absl::StrCat("  --", name);
-    if (flag.kind == Kind::kString) absl::StrAppend(&left, " TEXT");
+    if (flag.kind == Kind::kString || flag.kind == Kind::kStringList) {
+      absl::StrAppend(&left, " TEXT");
+    }
     if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) absl::StrAppend(&left, " N");
     if (flag.kind == Kind::kFloat || flag.kind == Kind::kFloat32) absl::StrAppend(&left, " X");
     absl::StrAppend(&out, absl::StrFormat("%-28s %s", left, flag.help));
     std::vector<std::string> notes;
     if (flag.def) notes.push_back(absl::StrCat("default ", *flag.def));
+    if (flag.kind == Kind::kStringList) notes.push_back("repeatable");
     if (flag.range || flag.kind == Kind::kUint64) {
       notes.push_back(absl::StrCat("range ", RangeText(flag)));
     }

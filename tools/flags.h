@@ -25,7 +25,7 @@ struct IntRange {
 // the prompt "--json". Unknown flags, missing values, malformed numbers, integers outside their
 // flag's range and a flag with a value given twice are errors that name the flag and the value as
 // typed (and the range): a number is never wrapped or clamped, and no value silently replaces
-// another.
+// another (only a list flag, AddStringList, takes a value each time it is given).
 class FlagSet {
  public:
   explicit FlagSet(std::string usage) : usage_(std::move(usage)) {}
@@ -44,6 +44,9 @@ class FlagSet {
   // than let it turn into inf or 0. NaN and infinities typed as such are the caller's to check.
   void AddFloat32(std::string name, std::string help, std::optional<double> def = {});
   void AddBool(std::string name, std::string help);
+  // A string flag that may be given any number of times, each value kept in order (stop
+  // strings). GetStrings reads them.
+  void AddStringList(std::string name, std::string help);
 
   // Parses args (without the program and subcommand names). `--help` sets help().
   absl::Status Parse(const std::vector<std::string>& args);
@@ -56,6 +59,8 @@ class FlagSet {
   // REQUIRES: `name` was added with AddUint64.
   uint64_t GetUint64(const std::string& name) const;
   double GetFloat(const std::string& name) const;
+  // Every value given, in order; empty when none. REQUIRES: added with AddStringList.
+  std::vector<std::string> GetStrings(const std::string& name) const;
   bool GetBool(const std::string& name) const { return Has(name); }
   // Fails naming the first missing required flag.
   absl::Status Require(const std::vector<std::string>& names) const;
@@ -64,7 +69,7 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kInt, kUint64, kFloat, kFloat32, kBool };
+  enum class Kind { kString, kInt, kUint64, kFloat, kFloat32, kBool, kStringList };
   struct Flag {
     Kind kind;
     std::string help;
@@ -77,7 +82,8 @@ class FlagSet {
   std::string usage_;
   std::vector<std::string> order_;
   std::map<std::string, Flag> flags_;
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::string> values_;              // the last value given
+  std::map<std::string, std::vector<std::string>> lists_;  // kStringList: every value given
   bool help_ = false;
 };
 

@@ -1,20 +1,29 @@
-// `kvd client`'s flags: exactly one prompt form, token ids parsed strictly. (Talking to a
-// daemon is covered by serve_synthetic_test.cc and tests/gpu/serve_check.sh.)
+// `kvd client`'s flags: exactly one prompt form, token ids parsed strictly, every flag
+// reaching its GenerateRequest field (checked against an in-process server that records
+// the request), and the stream printed as it arrives. (Talking to a real daemon is covered
+// by serve_synthetic_test.cc and tests/gpu/serve_check.sh.)
 
 #include "server/client_command.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "kvd/v1/kvd.grpc.pb.h"
+
 namespace kvd {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -28,6 +37,141 @@ Result Client(const std::vector<std::string>& args) {
   std::ostringstream out, err;
   const int code = RunClientCommand(args, out, err);
   return {code, out.str(), err.str()};
+}
+
+// An Inference server on a free local port that records each GenerateRequest and answers
+// with two deltas ("Once", " upon"; ids 10, 11), then a last message with finish_reason
+// "stop", usage and the request id (the client's, or "made-up").
+class RecordingServer final : public v1::Inference::Service {
+ public:
+  RecordingServer() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~RecordingServer() override { server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  v1::GenerateRequest last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = *request;
+    }
+    const std::string id = request->request_id().empty() ? "made-up" : request->request_id();
+    v1::GenerateResponse delta;
+    delta.set_request_id(id);
+    delta.add_token_ids(10);
+    delta.set_text("Once");
+    writer->Write(delta);
+    delta.set_token_ids(0, 11);
+    delta.set_text(" upon");
+    writer->Write(delta);
+    v1::GenerateResponse end;
+    end.set_request_id(id);
+    end.set_finish_reason("stop");
+    end.mutable_usage()->set_prompt_tokens(3);
+    end.mutable_usage()->set_completion_tokens(2);
+    end.mutable_usage()->set_num_preemptions(1);
+    writer->Write(end);
+    return grpc::Status::OK;
+  }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  v1::GenerateRequest last_;
+};
+
+TEST(ClientCommandTest, EveryFlagReachesItsRequestField) {
+  RecordingServer server;
+  const Result r = Client({"--address",
+                           server.address(),
+                           "--prompt",
+                           "Once upon a time",
+                           "--max-tokens",
+                           "7",
+                           "--temperature",
+                           "0.5",
+                           "--top-p",
+                           "0.9",
+                           "--top-k",
+                           "40",
+                           "--min-p",
+                           "0.05",
+                           "--seed",
+                           "18446744073709551615",
+                           "--stop",
+                           "The end",
+                           "--stop=\n\n",
+                           "--stop-token-ids",
+                           "2,13",
+                           "--session-id",
+                           "chat-1",
+                           "--priority",
+                           "-3",
+                           "--expected-output-tokens",
+                           "120",
+                           "--request-id",
+                           "req-9",
+                           "--ignore-eos",
+                           "--timeout",
+                           "30"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "Once upon\n");
+  const v1::GenerateRequest q = server.last();
+  EXPECT_EQ(q.prompt(), "Once upon a time");
+  EXPECT_TRUE(q.prompt_token_ids().empty());
+  EXPECT_EQ(q.max_tokens(), 7u);
+  EXPECT_FLOAT_EQ(q.temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(q.top_p(), 0.9f);
+  EXPECT_EQ(q.top_k(), 40u);
+  EXPECT_FLOAT_EQ(q.min_p(), 0.05f);
+  EXPECT_EQ(q.seed(), 18446744073709551615u);
+  EXPECT_THAT(q.stop(), ElementsAre("The end", "\n\n"));
+  EXPECT_THAT(q.stop_token_ids(), ElementsAre(2u, 13u));
+  EXPECT_EQ(q.session_id(), "chat-1");
+  EXPECT_EQ(q.priority(), -3);
+  EXPECT_EQ(q.expected_output_tokens(), 120u);
+  EXPECT_EQ(q.request_id(), "req-9");
+  EXPECT_TRUE(q.ignore_eos());
+}
+
+// Left out, each field keeps its proto default: the server's defaults apply.
+TEST(ClientCommandTest, FlagsLeftOutLeaveTheFieldsUnset) {
+  RecordingServer server;
+  const Result r = Client({"--address", server.address(), "--prompt-token-ids", "1,5,9"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "10 11\n");  // the ids, space-separated, for a token-id prompt
+  EXPECT_EQ(r.err, "");
+  v1::GenerateRequest expected;
+  expected.add_prompt_token_ids(1);
+  expected.add_prompt_token_ids(5);
+  expected.add_prompt_token_ids(9);
+  EXPECT_EQ(server.last().SerializeAsString(), expected.SerializeAsString())
+      << server.last().DebugString();
+}
+
+TEST(ClientCommandTest, UsageLineNamesTheRequestAndItsPreemptions) {
+  RecordingServer server;
+  const Result r = Client({"--address", server.address(), "--prompt", "hi", "--usage"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("request_id=made-up finish_reason=stop prompt_tokens=3"));
+  EXPECT_THAT(r.err, HasSubstr("completion_tokens=2"));
+  EXPECT_THAT(r.err, HasSubstr("preemptions=1"));
+}
+
+TEST(ClientCommandTest, MalformedStopTokenIdIsAUsageErrorNamingIt) {
+  const Result r = Client({"--prompt", "hi", "--stop-token-ids", "2,-1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--stop-token-ids: '-1' is not a token id"));
 }
 
 TEST(ClientCommandTest, HelpListsTokenIdPrompts) {
@@ -65,6 +209,8 @@ TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
            {"--max-tokens", "-1", "[0, 4294967295]"},
            {"--top-k", "-1", "[0, 4294967295]"},
            {"--top-k", "4294967296", "[0, 4294967295]"},
+           {"--expected-output-tokens", "-1", "[0, 4294967295]"},
+           {"--priority", "2147483648", "[-2147483648, 2147483647]"},
            {"--seed", "-1", "[0, 18446744073709551615]"},
            {"--seed", "18446744073709551616", "[0, 18446744073709551615]"}}) {
     const Result r = Client({"--prompt", "hi", "--address", "127.0.0.1:1", flag, value});
@@ -75,6 +221,7 @@ TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
        std::vector<std::pair<std::string, std::string>>{{"--temperature", "1e300"},
                                                         {"--temperature", "nan"},
                                                         {"--top-p", "inf"},
+                                                        {"--min-p", "nan"},
                                                         {"--timeout", "inf"},
                                                         {"--timeout", "1e300"},
                                                         {"--timeout", "nan"},
@@ -87,7 +234,7 @@ TEST(ClientCommandTest, OutOfRangeNumbersAreUsageErrorsNamingFlagAndValue) {
 
 // The request's floats: 1e-50 was once sent as 0 (greedy temperature, unset top-p).
 TEST(ClientCommandTest, SamplingFloatsThatRoundToZeroAreUsageErrors) {
-  for (const char* flag : {"--temperature", "--top-p"}) {
+  for (const char* flag : {"--temperature", "--top-p", "--min-p"}) {
     const Result r =
         Client({"--prompt", "hi", "--address", "127.0.0.1:1", "--timeout", "1", flag, "1e-50"});
     EXPECT_EQ(r.code, 2) << flag << ": " << r.err;

@@ -83,6 +83,21 @@ TEST(FlagSetTest, AValueFlagGivenTwiceIsAnErrorNamingBothValues) {
   EXPECT_TRUE(Flags().Parse({"--json", "--json"}).ok());  // a switch twice is still on
 }
 
+// Stop strings: each --stop adds one, in order; an empty value is a value too.
+TEST(FlagSetTest, AListFlagKeepsEveryValueInOrder) {
+  FlagSet f = Flags();
+  f.AddStringList("stop", "stop string");
+  ASSERT_TRUE(f.Parse({"--stop", "a", "--model", "m", "--stop=", "--stop=--b"}).ok());
+  EXPECT_THAT(f.GetStrings("stop"), ::testing::ElementsAre("a", "", "--b"));
+  EXPECT_TRUE(f.Has("stop"));
+  FlagSet none = Flags();
+  none.AddStringList("stop", "stop string");
+  ASSERT_TRUE(none.Parse({}).ok());
+  EXPECT_TRUE(none.GetStrings("stop").empty());
+  EXPECT_FALSE(none.Has("stop"));
+  EXPECT_THAT(none.Usage(), HasSubstr("(repeatable)"));
+}
+
 // `--prompt --json` once made the prompt "--json" (and dropped the switch).
 TEST(FlagSetTest, AValueStartingWithDashDashIsTakenOnlyAfterEquals) {
   FlagSet f = Flags();
