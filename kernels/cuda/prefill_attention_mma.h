@@ -4,17 +4,19 @@
 // Tensor-core paged prefill attention for a bf16 KV cache (FlashAttention-2 style), used by
 // LaunchPrefillAttention (prefill_attention.h) for bf16 KV. Two kernels, by precision:
 //
-// kBf16 (what the backend runs; prefill_attention_wide.cu): Q and P rounded to plain bf16,
-// fp32 accumulation, the usual FlashAttention trade (errors ~1e-3). Work item = (sequence, KV
-// head, tile of 128 packed query rows), packed as in prefill_attention.h (row r -> token
-// r / group, query head kv_head * group + r % group), so every K/V tile loaded serves the
-// whole GQA group. A CTA of four warps, 32 rows per warp (two m16 tiles sharing every K and V
-// fragment), takes items from a work counter, costliest (latest causal) tiles first:
+// kBf16 (prefill_attention_wide.cu; CudaBackend::PagedAttention's choice for batches of at
+// least two work items per SM, and on Hopper at head_dim 128, where the items run the wgmma
+// kernel below): Q and P rounded to plain bf16, fp32 accumulation, the usual FlashAttention
+// trade (errors ~1e-3). Work item = (sequence, KV head, tile of 128 packed query rows),
+// packed as in prefill_attention.h (row r -> token r / group, query head
+// kv_head * group + r % group), so every K/V tile loaded serves the whole GQA group. A CTA of
+// four warps, 32 rows per warp (two m16 tiles sharing every K and V fragment), takes items
+// from a work counter, costliest (latest causal) tiles first:
 //
 //   Q tile -> bf16 in shared memory (scaled to base-2 logits), read by ldmatrix
-//   for each 64-key tile (double-buffered, gathered from the paged arena by cp.async into
-//   shared memory, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), skipping
-//   tiles past the last row's causal end (per warp):
+//   for each K/V tile (32 keys at head_dim 128, 64 at 64; three stages, gathered from the
+//   paged arena by cp.async into shared memory, 16-byte chunks XOR-swizzled by row so
+//   ldmatrix is conflict-free), skipping tiles past the last row's causal end (per warp):
 //     S = Q K^T             mma.m16n8k16 bf16 -> fp32, K through ldmatrix
 //     causal / length mask  only on tiles that cross a row's last visible key
 //     online softmax        fp32, per row, in registers (base-2 logits, exp2)
@@ -26,9 +28,11 @@
 // where PagedAttentionParams::q_bf16 gives them in bf16), two consumer warpgroups of 64 rows
 // take turns on the tensor cores (wgmma) and run the softmax. The other kernels read fp32 Q.
 //
-// kSplit (this file's .cu): 64-row items, 16 rows per warp with Q in registers; Q and P are
-// each rounded to a bf16 high part plus a bf16 residual and every product is two MMAs,
-// which keeps ~16 significant bits (results within ~1e-6 of fp32 math).
+// kSplit (this file's .cu; the backend's choice, where the wgmma kernel does not run, for
+// batches of fewer than two kBf16 work items per SM): 64-row items, 16 rows per warp, Q's bf16 high
+// part in registers and its residual in shared memory; Q and P are each rounded to a bf16 high part
+// plus a bf16 residual and every product is two MMAs, which keeps ~16 significant bits (results
+// within ~1e-6 of fp32 math).
 
 #include <cuda_runtime_api.h>
 

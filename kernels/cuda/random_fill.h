@@ -46,7 +46,9 @@ KVD_HOST_DEVICE inline float RandomFillValue(const RandomFill& f, uint64_t i) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(f.offset, __fmul_rn(u, f.scale));  // no FMA contraction
 #else
-  const float scaled = u * f.scale;
+  // volatile: GCC contracts across statements by default (-ffp-contract=fast) where the target
+  // has FMA (aarch64 hosts, x86 with -march=haswell and up); the store rounds the product.
+  const volatile float scaled = u * f.scale;
   return f.offset + scaled;
 #endif
 }

@@ -1,6 +1,7 @@
 // CUDA paged attention (split-KV decode, tiled prefill, mixed batches) against the CPU
 // reference: scattered block tables over several chunks (one released), block sizes
-// 1/16/64, GQA groups 1/4/7/8/12, head_dim 64/128, contexts 1 to 32k, f32 and bf16 KV.
+// 1/16/64, GQA groups 1/4/7/8/12, head_dim 64/128 (and 8-32 on the generic kernel), contexts
+// 1 to 32k, f32 and bf16 KV.
 // With bf16 KV the backend's prefill runs the tensor-core kernel in its plain-bf16 mode (Q and
 // P rounded to bf16, as FlashAttention does): those rows are held to a bf16-sized tolerance,
 // every other row (f32 KV, decodes) to fp32 accumulation-order error. The kernel's split mode
@@ -369,6 +370,18 @@ std::vector<AttentionCase> Cases() {
   // Bidirectional attention over the whole sequence.
   add("noncausal_bf16_d128_bs16_g4", {{40, 40}, {10, 300}, {1, 50}}, DType::kBF16, 128, 16, 2, 4,
       /*causal=*/false);
+  // More query rows than keys, which only bidirectional attention allows: every row sees
+  // all kv_len keys.
+  add("noncausal_q_past_kv_bf16_d128_bs16_g4", {{50, 20}, {3, 1}, {1, 40}}, DType::kBF16, 128, 16,
+      2, 4, /*causal=*/false);
+  // Head dims below 64 run the generic kernel (stories260K: head_dim 8, 4 KV heads, groups of
+  // 2): decodes, prefills over a cached prefix, block size 1, GQA, bidirectional.
+  add("generic_f32_d8_bs16_g2", mixed, DType::kF32, 8, 16, 4, 2);
+  add("generic_bf16_d8_bs1_g2", mixed, DType::kBF16, 8, 1, 4, 2);
+  add("generic_bf16_d32_bs64_g4", mixed, DType::kBF16, 32, 64, 2, 4);
+  add("generic_f32_d16_bs16_g1", {{1, 4097}, {30, 30}, {5, 200}}, DType::kF32, 16, 16, 3, 1);
+  add("generic_noncausal_bf16_d32_bs16_g4", {{40, 40}, {10, 300}, {50, 20}}, DType::kBF16, 32, 16,
+      2, 4, /*causal=*/false);
   // Tensor-core prefill with plain-bf16 Q and P (prefill-only batches: the launch runs no
   // decode kernel).
   const std::vector<SeqShape> prefills = {{2, 2}, {33, 33}, {100, 600}, {5, 70}, {130, 1000}};

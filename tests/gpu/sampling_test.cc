@@ -228,6 +228,32 @@ TEST_F(SamplingTest, RandomRowsMatchTheCpuUpToBoundaryRounding) {
   EXPECT_LT(num_rounding, 0.02 * num_sampled);
 }
 
+// The launch gives each row a cluster of 8, 4, 2 or 1 CTAs by batch size (sampling_kernels.cu:
+// up to 8 rows, 32, 64, then one CTA a row): batches of 40 and 100 rows (clusters of 2 and 1;
+// the other tests' 2 to 24 rows take 8 and 4) and 256 rows, as a full decode batch.
+TEST_F(SamplingTest, LargeBatchesOnSmallerClustersMatchTheCpu) {
+  std::mt19937 rng(4242);
+  int num_sampled = 0, num_rounding = 0;
+  for (const auto& [vocab, num_rows] :
+       std::vector<std::pair<int32_t, int32_t>>{{128256, 40}, {32000, 100}, {128256, 256}}) {
+    const Batch b = RandomBatch(vocab, num_rows, rng);
+    const std::vector<int32_t> expected = RunSample(cpu(), b);
+    const std::vector<int32_t> actual = RunSample(gpu(), b);
+    for (int32_t r = 0; r < num_rows; ++r) {
+      SCOPED_TRACE(testing::Message()
+                   << "vocab " << vocab << ", " << num_rows << " rows, row " << r);
+      ASSERT_GE(actual[r], 0);
+      ASSERT_LT(actual[r], vocab);
+      bool rounding = false;
+      EXPECT_TRUE(AcceptableToken(b.Row(r), b.rows[r], actual[r], expected[r], &rounding))
+          << "device " << actual[r] << " cpu " << expected[r];
+      if (b.rows[r].temperature != 0.0f) ++num_sampled;
+      num_rounding += rounding;
+    }
+  }
+  EXPECT_LT(num_rounding, 0.02 * num_sampled);
+}
+
 TEST_F(SamplingTest, GreedyRowsAreTheExactArgmax) {
   std::mt19937 rng(7);
   for (int32_t vocab : {1, 7, 512, 32000, 128256}) {
@@ -298,6 +324,32 @@ TEST_F(SamplingTest, EdgeCasesMatchTheCpuExactly) {
   const std::vector<int32_t> expected = RunSample(cpu(), b);
   EXPECT_EQ(RunSample(gpu(), b), expected);
   EXPECT_EQ(expected, (std::vector<int32_t>{123, 9, 500, 0, 17, 900, 321, 322, 321}));
+}
+
+// min_p keeps a token whose weight equals it (w >= min_p) and drops one a float below: the
+// device recomputes weights this close to min_p exactly, so it must agree with the CPU on
+// either side. Token 500's weight w is set as the CPU computes it; the draw (u = 0.9 of the
+// kept mass) takes it when kept, else the maximum, token 7.
+TEST_F(SamplingTest, MinPAtAWeightKeepsItAndAFloatAboveDropsIt) {
+  const int32_t vocab = 1000;
+  Batch b;
+  b.vocab_size = vocab;
+  b.row_stride = vocab;
+  std::vector<int32_t> expected;
+  for (const float temperature : {1.0f, 0.7f, 1.3f}) {
+    std::vector<float> logits(vocab, -40.0f);  // weights far below any min_p here
+    logits[7] = 2.0f;
+    logits[500] = 0.8f;
+    const float w = std::exp((logits[500] - logits[7]) * (1.0f / temperature));
+    for (const auto& [min_p, token] : std::vector<std::pair<float, int32_t>>{
+             {w, 500}, {std::nextafter(w, 0.0f), 500}, {std::nextafter(w, 1.0f), 7}}) {
+      b.logits.insert(b.logits.end(), logits.begin(), logits.end());
+      b.rows.push_back({.temperature = temperature, .min_p = min_p, .u = 0.9f});
+      expected.push_back(token);
+    }
+  }
+  EXPECT_EQ(RunSample(cpu(), b), expected);
+  EXPECT_EQ(RunSample(gpu(), b), expected);
 }
 
 TEST_F(SamplingTest, VocabularyOfOneAndZeroRows) {
