@@ -110,9 +110,10 @@ absl::Status ValidateRopeAppend(const RopeParams& p);
 // (its KV dtypes differ): num_tokens not negative, and with tokens k, v and slot_mapping
 // given with k_stride and v_stride of at least cache.num_kv_heads * cache.head_dim.
 // InvalidArgument naming "AppendKv" and the field otherwise. The slots are each backend's to
-// check where it can read them: the CPU backend rejects a negative slot or one outside the
-// arena; the CUDA backend, whose slots are in device memory, skips a token with a negative
-// slot (kernels/cuda/kv_cache_kernels.h) and cannot check the others.
+// check where it can read them: every backend skips a token whose slot is kNoSlot; the CPU
+// backend rejects any other negative slot or one outside the arena; the CUDA backend, whose
+// slots are in device memory, skips a token with any negative slot
+// (kernels/cuda/kv_cache_kernels.h) and cannot check the others.
 absl::Status ValidateAppendKvRows(const AppendKvParams& p);
 
 // The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend

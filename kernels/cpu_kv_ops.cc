@@ -31,7 +31,11 @@ absl::Status ValidateAppendKv(const AppendKvParams& p) {
   const KvCacheView& c = p.cache;
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
-    if (slot < 0) return Invalid(kOp, absl::StrCat("slot_mapping[", t, "] is ", slot));
+    if (slot == kNoSlot) continue;
+    if (slot < 0) {
+      return Invalid(kOp, absl::StrCat("slot_mapping[", t, "] is ", slot, "; allowed: >= 0, or ",
+                                       kNoSlot, " for no write"));
+    }
     if (absl::Status s =
             ValidateBlockId(kOp, absl::StrCat("slot_mapping[", t, "]"), slot / c.block_size,
                             c.chunks, c.num_chunks, c.chunk_shift);
@@ -51,6 +55,7 @@ absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
   const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / (2 * width * sizeof(float)));
   pool.ParallelFor(p.num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      if (p.slot_mapping[t] == kNoSlot) continue;
       const int64_t block = p.slot_mapping[t] / c.block_size;
       const int64_t offset = p.slot_mapping[t] % c.block_size;
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {

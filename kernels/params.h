@@ -101,7 +101,7 @@ struct RopeParams {
   bool append_kv = false;
   KvCacheView cache = {};
   const float* v = nullptr;               // [num_tokens][v_stride]
-  const int64_t* slot_mapping = nullptr;  // [num_tokens]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]; kNoSlot: not written
   int32_t v_stride = 0;
 };
 
@@ -128,9 +128,14 @@ struct EmbeddingParams {
   int32_t vocab_size = 0;
 };
 
-// Writes new tokens' K and V into the arena. Slot = block_id * block_size + offset.
-// REQUIRES: no slot appears twice (tokens are written in parallel, so which of two writes to
-// one slot lands is not defined).
+// A slot_mapping entry for a token whose K and V are not written: the padding rows of a
+// recorded decode graph's batch (LlamaModel). Every backend skips such a token.
+inline constexpr int64_t kNoSlot = -1;
+
+// Writes new tokens' K and V into the arena. Slot = block_id * block_size + offset, or
+// kNoSlot (nothing written for that token).
+// REQUIRES: no slot other than kNoSlot appears twice (tokens are written in parallel, so which of
+// two writes to one slot lands is not defined).
 struct AppendKvParams {
   KvCacheView cache;
   const float* k = nullptr;               // [num_tokens][k_stride], num_kv_heads*head_dim used

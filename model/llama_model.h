@@ -107,7 +107,7 @@ class LlamaModel {
   // Runs pure-decode batches (one new token per sequence, logits for every row in order)
   // of up to `max_batch_size` sequences as recorded graphs, one per batch-size bucket (1, 2,
   // 4, ... up to max_batch_size rounded up to a power of two). A batch is padded to its
-  // bucket with dummy rows (token 0 at position 0, slot -1 so no K/V is written, attention
+  // bucket with dummy rows (token 0 at position 0, kNoSlot so no K/V is written, attention
   // over one key of the first sequence's first block; their logits are computed and
   // ignored); its metadata goes to device buffers at fixed addresses, and the bucket's
   // graph is replayed when the KV views, the model's and the backend's scratch are those

@@ -99,13 +99,13 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
     graph_block_capacity_ = capacity;
   }
 
-  // Padding rows: token 0 at position 0, no K/V write (slot -1), attention over the first
+  // Padding rows: token 0 at position 0, no K/V write (kNoSlot), attention over the first
   // key of the first sequence's first block; their logits are computed and ignored.
   std::vector<int32_t> host(at.kv_indices + num_blocks, 0);
   int64_t* slots = reinterpret_cast<int64_t*>(host.data());
   for (int32_t i = 0; i < bucket; ++i) {
     const bool real = i < n;
-    slots[i] = real ? batch.slot_mapping[i] : -1;
+    slots[i] = real ? batch.slot_mapping[i] : kNoSlot;
     host[at.token_ids + i] = real ? batch.token_ids[i] : 0;
     host[at.positions + i] = real ? batch.positions[i] : 0;
     host[at.q_indptr + i + 1] = i + 1;

@@ -72,6 +72,26 @@ TEST(AppendKvTest, EveryValueLandsWhereTheLayoutSaysAndNothingElseChanges) {
   }
 }
 
+// kNoSlot (a decode graph's padding rows): that token writes nothing, the others land; any
+// other negative slot is refused (BadAppendKvParams below).
+TEST(AppendKvTest, ATokenWithNoSlotWritesNothing) {
+  CpuBackend backend(1);
+  const Geometry g{1, 2, 4, 8, 1, 3};
+  TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks);
+  const int width = g.heads * g.head_dim;
+  const std::vector<float> k = RandomFloats(3 * width, 1), v = RandomFloats(3 * width, 2);
+  const std::vector<int64_t> slots = {kNoSlot, 5, kNoSlot};
+  ASSERT_TRUE(
+      backend.AppendKv({arena.View(0), k.data(), v.data(), slots.data(), 3, width, width}).ok());
+  int64_t non_nan = 0;
+  for (int c = 0; c < arena.num_chunks(); ++c) {
+    for (float x : arena.chunk(c)) non_nan += !std::isnan(x);
+  }
+  EXPECT_EQ(non_nan, 2 * width);  // token 1's K and V rows only
+  EXPECT_EQ(arena.At(0, false, 1, 1, 1, 3), k[width + g.head_dim + 3]);  // slot 5: block 1, row 1
+  EXPECT_EQ(arena.At(0, true, 1, 0, 1, 0), v[width]);
+}
+
 // RopeParams::append_kv: the same q, k and arena, bit for bit, as Rope followed by AppendKv
 // of the rotated k; bad append params are refused before anything (q, k, arena) is written.
 TEST(RopeAppendKvTest, EqualsRopeThenAppendKvAndChecksTheAppendFirst) {
@@ -217,7 +237,8 @@ TEST(KvCacheOpsTest, BadAppendKvParamsAreInvalidArgumentAndWriteNothing) {
   expect_invalid("cache.num_kv_heads", [](AppendKvParams& p, Slots&) { p.cache.num_kv_heads = 0; });
   expect_invalid("cache.chunks", [](AppendKvParams& p, Slots&) { p.cache.chunks = nullptr; });
   expect_invalid("slot_mapping[2]", [](AppendKvParams&, Slots& s) { s[2] = 24; });  // block 6
-  expect_invalid("slot_mapping[1]", [](AppendKvParams&, Slots& s) { s[1] = -3; });
+  expect_invalid("slot_mapping[1] is -3; allowed: >= 0, or -1 for no write",
+                 [](AppendKvParams&, Slots& s) { s[1] = -3; });
   expect_invalid("null", [](AppendKvParams&, Slots& s) { s[2] = 2 * 4 + 1; });  // chunk 1
 }
 

@@ -133,6 +133,24 @@ TEST(LlamaModelGraphsTest, ReplayedStepsEqualUncapturedSteps) {
   EXPECT_EQ(models.stats().capture_failures, 0);
 }
 
+// Three sequences in the bucket of four: the padding row (token 0, no K/V write) is recorded
+// and replayed with the real ones, whose logits equal the uncaptured steps'. Four sequences
+// replay the same graph; one sequence records the bucket of one.
+TEST(LlamaModelGraphsTest, BatchesPaddedToTheirBucketEqualUncapturedSteps) {
+  GraphedAndReference models(/*max_batch_size=*/4, /*chunk_shift=*/6);
+  for (int32_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    models.ExpectSameLogits(Decode({20 + step, 40 + step, 3 + step}, {0, 10, 20}));
+  }
+  EXPECT_EQ(models.stats().captures, 1);
+  EXPECT_EQ(models.stats().replays, 2);
+  models.ExpectSameLogits(Decode({23, 43, 6, 70}, {0, 10, 20, 30}));  // the full bucket
+  EXPECT_EQ(models.stats().replays, 3);
+  models.ExpectSameLogits(Decode({24}, {0}));  // bucket 1
+  EXPECT_EQ(models.stats().captures, 2);
+  EXPECT_EQ(models.stats().capture_failures, 0);
+}
+
 // Runs `warmup` and two decode steps (recorded, replayed) on both models, then `prefill` on
 // the graphed one with its allocation `fail` failing, then two more decode steps.
 void DecodeAroundAFailedPrefill(const std::vector<ForwardBatch>& warmup,
