@@ -1,5 +1,7 @@
 #include "model/forward_batch.h"
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvd {
@@ -26,15 +28,27 @@ void ForwardBatch::AddSequence(absl::Span<const int32_t> tokens, int32_t start_p
 absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) const {
   const size_t t = token_ids.size();
   if (positions.size() != t || slot_mapping.size() != t) {
-    return absl::InvalidArgumentError(
-        "forward batch: token_ids, positions and slot_mapping "
-        "must have the same length");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward batch: token_ids, positions and slot_mapping must have the same length; "
+        "they have ",
+        t, ", ", positions.size(), " and ", slot_mapping.size()));
   }
-  if (q_indptr.empty() || kv_indptr.size() != q_indptr.size() ||
-      kv_last_block_len.size() + 1 != q_indptr.size() || q_indptr.front() != 0 ||
-      kv_indptr.front() != 0 || q_indptr.back() != static_cast<int32_t>(t) ||
-      kv_indptr.back() != static_cast<int32_t>(kv_indices.size())) {
-    return absl::InvalidArgumentError("forward batch: inconsistent CSR block tables");
+  if (q_indptr.empty() || q_indptr.front() != 0 || q_indptr.back() != static_cast<int32_t>(t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward batch: q_indptr must run from 0 to the ", t, " tokens; it has ", q_indptr.size(),
+        " entries",
+        q_indptr.empty() ? std::string()
+                         : absl::StrCat(", from ", q_indptr.front(), " to ", q_indptr.back())));
+  }
+  if (kv_indptr.size() != q_indptr.size() || kv_last_block_len.size() + 1 != q_indptr.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward batch: ", q_indptr.size() - 1, " sequences (q_indptr) but kv_indptr has ",
+        kv_indptr.size(), " entries and kv_last_block_len ", kv_last_block_len.size()));
+  }
+  if (kv_indptr.front() != 0 || kv_indptr.back() != static_cast<int32_t>(kv_indices.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward batch: kv_indptr must run from 0 to the ", kv_indices.size(),
+                     " kv_indices; it runs from ", kv_indptr.front(), " to ", kv_indptr.back()));
   }
   for (int32_t id : token_ids) {
     if (id < 0 || id >= vocab_size) {

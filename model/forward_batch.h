@@ -28,7 +28,7 @@ struct ForwardBatch {
 
   // Appends one sequence's chunk: `tokens` at positions start_pos.., with its whole block
   // table `blocks` covering start_pos + tokens.size() positions. When want_logits, the
-  // chunk's last token is added to logit_rows.
+  // chunk's last token is added to logit_rows (an empty chunk has none: no row is added).
   void AddSequence(absl::Span<const int32_t> tokens, int32_t start_pos,
                    absl::Span<const int32_t> blocks, int32_t block_size, bool want_logits);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -261,10 +262,9 @@ absl::Status OpenAndCheck(const std::string& path, CheckedFile& file) {
   if (!size.ok()) return size.status();
   const int64_t file_bytes = *size;
 
+  errno = 0;
   file.stream.open(path, std::ios::binary);
-  if (!file.stream) {
-    return absl::PermissionDeniedError(absl::StrCat(Where(path), ": cannot open for reading"));
-  }
+  if (!file.stream) return CannotOpen(Where(path), errno);
   unsigned char head[kV1HeaderBytes] = {};
   const int64_t head_bytes = std::min<int64_t>(file_bytes, kV1HeaderBytes);
   if (!file.stream.read(reinterpret_cast<char*>(head), head_bytes)) {

@@ -270,11 +270,14 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
         absl::StrCat("forward: ", layers.size(), " KV layer views for ", s.num_layers, " layers"));
   }
   const int32_t block_size = layers[0].block_size;
-  for (const KvCacheView& v : layers) {
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const KvCacheView& v = layers[l];
     if (v.num_kv_heads != s.num_kv_heads || v.head_dim != s.head_dim ||
         v.block_size != block_size) {
-      return absl::InvalidArgumentError(
-          "forward: KV view shape does not match the model (kv heads, head_dim, block_size)");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward: layer ", l, "'s KV view has ", v.num_kv_heads, " KV heads, head_dim ",
+          v.head_dim, " and block_size ", v.block_size, "; the model has ", s.num_kv_heads,
+          " KV heads and head_dim ", s.head_dim, ", and layer 0's view block_size ", block_size));
     }
   }
   KVD_RETURN_IF_ERROR(batch.Validate(s.vocab_size, block_size));

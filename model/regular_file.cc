@@ -1,6 +1,9 @@
 #include "model/regular_file.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 #include "absl/status/status.h"
@@ -25,6 +28,25 @@ absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_vi
   const uintmax_t size = std::filesystem::file_size(path, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot stat: ", ec.message()));
   return static_cast<int64_t>(size);
+}
+
+absl::Status CannotOpen(absl::string_view what, int error_number) {
+  const std::string message =
+      absl::StrCat(what, ": cannot open for reading: ", std::strerror(error_number));
+  switch (error_number) {
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InvalidArgumentError(message);
+  }
 }
 
 }  // namespace kvd

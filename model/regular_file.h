@@ -17,6 +17,12 @@ namespace kvd {
 // name too long), with the system's reason. Never throws.
 absl::StatusOr<int64_t> RegularFileSize(const std::string& path, absl::string_view what);
 
+// The error for a file that RegularFileSize accepted but that would not open, from the
+// errno the open left: "<what>: cannot open for reading: <the system's reason>", as
+// PermissionDenied (EACCES, EPERM), NotFound (ENOENT, ENOTDIR: gone meanwhile),
+// ResourceExhausted (out of file descriptors or memory) or InvalidArgument (anything else).
+absl::Status CannotOpen(absl::string_view what, int error_number);
+
 }  // namespace kvd
 
 #endif  // KVD_MODEL_REGULAR_FILE_H_

@@ -97,10 +97,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %d bytes, more than a tokenizer's limit of %d", what, *size, kMaxFileBytes));
   }
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrFormat("%s: cannot open: %s", what, std::strerror(errno)));
-  }
+  if (!in) return CannotOpen(what, errno);
   std::string data(static_cast<size_t>(*size), '\0');
   if (!in.read(data.data(), *size)) {
     return absl::InvalidArgumentError(
@@ -122,8 +121,19 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
         0, absl::StrFormat("max_token_length %d must be positive", tokenizer->max_token_length_));
   }
   size_t offset = 4;
+  // An entry takes at least 8 bytes, so a 256 MB file could name 33 million empty pieces:
+  // a vocabulary past the expected size is refused at its first extra entry, not after
+  // gigabytes of pieces.
+  auto size_mismatch = [&](const std::string& count) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tokenizer file '%s': has %s tokens but the model expects %d", path, count,
+                        expected_vocab_size));
+  };
   while (offset < data.size()) {
     const size_t token = tokenizer->pieces_.size();
+    if (expected_vocab_size >= 0 && token == static_cast<size_t>(expected_vocab_size)) {
+      return size_mismatch(absl::StrFormat("more than %d", expected_vocab_size));
+    }
     if (data.size() - offset < 8) {
       return corrupt(offset, absl::StrFormat("truncated entry for token %d: need 8 bytes for "
                                              "score and length, %d left",
@@ -151,9 +161,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
 
   const int32_t vocab_size = tokenizer->vocab_size();
   if (expected_vocab_size >= 0 && vocab_size != expected_vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("tokenizer file '%s': has %d tokens but the model expects %d", path,
-                        vocab_size, expected_vocab_size));
+    return size_mismatch(absl::StrCat(vocab_size));
   }
   if (vocab_size < kFirstByteId + kNumBytePieces) {
     return corrupt(offset, absl::StrFormat("only %d tokens; a llama2.c vocabulary needs at "

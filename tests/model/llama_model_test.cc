@@ -178,6 +178,30 @@ TEST(LlamaModelTest, RejectsBadBatches) {
   EXPECT_FALSE(model->get()->Forward(ok, arena.views().subspan(1), &logits).ok());
   EXPECT_TRUE(model->get()->Forward(ok, arena.views(), &logits).ok());
   EXPECT_EQ(logits.size(), 512u);
+
+  // A hand-built batch whose arrays disagree: the message says which, with their sizes.
+  auto refused = [&](void (*mutate)(ForwardBatch&)) {
+    ForwardBatch b = ok;
+    mutate(b);
+    return std::string(model->get()->Forward(b, arena.views(), &logits).message());
+  };
+  using ::testing::HasSubstr;
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.positions.pop_back(); }),
+              HasSubstr("same length; they have 2, 1 and 2"));
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.q_indptr.back() = 3; }),
+              HasSubstr("q_indptr must run from 0 to the 2 tokens; it has 2 entries, from 0 to 3"));
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.kv_last_block_len.push_back(1); }),
+              HasSubstr("1 sequences (q_indptr) but kv_indptr has 2 entries and "
+                        "kv_last_block_len 2"));
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.kv_indices.push_back(0); }),
+              HasSubstr("kv_indptr must run from 0 to the 2 kv_indices; it runs from 0 to 1"));
+
+  // A KV view of another shape names the layer and both shapes.
+  std::vector<KvCacheView> views(arena.views().begin(), arena.views().end());
+  views[3].head_dim = 16;
+  EXPECT_THAT(model->get()->Forward(ok, views, &logits).message(),
+              HasSubstr("layer 3's KV view has 4 KV heads, head_dim 16 and block_size 16; the "
+                        "model has 4 KV heads and head_dim 8"));
 }
 
 // ForwardAndSample samples each logit row on the backend with its own options: the tokens

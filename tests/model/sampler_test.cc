@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -328,6 +329,46 @@ TEST(SamplerTest, RandomSmallCasesMatchTheDocumentedProcedure) {
     for (int i = 0; i < 10; ++i) {
       ASSERT_EQ(sampler.Sample(logits), ReferenceSample(logits, params, reference_rng.NextFloat()))
           << "round " << round << " draw " << i;
+    }
+  }
+}
+
+// Past 64 candidates the sampler selects through logit buckets rather than a sort
+// (kernels/cpu_sampling.cc): vocabularies of 65 to 5000 tokens with long runs of ties, NaN,
+// -inf and +inf, under random filters, against the sorting reference.
+TEST(SamplerTest, RandomBucketedCasesWithTiesAndInfinitiesMatchTheDocumentedProcedure) {
+  std::mt19937 rng(77);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int round = 0; round < 80; ++round) {
+    const size_t n = std::uniform_int_distribution<size_t>(65, 5000)(rng);
+    std::vector<float> logits = RandomLogits(n, 500 + round, 3.0f);
+    std::uniform_int_distribution<size_t> position(0, n - 1);
+    switch (round % 4) {
+      case 0:  // a handful of distinct values: every cut falls inside a run of ties
+        for (float& x : logits) x = std::round(x / 2.0f);
+        break;
+      case 1:  // NaN (never chosen) and -inf (weight 0)
+        for (size_t i = 0; i < n / 10; ++i) logits[position(rng)] = std::nanf("");
+        for (size_t i = 0; i < n / 10; ++i) logits[position(rng)] = -kInf;
+        break;
+      case 2:  // two +inf: they alone have weight
+        logits[position(rng)] = kInf;
+        logits[position(rng)] = kInf;
+        break;
+      default:
+        break;
+    }
+    SamplingParams params{
+        .temperature = std::uniform_real_distribution<float>(0.2f, 2.0f)(rng),
+        .top_k = round % 3 == 0 ? 0 : std::uniform_int_distribution<int32_t>(1, 300)(rng),
+        .top_p = round % 5 == 0 ? 1.0f : std::uniform_real_distribution<float>(0.05f, 1.0f)(rng),
+        .min_p = round % 2 == 0 ? std::uniform_real_distribution<float>(0.0f, 0.3f)(rng) : 0.0f,
+        .seed = static_cast<uint64_t>(round)};
+    Sampler sampler(params);
+    Rng reference_rng(params.seed);
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_EQ(sampler.Sample(logits), ReferenceSample(logits, params, reference_rng.NextFloat()))
+          << "round " << round << " (" << n << " tokens) draw " << i;
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "model/streaming_decoder.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/gguf_vocab.h"
 
 namespace kvd {
 namespace {
@@ -389,6 +391,14 @@ std::unique_ptr<Tokenizer> LoadEntries(const std::string& name, std::vector<Entr
   return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
 }
 
+// A tokenizer file `name` of `count` entries, all but the base ones empty pieces (8 bytes
+// each). (Tests run in parallel processes: each its own file.)
+std::string ManyEmptyPieces(const std::string& name, int32_t count) {
+  std::vector<Entry> entries = BaseEntries();
+  entries.resize(count, Entry{0, ""});
+  return WriteTemp(name, Serialize(6, entries));
+}
+
 TEST(TokenizerMergeTest, EqualScoresMergeTheLeftmostPair) {
   // ids: " "=259, a=260, b=261, ab=262, ba=263
   auto t = LoadEntries("ties", {{0, " "}, {0, "a"}, {0, "b"}, {-1, "ab"}, {-1, "ba"}});
@@ -428,6 +438,36 @@ TEST(TokenizerMergeTest, MissingSpacePieceFallsBackToItsByte) {
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// llama.cpp's tokenizer test cases for the 32,000-token LLaMA SentencePiece vocabulary
+// (../shared/models/ggml-vocab-llama-spm.gguf.inp and .out: inputs separated by
+// "__ggml_vocab_test__" lines, each case's expected ids on one line), on that vocabulary
+// converted as llama2.c exports it. No BOS: the cases have none.
+TEST(TokenizerTest, LlamaVocabularyMatchesLlamaCppsTestCases) {
+  const std::string base = KVD_SHARED_DIR "/models/ggml-vocab-llama-spm.gguf";
+  auto vocab = test::GgufVocabAsLlama2cTokenizer(base);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  auto tokenizer = Tokenizer::LoadLlama2c(WriteTemp("llama_spm.bin", *vocab), 32000);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+
+  std::string inputs = ReadFile(base + ".inp");
+  const std::string separator = "\n__ggml_vocab_test__\n";
+  std::ifstream expected_lines(base + ".out");
+  std::string line;
+  int cases = 0;
+  for (size_t end; (end = inputs.find(separator)) != std::string::npos; ++cases) {
+    const std::string input = inputs.substr(0, end);
+    inputs.erase(0, end + separator.size());
+    ASSERT_TRUE(std::getline(expected_lines, line)) << "no expected ids for case " << cases;
+    std::vector<int32_t> expected;
+    std::istringstream ids(line);
+    for (int32_t id; ids >> id;) expected.push_back(id);
+    EXPECT_EQ((*tokenizer)->Encode(input, /*add_bos=*/false), expected)
+        << "case " << cases << ": '" << input << "'";
+  }
+  EXPECT_EQ(cases, 46);
+  EXPECT_FALSE(std::getline(expected_lines, line)) << "more expected lines than inputs";
 }
 
 TEST(TokenizerLoadTest, MissingFileIsNotFound) {
@@ -563,6 +603,23 @@ TEST(TokenizerLoadTest, AnOverstatedMaxTokenLengthCostsNoMemory) {
       },
       ::testing::ExitedWithCode(0), "");
 }
+TEST(TokenizerLoadTest, RefusingAnOversizedVocabularyCostsLittleMoreThanTheFile) {
+  const std::string path = ManyEmptyPieces("many_empty_memory", 2'000'000);  // 16 MB
+  EXPECT_EXIT(
+      {
+        rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        rlimit lowered = limit;
+        lowered.rlim_cur = CurrentAddressSpaceBytes() + (size_t{48} << 20);
+        setrlimit(RLIMIT_AS, &lowered);
+        std::exit(Tokenizer::LoadLlama2c(path, 512).status().code() ==
+                          absl::StatusCode::kInvalidArgument
+                      ? 0
+                      : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::filesystem::remove(path);
+}
 #endif
 
 TEST(TokenizerLoadTest, NanScoreIsRejected) {
@@ -584,6 +641,21 @@ TEST(TokenizerLoadTest, VocabularyWithoutBytePiecesIsRejected) {
   auto small = Tokenizer::LoadLlama2c(WriteTemp("small", Serialize(6, entries)));
   ASSERT_FALSE(small.ok());
   EXPECT_THAT(small.status().message(), HasSubstr("only 100 tokens"));
+}
+
+// A file of more entries than the model's vocabulary is refused at the first extra one,
+// without reading the rest: a 16 MB file of two million empty pieces once took 64 bytes a
+// piece (and 1.4 GB at the 256 MB file limit) before its count was compared.
+TEST(TokenizerLoadTest, AVocabularyPastTheExpectedSizeIsRefusedAtItsFirstExtraEntry) {
+  const std::string path = ManyEmptyPieces("many_empty_message", 2'000'000);
+  auto tokenizer = Tokenizer::LoadLlama2c(path, 512);
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      tokenizer.status().message(),
+      AllOf(HasSubstr(path), HasSubstr("has more than 512 tokens but the model expects 512")));
+  EXPECT_TRUE(Tokenizer::LoadLlama2c(path).ok());  // no expected size: read to the end
+  std::filesystem::remove(path);
 }
 
 TEST(TokenizerLoadTest, ExpectedVocabSizeMustMatch) {
