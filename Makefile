@@ -39,7 +39,8 @@ bench: build
 # foreground until Ctrl-C (which drains and exits 0). It listens where SERVE_CONFIG says
 # (config/serve.yaml: gRPC 127.0.0.1:50051, metrics 127.0.0.1:9400); GRPC_ADDRESS or
 # METRICS_ADDRESS, given on the make command line or in the environment, override that
-# (METRICS_ADDRESS= turns metrics off).
+# (METRICS_ADDRESS= turns metrics off). The model is passed with --model, which wins over
+# SERVE_CONFIG's model.path: stories260K, or SERVE_MODEL (a checkpoint path or synthetic:<preset>).
 SERVE_CONFIG ?= config/serve.yaml
 # $(call given,VAR): non-empty when VAR came from the command line or the environment, even
 # when empty; a default would hide the config file's address.
@@ -50,7 +51,7 @@ SERVE_ADDRESS_FLAGS = $(strip \
 
 serve: configure
 	@cmake --build $(BUILD) --target kvd -j $(JOBS)
-	@model="$$(scripts/fetch-model)" && \
+	@model="$(or $(SERVE_MODEL),$$(scripts/fetch-model))" && \
 	  echo "make serve: from another terminal, try: $(BUILD)/server/kvd client" \
 	    "--address <the address after 'serving gRPC on' below> --prompt 'Once upon a time'" && \
 	  exec $(BUILD)/server/kvd serve --config "$(SERVE_CONFIG)" --model "$$model" $(SERVE_ADDRESS_FLAGS)

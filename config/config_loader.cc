@@ -48,7 +48,9 @@ absl::Status UnknownKey(std::string_view path, std::string_view where) {
   std::string message = absl::StrCat(AsAbsl(where), "unknown key '", AsAbsl(path), "'");
   const std::string suggestion = SuggestConfigKey(path);
   if (!suggestion.empty()) absl::StrAppend(&message, "; did you mean '", suggestion, "'?");
-  const std::string_view parent = ParentOf(path);
+  // The nearest enclosing section that exists ('servr.drain_timeout': the top level).
+  std::string_view parent = ParentOf(path);
+  while (!parent.empty() && !IsConfigSection(parent)) parent = ParentOf(parent);
   absl::StrAppend(
       &message, "; allowed ",
       parent.empty() ? std::string("sections") : absl::StrCat("keys in '", AsAbsl(parent), "'"),
@@ -103,13 +105,19 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
       return absl::InvalidArgumentError(absl::StrCat(where, "duplicate key '", path, "'"));
     }
     if (const ConfigKey* key = FindConfigKey(path); key != nullptr) {
-      if (!value.IsNull() && !value.IsScalar()) {
+      // "key:" with no value (or ~, or null) is refused rather than read as empty text: a
+      // template's unset variable would otherwise turn server.metrics_address off, or
+      // model.path to the default model, without a word. "" is the empty string.
+      if (value.IsNull()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, path, ": no value (blank, ~ or null); allowed: ", key->allowed,
+                         " (write \"\" for an empty string where one is allowed)"));
+      }
+      if (!value.IsScalar()) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, path, ": invalid value (", NodeKind(value), "); allowed: ", key->allowed));
       }
-      // "key:" with no value reads as empty text: empty for strings, an error elsewhere.
-      const std::string text = value.IsNull() ? std::string() : value.Scalar();
-      if (absl::Status status = key->set(config, text); !status.ok()) {
+      if (absl::Status status = key->set(config, value.Scalar()); !status.ok()) {
         return Prefixed(status, where);
       }
     } else if (IsConfigSection(path)) {

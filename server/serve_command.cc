@@ -63,16 +63,33 @@ FlagSet MakeFlags() {
   f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");
   f.AddString("metrics-address", "overrides server.metrics_address; empty = no metrics");
   f.AddString("cuda-graphs", "on or off: replay decode steps as CUDA graphs (cuda only)", "on");
-  f.AddString("set", "dotted.key=value, repeatable: overrides one config key");
+  f.AddStringList("set", "dotted.key=value: overrides one config key");
   return f;
 }
 
-absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags, const std::vector<std::string>& sets) {
-  std::vector<std::string> overrides = sets;
-  for (const auto& [flag, key] : {std::pair<const char*, const char*>{"model", "model.path"},
-                                  {"device", "model.device"},
-                                  {"grpc-address", "server.grpc_address"},
-                                  {"metrics-address", "server.metrics_address"}}) {
+// The flags that set one config key each, applied after the file and every --set.
+constexpr std::pair<const char*, const char*> kKeyFlags[] = {
+    {"model", "model.path"},
+    {"device", "model.device"},
+    {"grpc-address", "server.grpc_address"},
+    {"metrics-address", "server.metrics_address"}};
+
+// Each key flag's value through its key's own check (the checks between keys come later, on
+// the whole config): a bad value is a usage error naming the flag, before anything is read.
+absl::Status CheckKeyFlags(const FlagSet& flags) {
+  for (const auto& [flag, key] : kKeyFlags) {
+    if (!flags.Has(flag)) continue;
+    InferenceConfig scratch;
+    if (absl::Status s = ApplyOverride(scratch, key, flags.GetString(flag)); !s.ok()) {
+      return Prefixed(absl::StrCat("--", flag), s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags) {
+  std::vector<std::string> overrides = flags.GetStrings("set");
+  for (const auto& [flag, key] : kKeyFlags) {
     if (flags.Has(flag)) overrides.push_back(absl::StrCat(key, "=", flags.GetString(flag)));
   }
   // Validated once, on the file and the overrides together (config/README.md).
@@ -100,20 +117,8 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   // on its next status line (sockets use MSG_NOSIGNAL already).
   std::signal(SIGPIPE, SIG_IGN);
 
-  // --set may repeat; FlagSet keeps one value per flag, so collect them first.
-  std::vector<std::string> sets;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--set" && i + 1 < args.size()) {
-      sets.push_back(args[++i]);
-    } else if (absl::StartsWith(args[i], "--set=")) {
-      sets.push_back(args[i].substr(6));
-    } else {
-      rest.push_back(args[i]);
-    }
-  }
   FlagSet flags = MakeFlags();
-  if (absl::Status s = flags.Parse(rest); !s.ok()) {
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
     err << "kvd serve: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
@@ -125,6 +130,10 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   if (graphs_flag != "on" && graphs_flag != "off") {
     err << "kvd serve: --cuda-graphs '" << graphs_flag << "' is not one of on, off\n\n"
         << flags.Usage();
+    return 2;
+  }
+  if (absl::Status s = CheckKeyFlags(flags); !s.ok()) {
+    err << "kvd serve: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
   // Startup (reading the config, which may be a pipe, and loading the weights, minutes for a
@@ -140,7 +149,7 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   absl::Mutex listen_mu;
   bool listening = false;
   std::thread starter([&] {
-    setup = BuildConfig(flags, sets);
+    setup = BuildConfig(flags);
     started = setup.ok() ? StartDaemon(*setup, graphs_flag == "on", d, out,
                                        [&] {
                                          absl::MutexLock lock(&listen_mu);

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_backend.h"
 #if defined(KVD_HAVE_CUDA)
@@ -62,11 +63,13 @@ bool BuiltWithCuda() {
 #endif
 }
 
-absl::StatusOr<Device> ResolveDevice(std::string_view name) {
+absl::StatusOr<Device> ResolveDevice(std::string_view typed) {
+  // Any case, as the config's model.device (its names are case-insensitive).
+  const std::string name = absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
   if (name == "cpu") return Device::kCpu;
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", std::string(name), "' is not one of cpu, cuda, auto"));
+        absl::StrCat("'", std::string(typed), "' is not one of cpu, cuda, auto"));
   }
 #if defined(KVD_HAVE_CUDA)
   const int count = CudaDeviceCount();

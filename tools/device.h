@@ -28,10 +28,10 @@ std::string_view DeviceName(Device device);
 // True when this binary was built with the CUDA backend.
 bool BuiltWithCuda();
 
-// Resolves a device name (a --device flag or the config's model.device): "cpu"; "cuda"
+// Resolves a device name, in any case (a --device flag or the config's model.device): "cpu"; "cuda"
 // (FailedPrecondition on a build without CUDA, Unavailable when no GPU is visible); "auto"
 // is cuda when the build has CUDA and CudaDeviceCount() > 0, else cpu. InvalidArgument for
-// anything else. Error messages name the value but not where it came from: the caller
+// anything else. Error messages name the value as typed but not where it came from: the caller
 // prefixes the flag or the config key the user set (e.g. "--device: ", "model.device: ").
 absl::StatusOr<Device> ResolveDevice(std::string_view name);
 

@@ -68,7 +68,8 @@ absl::StatusOr<int64_t> ParseBudget(const FlagSet& flags) {
   if (!flags.Has("budget")) return 0;
   auto budget = ParseByteSize(flags.GetString("budget"));
   if (!budget.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--budget: '", flags.GetString("budget"),
+                                                   "': ", budget.status().message()));
   }
   // The estimator reads 0 as "no budget"; a typed 0 is a mistake, not that (nothing fits).
   if (*budget == 0) {

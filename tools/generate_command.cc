@@ -3,14 +3,23 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cache/clock.h"
+#include "kernels/cpu_sampling.h"
+#include "kernels/params.h"
 #include "kernels/status_macros.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
@@ -35,12 +44,15 @@ constexpr int64_t kMaxCpuThreads = 1024;
 
 FlagSet MakeFlags() {
   FlagSet f(
-      "kvd generate --model PATH --prompt TEXT [--tokenizer PATH] [--max-tokens N]\n"
-      "                    [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
-      "                    [--block-size B] [--device cuda|cpu|auto] [--threads N] [--json]\n"
+      "kvd generate --model PATH (--prompt TEXT | --prompt-token-ids 1,2,3) [--tokenizer PATH]\n"
+      "                    [--max-tokens N] [--temperature T] [--top-p P] [--top-k K]\n"
+      "                    [--min-p P] [--seed S] [--block-size B] [--device cuda|cpu|auto]\n"
+      "                    [--threads N] [--json]\n"
       "\n"
       "Completes PROMPT with the model and prints the completion (the prompt is not\n"
-      "repeated). llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
+      "repeated); with --prompt-token-ids, which needs no tokenizer (synthetic models have\n"
+      "none), the generated token ids are printed instead, space-separated.\n"
+      "llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
       "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
       "reference); synthetic models are generated in device memory from --seed. A number\n"
       "outside its flag's range (below) is a usage error, never wrapped or clamped, as is a\n"
@@ -51,6 +63,7 @@ FlagSet MakeFlags() {
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
               "whichever matches its vocabulary");
   f.AddString("prompt", "text to complete");
+  f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
   f.AddInt("max-tokens",
            "most tokens to generate; the model's context (prompt + output) also caps it", 256,
            IntRange{0, kMaxInt32});
@@ -74,8 +87,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& mode
                                                          int32_t vocab_size) {
   auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
   if (tokenizer.ok()) return tokenizer;
-  return absl::NotFoundError(
-      absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
+  return absl::NotFoundError(absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
 }
 
 // The sampling flags as the generator takes them (Parse has refused floats a float cannot
@@ -90,23 +102,61 @@ SamplingParams SamplingFromFlags(const FlagSet& flags) {
   return sampling;
 }
 
+// The ids of --prompt-token-ids: comma-separated non-negative integers (their range is the
+// model's to judge, in Run).
+absl::StatusOr<std::vector<int32_t>> PromptTokenIds(const FlagSet& flags) {
+  std::vector<int32_t> ids;
+  for (absl::string_view item : absl::StrSplit(flags.GetString("prompt-token-ids"), ',')) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(item, &id) || id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-token-ids: '", item,
+                       "' is not a token id (comma-separated non-negative integers)"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 // The flag values Parse cannot judge alone, checked before anything loads (a typo in --top-p
 // must not cost a checkpoint load): a failure is a usage error. Whether the named device is
 // there is Run's to find out (a runtime failure).
 absl::Status CheckFlagValues(const FlagSet& flags) {
-  if (flags.GetString("model").rfind("synthetic:", 0) == 0 && !flags.Has("tokenizer")) {
-    return absl::InvalidArgumentError(
-        "synthetic models have no tokenizer; pass --tokenizer PATH with a matching vocabulary");
+  if (flags.Has("prompt") == flags.Has("prompt-token-ids")) {
+    return absl::InvalidArgumentError("exactly one of --prompt and --prompt-token-ids is required");
   }
-  if (absl::Status s = SamplingFromFlags(flags).Validate(); !s.ok()) return s;
-  const std::string device = flags.GetString("device");
+  if (flags.Has("prompt-token-ids")) {
+    if (absl::Status s = PromptTokenIds(flags).status(); !s.ok()) return s;
+  }
+  if (flags.GetString("model").rfind("synthetic:", 0) == 0 && flags.Has("prompt") &&
+      !flags.Has("tokenizer")) {
+    return absl::InvalidArgumentError(
+        "synthetic models have no tokenizer; pass --prompt-token-ids, or --tokenizer PATH with "
+        "a matching vocabulary");
+  }
+  // Each sampling flag alone through the sampler's check, so that an error names the flag
+  // typed (and the field it sets, "--top-p: top_p = 0 is out of range; ...").
+  const SamplingParams sampling = SamplingFromFlags(flags);
+  for (const auto& [flag, set] :
+       std::vector<std::pair<const char*, std::function<void(SamplingRow&)>>>{
+           {"--temperature", [&](SamplingRow& r) { r.temperature = sampling.temperature; }},
+           {"--top-p", [&](SamplingRow& r) { r.top_p = sampling.top_p; }},
+           {"--top-k", [&](SamplingRow& r) { r.top_k = sampling.top_k; }},
+           {"--min-p", [&](SamplingRow& r) { r.min_p = sampling.min_p; }}}) {
+    SamplingRow alone;
+    set(alone);
+    if (absl::Status s = ValidateSamplingRow(alone, ""); !s.ok()) return Prefixed(flag, s);
+  }
+  const std::string device = absl::AsciiStrToLower(flags.GetString("device"));
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return Prefixed("--device", ResolveDevice(device).status());
   }
   return absl::OkStatus();
 }
 
-absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err) {
+// Sets *usage_error when the failure is a flag value the model refuses (a token id past its
+// vocabulary), which only the model's header could judge.
+absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, bool* usage_error) {
   const std::string model_ref = flags.GetString("model");
   const SamplingParams sampling = SamplingFromFlags(flags);
   auto device = ResolveDevice(flags.GetString("device"));
@@ -123,10 +173,29 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err) {
   auto header_spec = LoadModelSpec(model_ref);
   if (!header_spec.ok()) return header_spec.status();
   const ModelSpec& spec = *header_spec;
-  auto tokenizer = flags.Has("tokenizer")
-                       ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
-                       : FindTokenizer(model_ref, spec.vocab_size);
-  if (!tokenizer.ok()) return tokenizer.status();
+  // Token ids need no tokenizer; text needs one (the given file, else the one beside the
+  // model).
+  const bool token_ids = flags.Has("prompt-token-ids");
+  std::unique_ptr<Tokenizer> tokenizer;
+  GenerationRequest request;
+  if (token_ids) {
+    request.prompt = *PromptTokenIds(flags);  // CheckFlagValues parsed them
+    for (const int32_t id : request.prompt) {
+      if (id >= spec.vocab_size) {
+        *usage_error = true;
+        return absl::InvalidArgumentError(absl::StrCat("--prompt-token-ids: ", id,
+                                                       " is not below the model's vocabulary size ",
+                                                       spec.vocab_size));
+      }
+    }
+  } else {
+    auto loaded = flags.Has("tokenizer")
+                      ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
+                      : FindTokenizer(model_ref, spec.vocab_size);
+    if (!loaded.ok()) return loaded.status();
+    tokenizer = *std::move(loaded);
+    request.prompt = tokenizer->Encode(flags.GetString("prompt"), /*add_bos=*/true);
+  }
 
   auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
     if (synthetic) return CreateRandomModel(spec, flags.GetUint64("seed"), backend->get());
@@ -136,8 +205,6 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err) {
   }();
   if (!model.ok()) return model.status();
 
-  GenerationRequest request;
-  request.prompt = (*tokenizer)->Encode(flags.GetString("prompt"), /*add_bos=*/true);
   request.max_new_tokens = static_cast<int32_t>(flags.GetInt("max-tokens"));
   request.sampling = sampling;
   request.stop_token_ids = {spec.StopTokenId()};
@@ -149,23 +216,30 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err) {
   if (!cache.ok()) return cache.status();
 
   const bool json = flags.GetBool("json");
-  StreamingDecoder decoder(tokenizer->get(), request.prompt.back());
+  std::optional<StreamingDecoder> decoder;
+  if (tokenizer != nullptr) decoder.emplace(tokenizer.get(), request.prompt.back());
   std::string text;
+  bool first_id = true;
   Generator generator(model->get(), cache->get());
   auto results = generator.Run({request}, [&](size_t, int32_t token) {
-    std::string delta = decoder.Push(token);
-    text += delta;
-    if (!json) out << delta << std::flush;
+    if (decoder.has_value()) {
+      const std::string delta = decoder->Push(token);
+      text += delta;
+      if (!json) out << delta << std::flush;
+    } else if (!json) {
+      out << (first_id ? "" : " ") << token << std::flush;
+      first_id = false;
+    }
   });
   if (!results.ok()) return results.status();
-  const std::string tail = decoder.Flush();
+  const std::string tail = decoder.has_value() ? decoder->Flush() : std::string();
   text += tail;
   const GenerationResult& r = (*results)[0];
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = request.prompt;
     j["output_tokens"] = r.output;
-    j["text"] = text;
+    if (decoder.has_value()) j["text"] = text;
     j["stop"] = std::string(FinishReasonName(r.finish));
     out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
@@ -190,7 +264,7 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
     out << flags.Usage();
     return 0;
   }
-  if (absl::Status s = flags.Require({"model", "prompt"}); !s.ok()) {
+  if (absl::Status s = flags.Require({"model"}); !s.ok()) {
     err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
@@ -198,9 +272,10 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "kvd generate: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   }
-  if (absl::Status s = Run(flags, out, err); !s.ok()) {
+  bool usage_error = false;
+  if (absl::Status s = Run(flags, out, err, &usage_error); !s.ok()) {
     err << "kvd generate: " << s.message() << "\n";
-    return 1;
+    return usage_error ? 2 : 1;
   }
   return 0;
 }

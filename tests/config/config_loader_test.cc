@@ -199,7 +199,14 @@ INSTANTIATE_TEST_SUITE_P(
                 {"server.metrics_address", "'0.0.0.0:70000'", "0-65535"}},
         BadCase{"EmptyValueForNumber",
                 "kv_cache_config:\n  max_batch_size:\n",
-                {"kv_cache_config.max_batch_size", "''"}},
+                {"line 2", "kv_cache_config.max_batch_size: no value"}},
+        // A template's unset variable: not metrics off, nor the default model, unnoticed.
+        BadCase{"BlankString",
+                "server:\n  metrics_address:\n",
+                {"line 2", "server.metrics_address: no value (blank, ~ or null)",
+                 "write \"\" for an empty string"}},
+        BadCase{"TildeString", "model:\n  path: ~\n", {"model.path: no value"}},
+
         BadCase{"DuplicateKey",
                 "kv_cache_config:\n  block_size: 16\n  block_size: 32\n",
                 {"line 3", "duplicate key 'kv_cache_config.block_size'"}},
@@ -279,6 +286,13 @@ TEST(ApplyOverrideTest, RejectsUnknownKeysSectionsAndBadValuesLeavingConfigUncha
                                      HasSubstr("power of two")));
   status = ApplyOverride(config, "kv_cache_config.quantization", "int3");
   EXPECT_THAT(Message(status), AllOf(HasSubstr("'int3'"), HasSubstr("int4")));
+  // Under a section that does not exist, or under a key, the allowed names are those of the
+  // nearest section that does (they were once an empty list).
+  status = ApplyOverride(config, "servr.drain_timeout", "1s");
+  EXPECT_THAT(Message(status), AllOf(HasSubstr("did you mean 'server.drain_timeout'"),
+                                     HasSubstr("allowed sections: model, server, ")));
+  status = ApplyOverride(config, "server.drain_timeout.x", "1s");
+  EXPECT_THAT(Message(status), HasSubstr("allowed keys in 'server': grpc_address, "));
   EXPECT_EQ(config, InferenceConfig{});
 }
 

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -32,8 +33,21 @@ struct Result {
   std::string err;
 };
 
-// Runs `kvd serve` with args that make it stop before listening.
-Result Serve(const std::vector<std::string>& args) {
+// Runs `kvd serve` with args that make it stop before listening. Unless args set them, the
+// daemon would listen on a free local port without metrics: a regression that lets it start
+// then hangs the test (it serves until a signal), but never takes a public port.
+Result Serve(std::vector<std::string> args) {
+  auto has = [&](const std::string& flag) {
+    return std::any_of(args.begin(), args.end(), [&](const std::string& a) {
+      return a == flag || a.starts_with(flag + "=");
+    });
+  };
+  if (!has("--help") && !has("--grpc-address")) {
+    args.insert(args.end(), {"--grpc-address", "127.0.0.1:0"});
+  }
+  if (!has("--help") && !has("--metrics-address")) {
+    args.insert(args.end(), {"--metrics-address", ""});
+  }
   std::ostringstream out, err;
   const int code = RunServeCommand(args, out, err);
   return {code, out.str(), err.str()};
@@ -135,12 +149,34 @@ TEST(ServeCommandTest, MissingModelNamesThePath) {
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/model.bin"));
 }
 
-TEST(ServeCommandTest, UnknownDeviceNamesTheKeyAndTheValue) {
-  const Result r = Serve({"--model", kModel, "--device", "tpu"});
+// A key flag's bad value is a usage error (2) naming the flag the user typed, as any other
+// flag's; the same value from --set or the file is a config error (1) naming the key.
+TEST(ServeCommandTest, BadKeyFlagValuesAreUsageErrorsNamingTheFlag) {
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--device", "tpu"},
+                                                        {"--grpc-address", "localhost"},
+                                                        {"--metrics-address", "0.0.0.0:70000"}}) {
+    const Result r = Serve({"--model", kModel, flag, value});
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("kvd serve: ", flag, ": ")));
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("'", value, "'")));
+    EXPECT_THAT(r.err, HasSubstr("usage: kvd serve"));
+    EXPECT_EQ(r.out, "");
+  }
+  const Result set = Serve({"--model", kModel, "--set", "model.device=tpu"});
+  EXPECT_EQ(set.code, 1);
+  EXPECT_THAT(set.err, HasSubstr("model.device: invalid value 'tpu'"));
+  EXPECT_THAT(set.err, Not(HasSubstr("--device")));
+}
+
+// --set repeats (both spellings), in order: the last value of a key wins.
+TEST(ServeCommandTest, SetRepeatsAndAppliesInOrder) {
+  const Result r = Serve({"--model", kModel, "--set", "kv_cache_config.memory_pool.initial_size=0",
+                          "--set", "kv_cache_config.memory_pool.max_size=1B",
+                          "--set=kv_cache_config.memory_pool.max_size=2B"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, HasSubstr("model.device"));
-  EXPECT_THAT(r.err, HasSubstr("tpu"));
-  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("kv_cache_config.memory_pool.max_size: 2B is smaller than one KV "
+                               "block"));
 }
 
 // The error names what the user set: the flag, or the config key.

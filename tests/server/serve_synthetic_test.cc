@@ -13,11 +13,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kvd/v1/kvd.grpc.pb.h"
 
 namespace kvd {
@@ -148,6 +151,43 @@ TEST(ServeSyntheticTest, ServesTokenIdsAndRefusesTextWithoutATokenizer) {
 
   stub.reset();  // close the connection: the drain then has nothing to wait for
   EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
+}
+
+// stdout of `kvd <args>` run to its end.
+std::string RunKvd(const std::string& args) {
+  std::string out;
+  FILE* pipe = popen((std::string(KVD_BINARY) + " " + args).c_str(), "r");
+  if (pipe == nullptr) return out;
+  char chunk[4096];
+  for (size_t n; (n = fread(chunk, 1, sizeof(chunk), pipe)) > 0;) out.append(chunk, n);
+  pclose(pipe);
+  return out;
+}
+
+// A synthetic model is one model per seed, however it runs: `kvd serve` on the CPU once made
+// its weights another way than `kvd generate` (and `kvd serve` on CUDA), so the same
+// model.seed served another model.
+TEST(ServeSyntheticTest, TheSameSeedServesTheModelThatGenerateRuns) {
+  Daemon daemon({"serve", "--model", "synthetic:tiny", "--device", "cpu", "--grpc-address",
+                 "127.0.0.1:0", "--metrics-address", "", "--set", "server.num_threads=1", "--set",
+                 "model.seed=7"});
+  const std::string address = daemon.WaitForLine("kvd: serving gRPC on ", std::chrono::seconds(30));
+  ASSERT_FALSE(address.empty()) << "the daemon never printed its gRPC address";
+  auto stub =
+      v1::Inference::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest greedy;
+  for (uint32_t id : {1u, 50u, 60u, 70u}) greedy.add_prompt_token_ids(id);
+  greedy.set_max_tokens(8);  // temperature 0: greedy
+  const Streamed served = Generate(*stub, greedy);
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  ASSERT_FALSE(served.token_ids.empty());
+  stub.reset();
+  EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
+
+  const std::string generated = RunKvd(
+      "generate --model synthetic:tiny --seed 7 --prompt-token-ids 1,50,60,70 "
+      "--max-tokens 8 --temperature 0 --device cpu --threads 1");
+  EXPECT_EQ(generated, absl::StrCat(absl::StrJoin(served.token_ids, " "), "\n"));
 }
 
 }  // namespace

@@ -43,7 +43,10 @@ TEST(KvdDeviceTest, ServeWithTheConfigKeyNamesTheKeyNotTheFlag) {
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string config = std::string(dir_template) + "/kvd.yaml";
   std::ofstream(config) << "model:\n  device: cuda\n";
-  const KvdResult r = RunKvd("serve --model " + kModel + " --config " + config);
+  // Local addresses: if the check regressed, the daemon would serve (and the test hang) on a
+  // free local port, not on the default public ones.
+  const KvdResult r = RunKvd("serve --model " + kModel + " --config " + config +
+                             " --grpc-address 127.0.0.1:0 --metrics-address ''");
   std::remove(config.c_str());
   rmdir(dir_template);
   EXPECT_EQ(r.exit_code, 1);

@@ -26,8 +26,8 @@ TEST(KvdEstimateTest, SeedsWorkedExampleLlama7bFp16) {
 }
 
 TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
-  const KvdResult r = RunKvd(
-      "estimate --model synthetic:llama3-8b --batch 64 --seq-len 4096 --budget 80GB --json");
+  const KvdResult r =
+      RunKvd("estimate --model synthetic:llama3-8b --batch 64 --seq-len 4096 --budget 80GB --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["bytes_per_token"], 131072);
@@ -71,7 +71,7 @@ TEST(KvdEstimateTest, BudgetCountsThePoolServeBuildsFromMaxSize) {
 
 TEST(KvdEstimateTest, TableAndErrors) {
   KvdResult r = RunKvd("estimate --model " + std::string(KVD_SHARED_DIR) +
-                    "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
+                       "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("per token           1280 bytes"));
   // A bad flag value is a usage error (2); a model that is not there is a runtime one (1).
@@ -84,7 +84,15 @@ TEST(KvdEstimateTest, TableAndErrors) {
   EXPECT_THAT(r.out, HasSubstr("llama9"));
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget 12XB");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--budget: unknown unit 'XB'"));
+  EXPECT_THAT(r.out, HasSubstr("--budget: '12XB': unknown unit 'XB'"));
+  // Every --budget error quotes the value typed.
+  for (const char* budget : {"1.5B", "-1GB"}) {
+    r = RunKvd(
+        std::string("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --budget ") +
+        budget);
+    EXPECT_EQ(r.exit_code, 2) << budget << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(std::string("--budget: '") + budget + "': ")) << budget;
+  }
   // Not cut to 32 bits (4294967312 would have become 16): a usage error.
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --block-size 4294967312");
   EXPECT_EQ(r.exit_code, 2);
@@ -102,8 +110,8 @@ TEST(KvdEstimateTest, TableAndErrors) {
   EXPECT_THAT(r.out, HasSubstr("--batch"));
   r = RunKvd("estimate --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* f : {"--model", "--batch", "--seq-len", "--kv-dtype", "--block-size",
-                        "--budget", "--json"}) {
+  for (const char* f :
+       {"--model", "--batch", "--seq-len", "--kv-dtype", "--block-size", "--budget", "--json"}) {
     EXPECT_THAT(r.out, HasSubstr(f));
   }
 }

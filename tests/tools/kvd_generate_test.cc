@@ -1,10 +1,12 @@
 // `kvd generate` as a user runs it: the real binary, the real model.
 
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/tools/run_kvd.h"
 
@@ -66,9 +68,9 @@ TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
   EXPECT_THAT(top.out, HasSubstr("generate"));
   const KvdResult r = RunKvd("generate --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag :
-       {"--model", "--tokenizer", "--prompt", "--max-tokens", "--temperature", "--top-p", "--top-k",
-        "--min-p", "--seed", "--block-size", "--device", "--threads", "--json"}) {
+  for (const char* flag : {"--model", "--tokenizer", "--prompt", "--prompt-token-ids",
+                           "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
+                           "--seed", "--block-size", "--device", "--threads", "--json"}) {
     EXPECT_THAT(r.out, HasSubstr(std::string("\n  ") + flag + " "));
   }
   EXPECT_THAT(r.out, HasSubstr("the model's context (prompt + output) also caps it"));
@@ -188,13 +190,16 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   // running (the missing model above) is 1.
   r = RunKvd(kGenerate + " --prompt hi --temperature -1");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("temperature"));
+  EXPECT_THAT(r.out, HasSubstr("--temperature: temperature = -1 is out of range"));
   EXPECT_THAT(r.out, HasSubstr("usage: kvd generate"));
   // Sampling values are checked before anything loads: a missing model is not reported.
   r = RunKvd("generate --model /nonexistent/model.bin --prompt hi --top-p 0");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("top_p"));
+  EXPECT_THAT(r.out, HasSubstr("--top-p: top_p = 0 is out of range"));
   EXPECT_THAT(r.out, Not(HasSubstr("/nonexistent/model.bin")));
+  r = RunKvd(kGenerate + " --prompt hi --min-p 2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--min-p: min_p = 2 is out of range"));
   r = RunKvd(kGenerate + " --prompt hi --block-size 0");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--block-size: 0 is outside a power of two in [1, 256]"));
@@ -205,6 +210,59 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));
+}
+
+// Token ids in, token ids out: what runs a model without a tokenizer (synthetic ones have
+// none). The prompt is the ids as given (no BOS added); the output is the text run's ids.
+TEST(KvdGenerateTest, TokenIdPromptsNeedNoTokenizer) {
+  const KvdResult text = RunKvd(kGenerate +
+                                " --prompt 'Once upon a time' --max-tokens 12"
+                                " --temperature 0 --json");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  const nlohmann::json j = nlohmann::json::parse(text.out);
+  std::string prompt_ids, output_ids;
+  for (const int id : j["prompt_tokens"])
+    prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(id);
+  for (const int id : j["output_tokens"])
+    output_ids += (output_ids.empty() ? "" : " ") + std::to_string(id);
+  const KvdResult ids =
+      RunKvd(kGenerate + " --prompt-token-ids " + prompt_ids + " --max-tokens 12 --temperature 0");
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  EXPECT_EQ(ids.out, output_ids + "\n");
+
+  const KvdResult synthetic = RunKvd(
+      "generate --device cpu --model synthetic:tiny --prompt-token-ids 1,50,60 --max-tokens 5");
+  EXPECT_EQ(synthetic.exit_code, 0) << synthetic.out;
+  const KvdResult json = RunKvd(
+      "generate --device cpu --model synthetic:tiny --prompt-token-ids 1,50,60 --max-tokens 5 "
+      "--json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  EXPECT_FALSE(nlohmann::json::parse(json.out).contains("text"));  // no tokenizer, no text
+}
+
+TEST(KvdGenerateTest, BadTokenIdPromptsAreUsageErrors) {
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--prompt-token-ids 1,x", "--prompt-token-ids: 'x' is not a token id"},
+           {"--prompt-token-ids 1,-2", "--prompt-token-ids: '-2' is not a token id"},
+           {"--prompt-token-ids 1,512",
+            "--prompt-token-ids: 512 is not below the model's "
+            "vocabulary size 512"},
+           {"--prompt-token-ids 1 --prompt hi", "exactly one of --prompt and --prompt-token-ids"},
+           {"--max-tokens 3", "exactly one of --prompt and --prompt-token-ids"}}) {
+    const KvdResult r = RunKvd(kGenerate + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(message)) << args;
+  }
+  const KvdResult text = RunKvd("generate --device cpu --model synthetic:tiny --prompt hi");
+  EXPECT_EQ(text.exit_code, 2) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("synthetic models have no tokenizer; pass --prompt-token-ids"));
+}
+
+// --device takes any case, as the config's model.device does.
+TEST(KvdGenerateTest, DeviceNamesTakeAnyCase) {
+  const KvdResult r = RunKvd("generate --device CPU --model " + kModel +
+                             " --prompt hi --max-tokens 2 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
 }  // namespace
