@@ -66,6 +66,21 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
                                                      " new tokens but ", blocks, " blocks with ",
                                                      last, " tokens in the last"));
     }
+    // Attention puts the chunk's row j at kv_len - q_len + j, RoPE reads positions[] and the
+    // K/V append slot_mapping[]: a batch where they disagree would run, with wrong logits.
+    const int32_t kv_len = (blocks - 1) * block_size + last;
+    for (int32_t j = 0; j < q_len; ++j) {
+      const int32_t row = q_indptr[s] + j;
+      const int32_t pos = kv_len - q_len + j;
+      const int64_t slot =
+          int64_t{kv_indices[kv_indptr[s] + pos / block_size]} * block_size + pos % block_size;
+      if (positions[row] != pos || slot_mapping[row] != slot) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward batch: token row ", row, " (sequence ", s, ") has position ",
+                         positions[row], " and slot ", slot_mapping[row],
+                         "; its block table puts it at position ", pos, ", slot ", slot));
+      }
+    }
   }
   for (int32_t row : logit_rows) {
     if (row < 0 || row >= static_cast<int32_t>(t)) {

@@ -12,7 +12,8 @@ namespace kvd {
 // One forward step over a batch that mixes prefill chunks and decodes, described on the
 // host. Sequence s contributes tokens [q_indptr[s], q_indptr[s+1]) of token_ids; its block
 // table (kv_*) must already have slots for those tokens, and slot_mapping says where each
-// token's K/V goes. Plain aggregate; Validate() checks the shapes.
+// token's K/V goes. Plain aggregate; Validate() checks the shapes, and that each token's
+// position and slot are those its sequence's block table gives it.
 struct ForwardBatch {
   std::vector<int32_t> token_ids;          // [num_tokens]
   std::vector<int32_t> positions;          // [num_tokens] absolute positions

@@ -195,6 +195,14 @@ TEST(LlamaModelTest, RejectsBadBatches) {
                         "kv_last_block_len 2"));
   EXPECT_THAT(refused([](ForwardBatch& b) { b.kv_indices.push_back(0); }),
               HasSubstr("kv_indptr must run from 0 to the 2 kv_indices; it runs from 0 to 1"));
+  // Positions and slots that disagree with the block table (row 1 is position 1, slot
+  // blocks[0] * 16 + 1).
+  const std::string slot1 = std::to_string(int64_t{blocks[0]} * 16 + 1);
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.positions[1] = 5; }),
+              HasSubstr("token row 1 (sequence 0) has position 5 and slot " + slot1 +
+                        "; its block table puts it at position 1, slot " + slot1));
+  EXPECT_THAT(refused([](ForwardBatch& b) { b.slot_mapping[1] += 1; }),
+              HasSubstr("its block table puts it at position 1, slot " + slot1));
 
   // A KV view of another shape names the layer and both shapes.
   std::vector<KvCacheView> views(arena.views().begin(), arena.views().end());
