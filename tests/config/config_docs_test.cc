@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "config/config_key.h"
 #include "config/config_loader.h"
 #include "gtest/gtest.h"
@@ -38,10 +40,17 @@ std::string Unquote(std::string cell) {
   return cell == "\"\"" ? "" : cell;
 }
 
+// A row of the README's key table.
+struct ReadmeRow {
+  std::string type;
+  std::string default_value;
+  std::string allowed;
+};
+
 // Rows of the table under the README's "## Keys" heading
-// ("| `key` | type | `default` | allowed | description |"): key -> default.
-std::map<std::string, std::string> ReadmeKeyTable(const std::string& readme) {
-  std::map<std::string, std::string> rows;
+// ("| `key` | type | `default` | allowed | description |"): key -> row.
+std::map<std::string, ReadmeRow> ReadmeKeyTable(const std::string& readme) {
+  std::map<std::string, ReadmeRow> rows;
   std::istringstream lines(readme);
   bool in_keys_section = false;
   for (std::string line; std::getline(lines, line);) {
@@ -54,14 +63,13 @@ std::map<std::string, std::string> ReadmeKeyTable(const std::string& readme) {
     if (cells.size() < 5) continue;
     const std::string key = Unquote(cells[0]);
     EXPECT_EQ(rows.count(key), 0u) << "listed twice: " << key;
-    rows[key] = Unquote(cells[2]);
+    rows[key] = {Trim(cells[1]), Unquote(cells[2]), Trim(cells[3])};
   }
   return rows;
 }
 
 TEST(ConfigDocsTest, ReadmeListsExactlyTheKnownKeysWithTheirDefaults) {
-  std::map<std::string, std::string> documented =
-      ReadmeKeyTable(ReadSourceFile("config/README.md"));
+  std::map<std::string, ReadmeRow> documented = ReadmeKeyTable(ReadSourceFile("config/README.md"));
   const InferenceConfig defaults;
   for (const ConfigKey& key : ConfigKeys()) {
     auto it = documented.find(key.path);
@@ -69,12 +77,46 @@ TEST(ConfigDocsTest, ReadmeListsExactlyTheKnownKeysWithTheirDefaults) {
       ADD_FAILURE() << "config/README.md does not document " << key.path;
       continue;
     }
-    EXPECT_EQ(it->second, key.get(defaults)) << "README default of " << key.path;
+    EXPECT_EQ(it->second.default_value, key.get(defaults)) << "README default of " << key.path;
+    EXPECT_EQ(it->second.type, key.type) << "README type of " << key.path;
     documented.erase(it);
   }
   for (const auto& [key, unused] : documented) {
     ADD_FAILURE() << "config/README.md documents unknown key " << key;
   }
+}
+
+// Where the README gives a numeric range "lo .. hi", the key takes both ends and refuses
+// just past either (the README's numbers once could drift from the parser's unnoticed).
+TEST(ConfigDocsTest, ReadmeRangesAreTheParsersRanges) {
+  const std::map<std::string, ReadmeRow> documented =
+      ReadmeKeyTable(ReadSourceFile("config/README.md"));
+  int checked = 0;
+  for (const ConfigKey& key : ConfigKeys()) {
+    auto it = documented.find(key.path);
+    if (it == documented.end()) continue;  // the test above reports it
+    const std::string& allowed = it->second.allowed;
+    const size_t dots = allowed.find(" .. ");
+    double lo = 0, hi = 0;
+    if (dots == std::string::npos || !absl::SimpleAtod(allowed.substr(0, dots), &lo) ||
+        !absl::SimpleAtod(allowed.substr(dots + 4), &hi)) {
+      continue;  // not a plain numeric range ("power of two, 1 .. 256", "0 .. 2^64-1", ...)
+    }
+    const bool integer = key.type == "integer";
+    const double step = integer ? 1.0 : (hi - lo) / 1000;
+    auto accepts = [&](double v) {
+      InferenceConfig config;
+      return key.set(config, integer ? absl::StrCat(static_cast<int64_t>(v)) : absl::StrCat(v))
+          .ok();
+    };
+    SCOPED_TRACE(key.path + ": README allows " + allowed);
+    EXPECT_TRUE(accepts(lo));
+    EXPECT_TRUE(accepts(hi));
+    EXPECT_FALSE(accepts(lo - step));
+    EXPECT_FALSE(accepts(hi + step));
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
 }
 
 TEST(ConfigDocsTest, ExampleFileIsEveryKeyAtItsDefault) {
