@@ -15,9 +15,7 @@ std::vector<double> LatencyBuckets() {
 std::vector<double> LengthBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 }
-std::vector<double> ErrorBuckets() {
-  return {-1024, -256, -64, -16, -4, 0, 4, 16, 64, 256, 1024};
-}
+std::vector<double> ErrorBuckets() { return {-1024, -256, -64, -16, -4, 0, 4, 16, 64, 256, 1024}; }
 
 }  // namespace
 
@@ -66,8 +64,8 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
   }
   for (int32_t t : request.prompt) {
     if (t < 0 || t >= spec.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: ", t,
-                                                     " is outside [0, ", spec.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids: ", t, " is outside [0, ", spec.vocab_size, ")"));
     }
   }
   if (request.max_tokens < 1) {
@@ -116,8 +114,8 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
   if (published_.requests_waiting + static_cast<int32_t>(incoming_.size()) >=
       options_.max_waiting_requests) {
     ++published_.requests_rejected;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the waiting queue is full (", options_.max_waiting_requests, " requests)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full (", options_.max_waiting_requests, " requests)"));
   }
   seq->handle = next_handle_++;
   const uint64_t handle = seq->handle;
@@ -222,6 +220,7 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(Request request, StreamCallback on_e
   return impl_->Submit(std::move(request), std::move(on_event));
 }
 void EngineLoop::Cancel(uint64_t handle) { impl_->Cancel(handle); }
+const Clock& EngineLoop::clock() const { return impl_->clock(); }
 absl::Status EngineLoop::CloseSession(const std::string& session_id) {
   return impl_->CloseSession(session_id);
 }

@@ -32,8 +32,8 @@ struct EngineOptions {
   int32_t prefill_chunk_tokens = 512;     // most prompt tokens of one sequence per step
   int32_t max_waiting_requests = 256;     // Submit fails with ResourceExhausted beyond
   AdmissionMode admission = AdmissionMode::kPredicted;
-  double predictor_quantile = 0.9;        // of observed output lengths
-  int32_t predictor_default_tokens = 128; // prediction before any request finished
+  double predictor_quantile = 0.9;                    // of observed output lengths
+  int32_t predictor_default_tokens = 128;             // prediction before any request finished
   absl::Duration idle_tick = absl::Milliseconds(50);  // cache Tick() period while idle
 };
 
@@ -73,6 +73,8 @@ class EngineLoop {
   void Cancel(uint64_t handle);
   // Releases a session's pinned KV now. NotFound for an unknown session.
   absl::Status CloseSession(const std::string& session_id);
+  // The clock the engine measures time on: Request::deadline is a time on it.
+  const Clock& clock() const;
   // Stops accepting (Submit returns Unavailable); requests already accepted run on.
   void BeginDrain();
   // Waits until nothing is waiting or running, or the timeout passes. True when idle.

@@ -41,6 +41,7 @@ class EngineLoop::Impl {
   bool WaitIdle(absl::Duration timeout);
   EngineStats Stats() const;
   absl::Status Failure() const;
+  const Clock& clock() const { return *clock_; }
   void Start();
   void Stop();
   void RunUntilIdle();

@@ -14,16 +14,16 @@ namespace kvd {
 
 // What a client asks for, after the server has validated and tokenized it. Plain aggregate.
 struct Request {
-  std::string request_id;              // client's id, or one the server made up
-  std::vector<int32_t> prompt;         // token ids, BOS included where the model wants it
-  int32_t max_tokens = 256;            // most tokens to generate (>= 1)
+  std::string request_id;       // client's id, or one the server made up
+  std::vector<int32_t> prompt;  // token ids, BOS included where the model wants it
+  int32_t max_tokens = 256;     // most tokens to generate (>= 1)
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends on these (not emitted)
-  std::vector<std::string> stop;       // stop strings: text ends before the first match
-  std::string session_id;              // keep this conversation's KV between turns
-  int32_t priority = 0;                // larger runs first; the smallest is preempted first
-  int32_t expected_output_tokens = 0;  // client's hint for admission (0 = none)
-  absl::Time deadline = absl::InfiniteFuture();
+  std::vector<std::string> stop;        // stop strings: text ends before the first match
+  std::string session_id;               // keep this conversation's KV between turns
+  int32_t priority = 0;                 // larger runs first; the smallest is preempted first
+  int32_t expected_output_tokens = 0;   // client's hint for admission (0 = none)
+  absl::Time deadline = absl::InfiniteFuture();  // on the engine's clock (EngineLoop::clock())
 };
 
 // Why a request ended. Names are the API's finish_reason strings.
@@ -54,7 +54,7 @@ struct StreamEvent {
   std::string text;                // their text (UTF-8; never a partial stop string)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;  // set when finished
-  Usage usage;                                          // set when finished
+  Usage usage;                                         // set when finished
   absl::Status error;  // non-OK only on a final event the engine could not complete
 };
 

@@ -44,12 +44,14 @@ class EventQueue {
   std::deque<StreamEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
-// gRPC's deadline as an absl::Time; "no deadline" (and anything absurdly far) is infinite.
-absl::Time DeadlineOf(const grpc::ServerContext& context) {
+// gRPC's deadline as a time on `clock` (the engine's); "no deadline" (and anything absurdly
+// far) is infinite. gRPC gives it on the system clock, which the engine's need not follow
+// (the daemon's is monotonic): the time left is what carries over.
+absl::Time DeadlineOf(const grpc::ServerContext& context, const Clock& clock) {
   const auto deadline = context.deadline();
   const auto now = std::chrono::system_clock::now();
   if (deadline >= now + std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
-  return absl::FromChrono(deadline);
+  return clock.Now() + absl::FromChrono(deadline - now);
 }
 
 void FillUsage(const Usage& u, v1::Usage* out) {
@@ -154,7 +156,7 @@ grpc::Status InferenceService::GenerateRaw(
   if (request->request_id.empty()) {
     request->request_id = absl::StrCat("kvd-", next_request_id_.fetch_add(1));
   }
-  request->deadline = DeadlineOf(*context);
+  request->deadline = DeadlineOf(*context, engine_->clock());
   const std::string request_id = request->request_id;
 
   auto queue = std::make_shared<EventQueue>();
@@ -164,7 +166,7 @@ grpc::Status InferenceService::GenerateRaw(
 
   bool client_gone = false;  // cancelled, disconnected, deadline passed or a write failed
   bool finished = false;
-  absl::Time gave_up_at;
+  std::chrono::steady_clock::time_point gave_up_at;
   while (!finished) {
     for (const StreamEvent& event : queue->PopAll(kPollInterval)) {
       // A final event that carries an error (the drain timeout stopped the engine, the pool
@@ -172,7 +174,7 @@ grpc::Status InferenceService::GenerateRaw(
       // (`aborted`), its usage and the text flushed at the end, then the error status.
       if (!client_gone && !WriteEvent(event, request_id, stream)) {
         client_gone = true;
-        gave_up_at = absl::Now();
+        gave_up_at = std::chrono::steady_clock::now();
         engine_->Cancel(*handle);
       }
       if (event.finished) {
@@ -187,14 +189,17 @@ grpc::Status InferenceService::GenerateRaw(
     if (finished) break;
     if (!client_gone && context->IsCancelled()) {
       client_gone = true;
-      gave_up_at = absl::Now();
+      gave_up_at = std::chrono::steady_clock::now();
       engine_->Cancel(*handle);
     }
     // The engine answers a Cancel within a step; waiting for that final event keeps the
     // request's lifetime inside this call. Bounded, in case the engine is stopping.
-    if (client_gone && absl::Now() - gave_up_at > kCancelGrace) break;
+    if (client_gone &&
+        absl::FromChrono(std::chrono::steady_clock::now() - gave_up_at) > kCancelGrace) {
+      break;
+    }
   }
-  if (absl::FromChrono(std::chrono::system_clock::now()) >= DeadlineOf(*context)) {
+  if (std::chrono::system_clock::now() >= context->deadline()) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");

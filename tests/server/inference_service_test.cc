@@ -138,7 +138,17 @@ class InferenceServiceTest : public ::testing::Test {
     return false;
   }
 
-  RealClock clock_;
+  // Real time, but 40 years ahead of the system clock, as the daemon's monotonic clock may
+  // stray from it: a deadline must carry over as the time left (a gRPC deadline taken as a
+  // time on this clock would have passed long ago).
+  class FarAheadClock final : public Clock {
+   public:
+    absl::Time Now() const override { return real_.Now() + absl::Hours(40 * 365 * 24); }
+
+   private:
+    RealClock real_;
+  };
+  FarAheadClock clock_;
   ModelSpec spec_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CpuBackend> backend_;
