@@ -53,7 +53,8 @@ serve: configure
 	@cmake --build $(BUILD) --target kvd -j $(JOBS)
 	@model="$(or $(SERVE_MODEL),$$(scripts/fetch-model))" && \
 	  echo "make serve: from another terminal, try: $(BUILD)/server/kvd client" \
-	    "--address <the address after 'serving gRPC on' below> --prompt 'Once upon a time'" && \
+	    "--address <the address after 'serving gRPC on' below> --prompt 'Once upon a time'" \
+	    "(a synthetic model has no tokenizer: --prompt-token-ids 1,50,60)" && \
 	  exec $(BUILD)/server/kvd serve --config "$(SERVE_CONFIG)" --model "$$model" $(SERVE_ADDRESS_FLAGS)
 
 format:

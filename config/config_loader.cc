@@ -111,7 +111,7 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
       if (value.IsNull()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, path, ": no value (blank, ~ or null); allowed: ", key->allowed,
-                         " (write \"\" for an empty string where one is allowed)"));
+                         key->type == "string" ? " (an empty string is written \"\")" : ""));
       }
       if (!value.IsScalar()) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -42,7 +42,7 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
   }
   if (kv_indptr.size() != q_indptr.size() || kv_last_block_len.size() + 1 != q_indptr.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "forward batch: ", q_indptr.size() - 1, " sequences (q_indptr) but kv_indptr has ",
+        "forward batch: q_indptr has ", q_indptr.size(), " entries but kv_indptr has ",
         kv_indptr.size(), " entries and kv_last_block_len ", kv_last_block_len.size()));
   }
   if (kv_indptr.front() != 0 || kv_indptr.back() != static_cast<int32_t>(kv_indices.size())) {

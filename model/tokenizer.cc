@@ -122,18 +122,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
   }
   size_t offset = 4;
   // An entry takes at least 8 bytes, so a 256 MB file could name 33 million empty pieces:
-  // a vocabulary past the expected size is refused at its first extra entry, not after
-  // gigabytes of pieces.
-  auto size_mismatch = [&](const std::string& count) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("tokenizer file '%s': has %s tokens but the model expects %d", path, count,
-                        expected_vocab_size));
-  };
-  while (offset < data.size()) {
-    const size_t token = tokenizer->pieces_.size();
-    if (expected_vocab_size >= 0 && token == static_cast<size_t>(expected_vocab_size)) {
-      return size_mismatch(absl::StrFormat("more than %d", expected_vocab_size));
-    }
+  // entries past the expected vocabulary are checked and counted (for the error), never
+  // stored, so that refusing such a file costs no more memory than the file.
+  size_t num_entries = 0;
+  for (; offset < data.size(); ++num_entries) {
+    const size_t token = num_entries;
     if (data.size() - offset < 8) {
       return corrupt(offset, absl::StrFormat("truncated entry for token %d: need 8 bytes for "
                                              "score and length, %d left",
@@ -153,16 +146,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
       return corrupt(offset, absl::StrFormat("truncated piece of token %d: need %d bytes, %d left",
                                              token, num_bytes, data.size() - offset));
     }
-    tokenizer->longest_piece_ = std::max(tokenizer->longest_piece_, num_bytes);
-    tokenizer->pieces_.push_back(data.substr(offset, num_bytes));
-    tokenizer->scores_.push_back(score);
+    if (expected_vocab_size < 0 || token < static_cast<size_t>(expected_vocab_size)) {
+      tokenizer->longest_piece_ = std::max(tokenizer->longest_piece_, num_bytes);
+      tokenizer->pieces_.push_back(data.substr(offset, num_bytes));
+      tokenizer->scores_.push_back(score);
+    }
     offset += num_bytes;
   }
 
-  const int32_t vocab_size = tokenizer->vocab_size();
-  if (expected_vocab_size >= 0 && vocab_size != expected_vocab_size) {
-    return size_mismatch(absl::StrCat(vocab_size));
+  if (expected_vocab_size >= 0 && num_entries != static_cast<size_t>(expected_vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tokenizer file '%s': has %d tokens but the model expects %d", path,
+                        num_entries, expected_vocab_size));
   }
+  const int32_t vocab_size = tokenizer->vocab_size();
   if (vocab_size < kFirstByteId + kNumBytePieces) {
     return corrupt(offset, absl::StrFormat("only %d tokens; a llama2.c vocabulary needs at "
                                            "least %d (<unk>, BOS, EOS and 256 byte pieces)",

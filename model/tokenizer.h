@@ -38,8 +38,8 @@ class Tokenizer {
   // Errors: NotFound if nothing is at `path`; InvalidArgument for what is not a regular file
   // or is larger than kMaxFileBytes, naming the file and the byte offset for a truncated or
   // corrupt file (short header, negative or too long piece, NaN score, missing byte
-  // pieces), and when expected_vocab_size >= 0 does not match (refused at the first entry
-  // past it); RegularFileSize and CannotOpen (regular_file.h) for the rest, e.g.
+  // pieces), and when expected_vocab_size >= 0 does not match (entries past it are counted,
+  // not stored); RegularFileSize and CannotOpen (regular_file.h) for the rest, e.g.
   // PermissionDenied for a file this process may not read.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2c(const std::string& path,
                                                                 int32_t expected_vocab_size = -1);

@@ -59,11 +59,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& mo
 // no host fp32 copy, so llama3-8b fits a GPU) with the same weights on every device, as
 // `kvd generate` makes it; a checkpoint is loaded on the host and uploaded.
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model_path,
-                                                        uint64_t seed, Backend* backend) {
+                                                        uint64_t seed, Device device,
+                                                        Backend* backend) {
   if (absl::StartsWith(model_path, "synthetic:")) {
     auto spec = LoadModelSpec(model_path);
     if (!spec.ok()) return spec.status();
-    return CreateRandomModel(*spec, seed, backend);
+    // The CPU backend's weights are host memory.
+    return CreateRandomModel(*spec, seed, backend,
+                             device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
   }
   auto weights = LoadModel(model_path, seed);
   if (!weights.ok()) return weights.status();
@@ -114,7 +117,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
       CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend), shape);
   if (absl::Status s = CheckPoolSize(config.kv_cache, cache_options, shape); !s.ok()) return s;
 
-  auto model = LoadModelOn(model_path, config.model.seed, d.backend.get());
+  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
   if (!model.ok()) {
     return Prefixed(model_field, model.status());
   }

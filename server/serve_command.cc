@@ -43,8 +43,9 @@ constexpr char kUsage[] =
     "still running end with finish reason aborted) and the daemon exits 0. One that comes\n"
     "during startup (reading the config, loading the model) exits 0 at once. A backend\n"
     "that fails for good (a device fault) aborts every request and the daemon exits 1.\n"
-    "On cuda the weights and the KV cache are bf16, synthetic models are generated in\n"
-    "device memory from model.seed, and decode steps replay CUDA graphs.";
+    "Synthetic models are generated from model.seed (the same weights on every device, as\n"
+    "`kvd generate --seed` makes them; in device memory on cuda). On cuda the weights and\n"
+    "the KV cache are bf16 and decode steps replay CUDA graphs.";
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);

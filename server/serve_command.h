@@ -14,7 +14,8 @@ namespace kvd {
 // then the dedicated flags, validates, resolves model.device (auto = cuda when this build
 // has CUDA and a GPU is visible), refuses what that device cannot run (KV quantization
 // other than `none` on the CPU; other than `none`/`bf16` on CUDA), loads the model (a
-// synthetic one on CUDA is generated in device memory from model.seed) and its tokenizer
+// synthetic one is generated in backend memory from model.seed, the same weights on every
+// device; on the CPU only if host memory holds them) and its tokenizer
 // (a synthetic model has none: only prompt_token_ids are served), builds the backend (CPU
 // reference with fp32 KV, or GPU 0 with bf16 weights and KV and, unless --cuda-graphs off,
 // decode steps replayed as CUDA graphs), the KV cache and the engine, and serves

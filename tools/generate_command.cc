@@ -127,6 +127,10 @@ absl::Status CheckFlagValues(const FlagSet& flags) {
   }
   if (flags.Has("prompt-token-ids")) {
     if (absl::Status s = PromptTokenIds(flags).status(); !s.ok()) return s;
+    if (flags.Has("tokenizer")) {
+      return absl::InvalidArgumentError(
+          "--tokenizer has no use with --prompt-token-ids (ids in, ids out); give one of them");
+    }
   }
   if (flags.GetString("model").rfind("synthetic:", 0) == 0 && flags.Has("prompt") &&
       !flags.Has("tokenizer")) {
@@ -149,7 +153,7 @@ absl::Status CheckFlagValues(const FlagSet& flags) {
   }
   const std::string device = absl::AsciiStrToLower(flags.GetString("device"));
   if (device != "auto" && device != "cpu" && device != "cuda") {
-    return Prefixed("--device", ResolveDevice(device).status());
+    return Prefixed("--device", ResolveDevice(flags.GetString("device")).status());
   }
   return absl::OkStatus();
 }
@@ -198,7 +202,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
   }
 
   auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
-    if (synthetic) return CreateRandomModel(spec, flags.GetUint64("seed"), backend->get());
+    if (synthetic) {  // the CPU backend's weights are host memory
+      return CreateRandomModel(spec, flags.GetUint64("seed"), backend->get(),
+                               *device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
+    }
     auto weights = LoadModel(model_ref);
     if (!weights.ok()) return weights.status();
     return LlamaModel::Create(*std::move(weights), backend->get());
@@ -275,6 +282,7 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
   bool usage_error = false;
   if (absl::Status s = Run(flags, out, err, &usage_error); !s.ok()) {
     err << "kvd generate: " << s.message() << "\n";
+    if (usage_error) err << "\n" << flags.Usage();
     return usage_error ? 2 : 1;
   }
   return 0;

@@ -204,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"BlankString",
                 "server:\n  metrics_address:\n",
                 {"line 2", "server.metrics_address: no value (blank, ~ or null)",
-                 "write \"\" for an empty string"}},
+                 "(an empty string is written \"\")"}},
         BadCase{"TildeString", "model:\n  path: ~\n", {"model.path: no value"}},
 
         BadCase{"DuplicateKey",

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,9 +34,11 @@ enum GgufType : uint32_t {
   kFloat64
 };
 
+// Little-endian values from the front of `data` on, each read advancing the offset; false
+// (and the offset where the read began) when the data ends first.
 class Reader {
  public:
-  explicit Reader(std::string data) : data_(std::move(data)) {}
+  explicit Reader(std::string_view data) : data_(data) {}
 
   template <typename T>
   bool Read(T* value) {
@@ -46,7 +50,7 @@ class Reader {
   bool ReadString(std::string* s) {
     uint64_t n = 0;
     if (!Read(&n) || data_.size() - offset_ < n) return false;
-    s->assign(data_, offset_, n);
+    s->assign(data_.substr(offset_, n));
     offset_ += n;
     return true;
   }
@@ -74,7 +78,7 @@ class Reader {
   size_t offset() const { return offset_; }
 
  private:
-  std::string data_;
+  std::string_view data_;
   size_t offset_ = 0;
 };
 
@@ -85,7 +89,8 @@ absl::StatusOr<std::string> GgufVocabAsLlama2cTokenizer(const std::string& path)
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream contents;
   contents << in.rdbuf();
-  Reader r(contents.str());
+  const std::string data = contents.str();
+  Reader r(data);
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": at offset ", r.offset(), ": ", what));
   };

@@ -191,7 +191,7 @@ TEST(LlamaModelTest, RejectsBadBatches) {
   EXPECT_THAT(refused([](ForwardBatch& b) { b.q_indptr.back() = 3; }),
               HasSubstr("q_indptr must run from 0 to the 2 tokens; it has 2 entries, from 0 to 3"));
   EXPECT_THAT(refused([](ForwardBatch& b) { b.kv_last_block_len.push_back(1); }),
-              HasSubstr("1 sequences (q_indptr) but kv_indptr has 2 entries and "
+              HasSubstr("q_indptr has 2 entries but kv_indptr has 2 entries and "
                         "kv_last_block_len 2"));
   EXPECT_THAT(refused([](ForwardBatch& b) { b.kv_indices.push_back(0); }),
               HasSubstr("kv_indptr must run from 0 to the 2 kv_indices; it runs from 0 to 1"));

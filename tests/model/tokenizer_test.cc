@@ -603,6 +603,9 @@ TEST(TokenizerLoadTest, AnOverstatedMaxTokenLengthCostsNoMemory) {
       },
       ::testing::ExitedWithCode(0), "");
 }
+
+// Refusing the file of two million pieces below costs about the file (16 MB), not 64 bytes
+// a piece.
 TEST(TokenizerLoadTest, RefusingAnOversizedVocabularyCostsLittleMoreThanTheFile) {
   const std::string path = ManyEmptyPieces("many_empty_memory", 2'000'000);  // 16 MB
   EXPECT_EXIT(
@@ -643,19 +646,29 @@ TEST(TokenizerLoadTest, VocabularyWithoutBytePiecesIsRejected) {
   EXPECT_THAT(small.status().message(), HasSubstr("only 100 tokens"));
 }
 
-// A file of more entries than the model's vocabulary is refused at the first extra one,
-// without reading the rest: a 16 MB file of two million empty pieces once took 64 bytes a
-// piece (and 1.4 GB at the 256 MB file limit) before its count was compared.
-TEST(TokenizerLoadTest, AVocabularyPastTheExpectedSizeIsRefusedAtItsFirstExtraEntry) {
+// A file of more entries than the model's vocabulary is refused with its count, and entries
+// past the vocabulary are not kept: a 16 MB file of two million empty pieces once took 64
+// bytes a piece (and 1.4 GB at the 256 MB file limit) before its count was compared.
+TEST(TokenizerLoadTest, AVocabularyPastTheExpectedSizeIsRefusedWithItsCount) {
   const std::string path = ManyEmptyPieces("many_empty_message", 2'000'000);
   auto tokenizer = Tokenizer::LoadLlama2c(path, 512);
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tokenizer.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("has 2000000 tokens but the model expects 512")));
+  EXPECT_TRUE(Tokenizer::LoadLlama2c(path).ok());  // no expected size: all of them
+  std::filesystem::remove(path);
+}
+
+// Stray bytes after a whole vocabulary are a truncated entry, not extra tokens.
+TEST(TokenizerLoadTest, TrailingBytesAfterTheVocabularyAreATruncatedEntry) {
+  std::string bytes = ReadFile(kTok512Path);
+  bytes += "\n";
+  auto tokenizer = Tokenizer::LoadLlama2c(WriteTemp("trailing_byte", bytes), 512);
+  ASSERT_FALSE(tokenizer.ok());
   EXPECT_THAT(
       tokenizer.status().message(),
-      AllOf(HasSubstr(path), HasSubstr("has more than 512 tokens but the model expects 512")));
-  EXPECT_TRUE(Tokenizer::LoadLlama2c(path).ok());  // no expected size: read to the end
-  std::filesystem::remove(path);
+      HasSubstr("truncated entry for token 512: need 8 bytes for score and length, 1 left"));
 }
 
 TEST(TokenizerLoadTest, ExpectedVocabSizeMustMatch) {

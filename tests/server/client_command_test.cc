@@ -50,9 +50,13 @@ class RecordingServer final : public v1::Inference::Service {
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
-  ~RecordingServer() override { server_->Shutdown(); }
+  ~RecordingServer() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
 
+  // "127.0.0.1:PORT"; port 0 if the server did not start.
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  bool started() const { return server_ != nullptr && port_ != 0; }
   v1::GenerateRequest last() {
     std::lock_guard<std::mutex> lock(mu_);
     return last_;
@@ -92,6 +96,7 @@ class RecordingServer final : public v1::Inference::Service {
 
 TEST(ClientCommandTest, EveryFlagReachesItsRequestField) {
   RecordingServer server;
+  ASSERT_TRUE(server.started());
   const Result r = Client({"--address",
                            server.address(),
                            "--prompt",
@@ -147,6 +152,7 @@ TEST(ClientCommandTest, EveryFlagReachesItsRequestField) {
 // Left out, each field keeps its proto default: the server's defaults apply.
 TEST(ClientCommandTest, FlagsLeftOutLeaveTheFieldsUnset) {
   RecordingServer server;
+  ASSERT_TRUE(server.started());
   const Result r = Client({"--address", server.address(), "--prompt-token-ids", "1,5,9"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "10 11\n");  // the ids, space-separated, for a token-id prompt
@@ -161,6 +167,7 @@ TEST(ClientCommandTest, FlagsLeftOutLeaveTheFieldsUnset) {
 
 TEST(ClientCommandTest, UsageLineNamesTheRequestAndItsPreemptions) {
   RecordingServer server;
+  ASSERT_TRUE(server.started());
   const Result r = Client({"--address", server.address(), "--prompt", "hi", "--usage"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("request_id=made-up finish_reason=stop prompt_tokens=3"));

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "tests/tools/run_kvd.h"
 
 namespace kvd {
@@ -220,11 +221,8 @@ TEST(KvdGenerateTest, TokenIdPromptsNeedNoTokenizer) {
                                 " --temperature 0 --json");
   ASSERT_EQ(text.exit_code, 0) << text.out;
   const nlohmann::json j = nlohmann::json::parse(text.out);
-  std::string prompt_ids, output_ids;
-  for (const int id : j["prompt_tokens"])
-    prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(id);
-  for (const int id : j["output_tokens"])
-    output_ids += (output_ids.empty() ? "" : " ") + std::to_string(id);
+  const std::string prompt_ids = absl::StrJoin(j["prompt_tokens"].get<std::vector<int>>(), ",");
+  const std::string output_ids = absl::StrJoin(j["output_tokens"].get<std::vector<int>>(), " ");
   const KvdResult ids =
       RunKvd(kGenerate + " --prompt-token-ids " + prompt_ids + " --max-tokens 12 --temperature 0");
   ASSERT_EQ(ids.exit_code, 0) << ids.out;
@@ -248,10 +246,13 @@ TEST(KvdGenerateTest, BadTokenIdPromptsAreUsageErrors) {
             "--prompt-token-ids: 512 is not below the model's "
             "vocabulary size 512"},
            {"--prompt-token-ids 1 --prompt hi", "exactly one of --prompt and --prompt-token-ids"},
+           {"--prompt-token-ids 1 --tokenizer x.bin",
+            "--tokenizer has no use with --prompt-token-ids"},
            {"--max-tokens 3", "exactly one of --prompt and --prompt-token-ids"}}) {
     const KvdResult r = RunKvd(kGenerate + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
     EXPECT_THAT(r.out, HasSubstr(message)) << args;
+    EXPECT_THAT(r.out, HasSubstr("usage: kvd generate")) << args;
   }
   const KvdResult text = RunKvd("generate --device cpu --model synthetic:tiny --prompt hi");
   EXPECT_EQ(text.exit_code, 2) << text.out;
@@ -263,6 +264,9 @@ TEST(KvdGenerateTest, DeviceNamesTakeAnyCase) {
   const KvdResult r = RunKvd("generate --device CPU --model " + kModel +
                              " --prompt hi --max-tokens 2 --temperature 0");
   EXPECT_EQ(r.exit_code, 0) << r.out;
+  const KvdResult bad = RunKvd("generate --device TPU --model " + kModel + " --prompt hi");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("--device: 'TPU' is not one of cpu, cuda, auto"));  // as typed
 }
 
 }  // namespace

@@ -6,10 +6,16 @@
 
 #include "tools/random_model.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_backend.h"
+#include "model/synthetic_model.h"
 
 namespace kvd {
 namespace {
@@ -43,6 +49,24 @@ TEST(RandomModelTest, ValuesStayInTheirRanges) {
     sum += m;
   }
   EXPECT_NEAR(sum / 100000, 0.0, 0.01 * a);  // centred
+}
+
+// On a backend whose weights are host memory (the CPU), a model past the memory the caller
+// says is free is refused before anything is allocated: `kvd serve --device cpu --model
+// synthetic:llama3-8b` once filled 32 GB until the OOM killer came.
+TEST(RandomModelTest, WeightsPastTheFreeHostMemoryAreRefusedFirst) {
+  CpuBackend cpu(1);
+  const absl::StatusOr<ModelSpec> spec = SyntheticSpec("llama3-8b");
+  ASSERT_TRUE(spec.ok());
+  const auto model = CreateRandomModel(*spec, 1, &cpu, /*host_bytes_available=*/int64_t{1} << 30);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(model.status().message()),
+              ::testing::AllOf(::testing::HasSubstr(absl::StrCat(
+                                   "f32 weights need ", spec->NumParameters() * 4, " bytes")),
+                               ::testing::HasSubstr("1073741824 bytes (1.0 GiB) are available")));
+  const absl::StatusOr<ModelSpec> tiny = SyntheticSpec("tiny");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_TRUE(CreateRandomModel(*tiny, 1, &cpu, int64_t{1} << 30).ok());
 }
 
 }  // namespace
