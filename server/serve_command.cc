@@ -193,12 +193,13 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
         << std::flush;
     // Waits for the engine to go idle, in slices, so that a second signal (an operator who
     // wants the process gone now) cuts the drain short instead of waiting out drain_timeout.
-    const absl::Time drain_end = absl::Now() + drain;
+    // Timed on the daemon's monotonic clock, as the engine's timeouts are.
+    const absl::Time drain_end = d.clock.Now() + drain;
     bool idle = false;
     int second_signal = 0;
     while (true) {
-      idle = d.engine->WaitIdle(std::min(kDrainSignalPoll, drain_end - absl::Now()));
-      if (idle || absl::Now() >= drain_end) break;
+      idle = d.engine->WaitIdle(std::min(kDrainSignalPoll, drain_end - d.clock.Now()));
+      if (idle || d.clock.Now() >= drain_end) break;
       second_signal = signals.Wait(absl::ZeroDuration());
       if (second_signal != 0) break;
     }
