@@ -31,9 +31,12 @@ FlagSet MakeFlags() {
       "           [--seed S] [--stop TEXT]... [--stop-token-ids 1,2] [--session-id ID]\n"
       "           [--priority N] [--expected-output-tokens N] [--request-id ID]\n"
       "           [--ignore-eos] [--timeout SECONDS] [--usage]\n"
+      "       kvd client --address HOST:PORT --close-session ID [--timeout SECONDS]\n"
       "\n"
       "Streams a completion of TEXT (or of the token ids) from a running `kvd serve` to\n"
       "stdout; with --prompt-token-ids the generated token ids are printed, space-separated.\n"
+      "--close-session releases a multi-turn session's pinned KV instead (NOT_FOUND, exit 1,\n"
+      "for a session the daemon does not hold).\n"
       "A number outside its flag's range (below) is a usage error, never wrapped or clamped;\n"
       "the server checks the sampling values and answers INVALID_ARGUMENT naming the field.");
   f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
@@ -49,6 +52,7 @@ FlagSet MakeFlags() {
   f.AddStringList("stop", "stop string (not printed); give it once per string");
   f.AddString("stop-token-ids", "comma-separated token ids that end generation (not printed)");
   f.AddString("session-id", "multi-turn session id");
+  f.AddString("close-session", "release this session's pinned KV; no completion");
   f.AddInt("priority", "larger runs first and is preempted last", 0,
            IntRange{std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()});
   f.AddInt("expected-output-tokens", "your estimate of the output length, for admission; 0 = none",
@@ -91,6 +95,21 @@ std::optional<std::vector<uint32_t>> TokenIds(const FlagSet& flags, const std::s
   return ids;
 }
 
+// The deadline of a call given --timeout seconds (0: none).
+void SetTimeout(grpc::ClientContext& context, double timeout_seconds) {
+  if (timeout_seconds > 0) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::microseconds(static_cast<int64_t>(timeout_seconds * 1e6)));
+  }
+}
+
+// A failed call's status on `err`, as "kvd client: CODE: message"; returns 1.
+int CallFailed(const grpc::Status& status, std::ostream& err) {
+  err << "kvd client: " << absl::StatusCodeToString(FromGrpcStatus(status).code()) << ": "
+      << status.error_message() << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -108,6 +127,26 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   if (flags.GetString("address").empty()) {
     err << "kvd client: --address is empty; give the daemon's HOST:PORT\n\n" << flags.Usage();
     return 2;
+  }
+  const std::optional<double> timeout = FloatInRange(
+      flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
+  if (!timeout) return 2;
+  if (flags.Has("close-session")) {
+    if (flags.Has("prompt") || flags.Has("prompt-token-ids")) {
+      err << "kvd client: --close-session takes no prompt; give --prompt (or --prompt-token-ids) "
+             "or --close-session\n\n"
+          << flags.Usage();
+      return 2;
+    }
+    auto stub = v1::Inference::NewStub(
+        grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    SetTimeout(context, *timeout);
+    v1::CloseSessionRequest request;
+    request.set_session_id(flags.GetString("close-session"));
+    v1::CloseSessionResponse response;
+    const grpc::Status status = stub->CloseSession(&context, request, &response);
+    return status.ok() ? 0 : CallFailed(status, err);
   }
   const bool token_ids = flags.Has("prompt-token-ids");
   if (token_ids == flags.Has("prompt")) {
@@ -136,9 +175,7 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
       FloatInRange(flags, "top-p", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> min_p =
       FloatInRange(flags, "min-p", -kMaxFloat, kMaxFloat, kFloatRange, err);
-  const std::optional<double> timeout = FloatInRange(
-      flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
-  if (!temperature || !top_p || !min_p || !timeout) return 2;
+  if (!temperature || !top_p || !min_p) return 2;
   request.set_ignore_eos(flags.GetBool("ignore-eos"));
   request.set_max_tokens(static_cast<uint32_t>(flags.GetInt("max-tokens")));
   request.set_temperature(static_cast<float>(*temperature));
@@ -161,10 +198,7 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
       grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials());
   auto stub = v1::Inference::NewStub(channel);
   grpc::ClientContext context;
-  if (*timeout > 0) {
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::microseconds(static_cast<int64_t>(*timeout * 1e6)));
-  }
+  SetTimeout(context, *timeout);
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
   v1::GenerateResponse response;
@@ -187,11 +221,7 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   const grpc::Status status = reader->Finish();
   if (wrote) out << "\n";
-  if (!status.ok()) {
-    err << "kvd client: " << absl::StatusCodeToString(FromGrpcStatus(status).code()) << ": "
-        << status.error_message() << "\n";
-    return 1;
-  }
+  if (!status.ok()) return CallFailed(status, err);
   if (flags.GetBool("usage")) {
     const v1::Usage& u = last.usage();
     err << "request_id=" << last.request_id() << " finish_reason=" << last.finish_reason()

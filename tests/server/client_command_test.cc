@@ -62,6 +62,18 @@ class RecordingServer final : public v1::Inference::Service {
     return last_;
   }
 
+  // Holds one session, "chat-1", until it is closed.
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* request,
+                            v1::CloseSessionResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (request->session_id() != "chat-1" || chat_closed_) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "no session \"" + request->session_id() + "\"");
+    }
+    chat_closed_ = true;
+    return grpc::Status::OK;
+  }
+
   grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     {
@@ -92,6 +104,7 @@ class RecordingServer final : public v1::Inference::Service {
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
   v1::GenerateRequest last_;
+  bool chat_closed_ = false;
 };
 
 TEST(ClientCommandTest, EveryFlagReachesItsRequestField) {
@@ -173,6 +186,21 @@ TEST(ClientCommandTest, UsageLineNamesTheRequestAndItsPreemptions) {
   EXPECT_THAT(r.err, HasSubstr("request_id=made-up finish_reason=stop prompt_tokens=3"));
   EXPECT_THAT(r.err, HasSubstr("completion_tokens=2"));
   EXPECT_THAT(r.err, HasSubstr("preemptions=1"));
+}
+
+TEST(ClientCommandTest, CloseSessionReleasesASessionOnceThenNotFound) {
+  RecordingServer server;
+  ASSERT_TRUE(server.started());
+  Result r = Client({"--address", server.address(), "--close-session", "chat-1"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+  r = Client({"--address", server.address(), "--close-session", "chat-1", "--timeout", "5"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "kvd client: NOT_FOUND: no session \"chat-1\"\n");
+  r = Client({"--address", server.address(), "--close-session", "chat-1", "--prompt", "hi"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--close-session takes no prompt"));
 }
 
 TEST(ClientCommandTest, MalformedStopTokenIdIsAUsageErrorNamingIt) {
