@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -584,6 +585,21 @@ size_t CurrentAddressSpaceBytes() {
   return pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
 
+// Expects `check` to return true in a child process that may map only `extra_bytes` more
+// address space than it has now.
+void ExpectWithinAddressSpace(size_t extra_bytes, const std::function<bool()>& check) {
+  EXPECT_EXIT(
+      {
+        rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        rlimit lowered = limit;
+        lowered.rlim_cur = CurrentAddressSpaceBytes() + extra_bytes;
+        setrlimit(RLIMIT_AS, &lowered);
+        std::exit(check() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 TEST(TokenizerLoadTest, AnOverstatedMaxTokenLengthCostsNoMemory) {
   // The header's max_token_length is only an upper bound of the pieces: 2^31 - 1 here, with
   // pieces of at most 6 bytes. Encoding sizes its buffers from the pieces, so it runs in a
@@ -591,36 +607,17 @@ TEST(TokenizerLoadTest, AnOverstatedMaxTokenLengthCostsNoMemory) {
   const std::string path = WriteTemp("overstated", Serialize(0x7fffffff, BaseEntries()));
   auto tokenizer = Tokenizer::LoadLlama2c(path);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  EXPECT_EXIT(
-      {
-        rlimit limit;
-        getrlimit(RLIMIT_AS, &limit);
-        rlimit lowered = limit;
-        lowered.rlim_cur = CurrentAddressSpaceBytes() + (size_t{1} << 30);
-        setrlimit(RLIMIT_AS, &lowered);
-        const std::vector<int32_t> ids = (*tokenizer)->Encode("Once upon a time", true);
-        std::exit(ids.size() > 1 ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "");
+  ExpectWithinAddressSpace(
+      size_t{1} << 30, [&] { return (*tokenizer)->Encode("Once upon a time", true).size() > 1; });
 }
 
 // Refusing the file of two million pieces below costs about the file (16 MB), not 64 bytes
 // a piece.
 TEST(TokenizerLoadTest, RefusingAnOversizedVocabularyCostsLittleMoreThanTheFile) {
   const std::string path = ManyEmptyPieces("many_empty_memory", 2'000'000);  // 16 MB
-  EXPECT_EXIT(
-      {
-        rlimit limit;
-        getrlimit(RLIMIT_AS, &limit);
-        rlimit lowered = limit;
-        lowered.rlim_cur = CurrentAddressSpaceBytes() + (size_t{48} << 20);
-        setrlimit(RLIMIT_AS, &lowered);
-        std::exit(Tokenizer::LoadLlama2c(path, 512).status().code() ==
-                          absl::StatusCode::kInvalidArgument
-                      ? 0
-                      : 1);
-      },
-      ::testing::ExitedWithCode(0), "");
+  ExpectWithinAddressSpace(size_t{48} << 20, [&] {
+    return Tokenizer::LoadLlama2c(path, 512).status().code() == absl::StatusCode::kInvalidArgument;
+  });
   std::filesystem::remove(path);
 }
 #endif

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kvd/v1/kvd.grpc.pb.h"
+#include "tests/tools/run_kvd.h"
 
 namespace kvd {
 namespace {
@@ -117,13 +117,28 @@ Streamed Generate(v1::Inference::Stub& stub, const v1::GenerateRequest& request)
   return s;
 }
 
-TEST(ServeSyntheticTest, ServesTokenIdsAndRefusesTextWithoutATokenizer) {
-  Daemon daemon({"serve", "--model", "synthetic:tiny", "--device", "cpu", "--grpc-address",
-                 "127.0.0.1:0", "--metrics-address", "", "--set", "server.num_threads=1"});
+// `kvd serve` of synthetic:tiny on one CPU thread on a free local port, no metrics, then
+// `sets` as --set overrides.
+std::vector<std::string> ServeTiny(const std::vector<std::string>& sets) {
+  std::vector<std::string> args = {
+      "serve", "--model",        "synthetic:tiny",      "--device",
+      "cpu",   "--grpc-address", "127.0.0.1:0",         "--metrics-address",
+      "",      "--set",          "server.num_threads=1"};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  return args;
+}
+
+// A stub for the daemon's gRPC address, once it says it serves; null if it never does.
+std::unique_ptr<v1::Inference::Stub> StubOf(Daemon& daemon) {
   const std::string address = daemon.WaitForLine("kvd: serving gRPC on ", std::chrono::seconds(30));
-  ASSERT_FALSE(address.empty()) << "the daemon never printed its gRPC address";
-  auto stub =
-      v1::Inference::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  if (address.empty()) return nullptr;
+  return v1::Inference::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+TEST(ServeSyntheticTest, ServesTokenIdsAndRefusesTextWithoutATokenizer) {
+  Daemon daemon(ServeTiny({}));
+  auto stub = StubOf(daemon);
+  ASSERT_NE(stub, nullptr) << "the daemon never printed its gRPC address";
 
   v1::GenerateRequest ids;
   for (uint32_t id : {1u, 17u, 42u, 99u}) ids.add_prompt_token_ids(id);
@@ -153,28 +168,13 @@ TEST(ServeSyntheticTest, ServesTokenIdsAndRefusesTextWithoutATokenizer) {
   EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
 }
 
-// stdout of `kvd <args>` run to its end.
-std::string RunKvd(const std::string& args) {
-  std::string out;
-  FILE* pipe = popen((std::string(KVD_BINARY) + " " + args).c_str(), "r");
-  if (pipe == nullptr) return out;
-  char chunk[4096];
-  for (size_t n; (n = fread(chunk, 1, sizeof(chunk), pipe)) > 0;) out.append(chunk, n);
-  pclose(pipe);
-  return out;
-}
-
 // A synthetic model is one model per seed, however it runs: `kvd serve` on the CPU once made
 // its weights another way than `kvd generate` (and `kvd serve` on CUDA), so the same
 // model.seed served another model.
 TEST(ServeSyntheticTest, TheSameSeedServesTheModelThatGenerateRuns) {
-  Daemon daemon({"serve", "--model", "synthetic:tiny", "--device", "cpu", "--grpc-address",
-                 "127.0.0.1:0", "--metrics-address", "", "--set", "server.num_threads=1", "--set",
-                 "model.seed=7"});
-  const std::string address = daemon.WaitForLine("kvd: serving gRPC on ", std::chrono::seconds(30));
-  ASSERT_FALSE(address.empty()) << "the daemon never printed its gRPC address";
-  auto stub =
-      v1::Inference::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  Daemon daemon(ServeTiny({"model.seed=7"}));
+  auto stub = StubOf(daemon);
+  ASSERT_NE(stub, nullptr) << "the daemon never printed its gRPC address";
   v1::GenerateRequest greedy;
   for (uint32_t id : {1u, 50u, 60u, 70u}) greedy.add_prompt_token_ids(id);
   greedy.set_max_tokens(8);  // temperature 0: greedy
@@ -184,10 +184,11 @@ TEST(ServeSyntheticTest, TheSameSeedServesTheModelThatGenerateRuns) {
   stub.reset();
   EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
 
-  const std::string generated = RunKvd(
+  const KvdResult generated = RunKvd(
       "generate --model synthetic:tiny --seed 7 --prompt-token-ids 1,50,60,70 "
       "--max-tokens 8 --temperature 0 --device cpu --threads 1");
-  EXPECT_EQ(generated, absl::StrCat(absl::StrJoin(served.token_ids, " "), "\n"));
+  EXPECT_EQ(generated.exit_code, 0);
+  EXPECT_EQ(generated.out, absl::StrCat(absl::StrJoin(served.token_ids, " "), "\n"));
 }
 
 }  // namespace
