@@ -128,9 +128,21 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
   if (seqs_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("AddSequence: sequence ", id, " is live"));
   }
+  SeqState s;
+  if (auto p = preempted_.find(id); p != preempted_.end()) {
+    KVD_CACHE_CHECK(p->second.id == session_id,
+                    "AddSequence: a preempted sequence came back with another session");
+    s.preempted_session = std::move(p->second);
+    preempted_.erase(p);
+    const Session* held = sessions_.Find(session_id);
+    if (held != nullptr && held->serial == s.preempted_session->serial) {
+      s.session_id = held->id;  // still attached to this id, with no chain to match
+      s.session_serial = held->serial;
+    }
+    session_id = {};  // taken back, or closed meanwhile: attach nothing
+  }
   const Session* session = session_id.empty() ? nullptr : sessions_.Find(session_id);
   const Match m = MatchPrompt(prompt, session);
-  SeqState s;
   s.tokens.assign(prompt.begin(), prompt.end());
   if (!session_id.empty()) {
     absl::StatusOr<Session*> attached = sessions_.Attach(session_id);

@@ -62,9 +62,13 @@ class KvCacheManager {
   // already computed: the session's pinned chain (when `session_id` names a detached
   // session; the session attaches to this sequence, and is created if unknown), then full
   // blocks found in the prefix index. At least the last prompt token is always left to
-  // compute, so the step has logits. Takes no new blocks (Reserve does).
+  // compute, so the step has logits. Takes no new blocks (Reserve does). A sequence
+  // preempted by FreeForRecompute takes back the session it held, which stayed attached to
+  // it (holding nothing); if that session was closed or released meanwhile, the sequence
+  // runs without one, as a running turn whose session is closed ends without pinning.
   // InvalidArgument for an empty prompt, AlreadyExists for a live id, FailedPrecondition
-  // when the session is attached to another live sequence; nothing changes then.
+  // when the session is attached to another sequence; nothing changes then. REQUIRES: a
+  // preempted sequence comes back with the session id it had.
   absl::StatusOr<int32_t> AddSequence(SeqId id, absl::Span<const int32_t> prompt,
                                       std::string_view session_id = "");
   // Appends known tokens (sampled ones) whose K/V are still to be computed.
@@ -95,17 +99,24 @@ class KvCacheManager {
   // whose first Reserve failed): releases the blocks it took; a session that AddSequence
   // created is forgotten again, and one that existed gets back, pinned, the chain blocks and
   // tokens the sequence took from it, i.e. the part of its history the prompt matched (the
-  // rest AddSequence already let go), its idle time starting again. Counts no hit and no
-  // session release. REQUIRES: id was made by AddSequence (not Fork), is live, and no
-  // Reserve of it has succeeded.
+  // rest AddSequence already let go), its idle time starting again. A sequence back from
+  // preemption goes back to waiting, its session attached to it as FreeForRecompute left
+  // it. Counts no hit and no session release. REQUIRES: id was made by AddSequence (not
+  // Fork), is live, and no Reserve of it has succeeded.
   void Abandon(SeqId id);
   // Ends the sequence. Blocks are released tail first (so its tail is evicted before its
   // prefix); with an attached session, the blocks of its computed tokens become the
   // session's pinned chain instead (then the pin cap applies).
   void Free(SeqId id);
-  // Ends a sequence that will be recomputed (preemption): releases all its blocks, and its
-  // session, if still the one it attached, for room, so that nothing of it stays pinned.
+  // Ends a sequence that will be recomputed (preemption): releases all its blocks, so that
+  // nothing of it stays pinned. Its session stays attached to `id`, holding nothing, until
+  // AddSequence(id, ...) takes it back or EndPreempted(id): another turn of the session
+  // waits meanwhile (FailedPrecondition), CloseSession finds it, idle expiry passes it by.
   void FreeForRecompute(SeqId id);
+  // A preempted sequence that will not come back (cancelled or expired while it waited):
+  // its session, if still the one it held, is detached with nothing pinned, and its idle
+  // time starts. Nothing happens for an id FreeForRecompute did not leave a session.
+  void EndPreempted(SeqId id);
   // Releases the session's pins at once (blocks stay as ordinary cached blocks) and forgets
   // it. NotFound for an unknown (or already expired) id.
   absl::Status CloseSession(std::string_view session_id);
@@ -155,6 +166,12 @@ class KvCacheManager {
   absl::Status CheckInvariants() const;
 
  private:
+  // A session a preempted sequence held: still its own if the session table has this id
+  // with this serial (attached; no other sequence can attach it meanwhile).
+  struct PreemptedSession {
+    std::string id;
+    uint64_t serial = 0;
+  };
   // Prompt tokens an admission looked up, and those it found computed.
   struct HitCounts {
     int64_t query_tokens = 0;
@@ -174,6 +191,9 @@ class KvCacheManager {
     std::string session_id;  // empty: none
     uint64_t session_serial = 0;
     bool session_created = false;  // AddSequence created the session (Abandon forgets it)
+    // The session FreeForRecompute left attached to this id, taken back by AddSequence
+    // (whether or not it was still there): Abandon and FreeForRecompute leave it again.
+    std::optional<PreemptedSession> preempted_session;
     // What AddSequence found, counted in stats() once Reserve gives the sequence slots, so
     // that an admission undone for want of room (Abandon after a failed Reserve; the engine
     // retries it every step) is not counted once per attempt. Set: no Reserve succeeded yet.
@@ -222,6 +242,7 @@ class KvCacheManager {
   SessionTable sessions_;
   std::unique_ptr<Defragmenter> defrag_;
   absl::flat_hash_map<SeqId, SeqState> seqs_;
+  absl::flat_hash_map<SeqId, PreemptedSession> preempted_;  // by FreeForRecompute
   std::deque<BlockMove> pending_moves_;
 
   int64_t prefix_query_tokens_ = 0;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cache/kv_cache_manager.h"
@@ -54,8 +55,21 @@ absl::Status KvCacheManager::CheckInvariants() const {
       parent = s.keys[i];
     }
   }
+  // Session serial -> sequences, live or preempted, that hold it (a stale serial, of a
+  // session closed meanwhile, matches none).
+  absl::flat_hash_map<uint64_t, int32_t> session_holders;
+  for (const auto& [id, s] : seqs_) {
+    if (!s.session_id.empty()) ++session_holders[s.session_serial];
+  }
+  for (const auto& [id, p] : preempted_) ++session_holders[p.serial];
   absl::flat_hash_set<BlockId> pinned;  // distinct: sessions may pin the same prefix
   sessions_.ForEach([&](const Session& s) {
+    const auto h = session_holders.find(s.serial);
+    const int32_t held_by = h == session_holders.end() ? 0 : h->second;
+    if (held_by != (s.attached ? 1 : 0) && status.ok()) {
+      status = absl::InternalError(absl::StrCat(s.attached ? "attached" : "detached", " session ",
+                                                s.id, " is held by ", held_by, " sequences"));
+    }
     if (s.attached && !s.chain.empty() && status.ok()) {
       status = absl::InternalError(absl::StrCat("attached session ", s.id, " still pins blocks"));
     }

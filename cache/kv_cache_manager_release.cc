@@ -38,7 +38,9 @@ void KvCacheManager::Abandon(SeqId id) {
   const SeqState& s = it->second;
   KVD_CACHE_CHECK(s.uncounted_hits.has_value(), "Abandon: the sequence has had slots");
   size_t lent = 0;  // leading blocks that go back to the session's chain
-  if (s.session_created) {
+  if (s.preempted_session.has_value()) {
+    preempted_.emplace(id, *s.preempted_session);  // as FreeForRecompute left it
+  } else if (s.session_created) {
     // Not a release: the session never pinned anything (attached, it gives back no chain).
     sessions_.Release(s.session_id, s.session_serial, SessionReleaseReason::kClosed);
   } else if (!s.session_id.empty()) {
@@ -63,15 +65,24 @@ int64_t KvCacheManager::ReleasablePinnedBlocks() const {
 void KvCacheManager::FreeForRecompute(SeqId id) {
   auto it = seqs_.find(id);
   KVD_CACHE_CHECK(it != seqs_.end(), "FreeForRecompute: unknown sequence id");
-  const SeqState& s = it->second;
+  SeqState& s = it->second;
+  // The session stays attached (its chain is in s.blocks); a sequence that came back
+  // without its session (closed meanwhile) keeps the record that says so.
   if (!s.session_id.empty()) {
-    if (std::optional<SessionTable::Released> r =
-            sessions_.Release(s.session_id, s.session_serial, SessionReleaseReason::kPressure)) {
-      ReleaseSessions({*std::move(r)});  // attached: no chain, only the count
-    }
+    preempted_.emplace(id, PreemptedSession{std::move(s.session_id), s.session_serial});
+  } else if (s.preempted_session.has_value()) {
+    preempted_.emplace(id, *std::move(s.preempted_session));
   }
   ReleaseTailFirst(s.blocks);
   seqs_.erase(it);
+}
+
+void KvCacheManager::EndPreempted(SeqId id) {
+  auto it = preempted_.find(id);
+  if (it == preempted_.end()) return;
+  // False, changing nothing, when the session was closed or released meanwhile.
+  sessions_.Detach(it->second.id, it->second.serial, {}, {});
+  preempted_.erase(it);
 }
 
 void KvCacheManager::ReleaseSessions(const std::vector<SessionTable::Released>& released) {

@@ -19,8 +19,7 @@
 namespace kvd {
 
 // Why a session's pinned chain was let go: idle past the timeout, over the pin cap, closed by
-// the client, or for room (the pool could not otherwise supply a running sequence, or the
-// session's own turn was preempted).
+// the client, or for room (the pool could not otherwise supply a running sequence).
 enum class SessionReleaseReason { kIdle, kPinCap, kClosed, kPressure };
 inline constexpr int kNumSessionReleaseReasons =
     static_cast<int>(SessionReleaseReason::kPressure) + 1;

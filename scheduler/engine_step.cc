@@ -106,7 +106,8 @@ EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budge
   absl::StatusOr<int32_t> cached =
       cache_->AddSequence(static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
   if (!cached.ok()) {
-    // FailedPrecondition: another turn of its session is running; it waits for that one.
+    // FailedPrecondition: another turn of its session is running, or waits to run again after
+    // a preemption; it waits for that one.
     if (absl::IsFailedPrecondition(cached.status())) return AdmitResult::kSessionBusy;
     Finish(s, FinishReason::kAborted, cached.status());
     return AdmitResult::kFailed;
@@ -131,7 +132,7 @@ EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budge
 }
 
 void EngineLoop::Impl::Preempt(Sequence* victim) {
-  // Its session (if still its own) goes too, so the victim's blocks really return to the pool.
+  // All its blocks return to the pool; its session waits for it, holding nothing.
   cache_->FreeForRecompute(static_cast<SeqId>(victim->handle));
   victim->in_cache = false;
   victim->num_computed = 0;
@@ -316,6 +317,8 @@ void EngineLoop::Impl::Finish(Sequence& s, FinishReason reason, absl::Status err
   if (s.in_cache) {
     cache_->Free(static_cast<SeqId>(s.handle));
     s.in_cache = false;
+  } else if (s.usage.num_preemptions > 0) {
+    cache_->EndPreempted(static_cast<SeqId>(s.handle));  // its session waited for it
   }
   const absl::Time now = clock_->Now();
   s.usage.completion_tokens = s.num_generated;

@@ -1,9 +1,9 @@
 // Randomized property test of KvCacheManager: thousands of operations (add with prefix
-// and session reuse, append, step, fork, free, preempt (FreeForRecompute), tick with expiry
-// and defragmentation, close) from fixed seeds, checking after every operation that
-// reference counts equal holders, no block is both free and referenced, every prefix key
-// matches its tokens, free + used + cached == total, and every live sequence's computed
-// positions hold exactly the bytes the "model" wrote for their prefix. Some seeds also
+// and session reuse, append, step, fork, free, preempt (FreeForRecompute) and come back or
+// end while preempted, tick with expiry and defragmentation, close) from fixed seeds, checking
+// after every operation that reference counts equal holders, no block is both free and referenced,
+// every prefix key matches its tokens, free + used + cached == total, and every live sequence's
+// computed positions hold exactly the bytes the "model" wrote for their prefix. Some seeds also
 // make the device fail now and then (no memory to grow the arena; block copies that stop
 // part way) and plan defragmentation on the planner's thread; a failed Reserve must then
 // still change nothing, and a prefix hit must still find the bytes of its prefix.
@@ -50,7 +50,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     o.enable_prefix_caching = cfg.prefix_caching;
     o.defrag_low_water = 0.75;
     o.defrag_max_moves_per_step = 2;
-    o.session_idle_timeout = absl::Seconds(30);
+    o.session_idle_timeout = absl::Seconds(60);
     o.max_pinned_fraction = 0.25;
     o.defrag_background_planning = cfg.threaded_planning;
     auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
@@ -64,9 +64,30 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     const std::vector<std::vector<int32_t>> systems = {
         {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 9, 9, 9, 9, 9}, {7, 7, 7, 7, 7, 7, 7, 7}};
     std::map<SeqId, std::string> live;                    // id -> session ("" for none)
+    // id -> the session it was added with, which a preempted sequence comes back with even
+    // when the session was closed since (live then says "").
+    std::map<SeqId, std::string> added_with;
     std::map<std::string, std::vector<int32_t>> history;  // session -> last turn's tokens
+    struct Preempted {
+      std::vector<int32_t> tokens;
+      std::string session;  // "" for none
+      bool closed = false;  // the session was closed since: it comes back without one
+    };
+    std::map<SeqId, Preempted> preempted;
+    // A session is busy while a sequence holds it, running or preempted.
+    auto busy = [&](const std::string& session) {
+      if (session.empty()) return false;
+      for (const auto& [id, s] : live) {
+        if (s == session) return true;
+      }
+      for (const auto& [id, p] : preempted) {
+        if (p.session == session && !p.closed) return true;
+      }
+      return false;
+    };
     SeqId next_id = 0;
-    int64_t num_ops[9] = {};
+    constexpr int kKinds = 11;
+    int64_t num_ops[kKinds] = {};
 
     const int kOps = 2500;
     for (int op = 0; op < kOps; ++op) {
@@ -87,10 +108,9 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
         if (prompt.size() > 40) prompt.resize(40);
         const SeqId id = next_id++;
         const int32_t probe = m->ProbePrefix(prompt, session);
+        const bool session_busy = busy(session);
         absl::StatusOr<int32_t> cached = m->AddSequence(id, prompt, session);
-        bool busy = false;
-        for (const auto& [other, s] : live) busy |= !session.empty() && s == session;
-        if (busy) {
+        if (session_busy) {
           ASSERT_EQ(cached.status().code(), absl::StatusCode::kFailedPrecondition);
         } else {
           ASSERT_TRUE(cached.ok()) << cached.status();
@@ -100,6 +120,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
             ASSERT_EQ(*cached, 0);
           }
           live[id] = session;
+          added_with[id] = session;
         }
         ++num_ops[0];
       } else if (kind < 50 && !live.empty()) {  // step: prefill chunk or decode
@@ -149,10 +170,30 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
         m->Free(it->first);
         live.erase(it);
         ++num_ops[4];
-      } else if (kind < 75 && !live.empty()) {  // preempt: its session goes too
+      } else if (kind < 75 && !preempted.empty() && uniform(0, 2) != 0) {
+        // A preempted sequence comes back (recompute from scratch), or ends while it waits.
+        auto it = std::next(preempted.begin(), uniform(0, preempted.size() - 1));
+        const SeqId id = it->first;
+        if (live.size() < 8 && uniform(0, 3) != 0) {
+          // Its session, if still there, is attached to it and matches nothing.
+          const int32_t probe = m->ProbePrefix(it->second.tokens);
+          absl::StatusOr<int32_t> cached =
+              m->AddSequence(id, it->second.tokens, it->second.session);
+          ASSERT_TRUE(cached.ok()) << "op " << op << ": " << cached.status();
+          ASSERT_EQ(*cached, probe) << "op " << op;
+          live[id] = it->second.closed ? "" : it->second.session;
+          ++num_ops[9];
+        } else {
+          m->EndPreempted(id);
+          ++num_ops[10];
+        }
+        preempted.erase(it);
+      } else if (kind < 75 && !live.empty()) {  // preempt: its session waits for it
         auto it = std::next(live.begin(), uniform(0, live.size() - 1));
+        const absl::Span<const int32_t> t = m->Tokens(it->first);
+        const std::string& added = added_with[it->first];
+        preempted[it->first] = {{t.begin(), t.end()}, added, it->second != added};
         m->FreeForRecompute(it->first);
-        if (!it->second.empty()) history.erase(it->second);
         live.erase(it);
         ++num_ops[7];
       } else if (kind < 93) {  // step boundary, time passes
@@ -177,9 +218,12 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
       } else {  // close a session
         const std::string session = "s" + std::to_string(uniform(0, 3));
         if (m->CloseSession(session).ok()) {
-          // Its running sequence (if any) now ends like one without a session.
+          // Its sequence (if any), running or preempted, now ends like one without a session.
           for (auto& [id, s] : live) {
             if (s == session) s.clear();
+          }
+          for (auto& [id, p] : preempted) {
+            if (p.session == session) p.closed = true;
           }
           history.erase(session);
         }
@@ -192,7 +236,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
       }
     }
     // Every kind of operation ran, and the pool moved.
-    for (int k = 0; k < 9; ++k) {
+    for (int k = 0; k < kKinds; ++k) {
       if (k == 8 && !cfg.device_faults) continue;
       EXPECT_GT(num_ops[k], 0) << "operation kind " << k;
     }
@@ -208,6 +252,7 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
     backend.FailAllocationsAfter(-1);
     backend.FailCopiesAfterPairs(-1);
     for (const auto& [id, session] : live) m->Free(id);
+    for (const auto& [id, p] : preempted) m->EndPreempted(id);
     clock.Advance(absl::Minutes(1));
     for (int i = 0; i < 40; ++i) {
       m->WaitForDefragPlan();

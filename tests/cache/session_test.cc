@@ -175,30 +175,120 @@ TEST_F(SessionTest, PinnedBlocksCountOnceWhenSessionsShareAPrefix) {
   ExpectValid(*m);
 }
 
-TEST_F(SessionTest, FreeForRecomputeReleasesTheSequencesOwnSessionOnly) {
+// A preempted turn gives back every block, but not its session: the session waits for the
+// turn, holding nothing, as it would while the turn ran.
+TEST_F(SessionTest, APreemptedTurnKeepsItsSessionHoldingNothing) {
   auto m = Make(TinyOptions());
-  // Its own session goes with it: nothing of a preempted turn stays pinned.
   ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
   ASSERT_TRUE(Step(*m, 1, 9));
   m->FreeForRecompute(1);
   KvCacheStats st = m->stats();
-  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.num_sessions, 1);
   EXPECT_EQ(st.pinned_blocks, 0);
   EXPECT_EQ(st.used_blocks, 0);
-  EXPECT_EQ(st.session_releases_pressure, 1);
+  EXPECT_EQ(st.session_releases_pressure, 0);
   ExpectValid(*m);
-  // A session closed and re-created by another request while it ran is not its own.
-  ASSERT_TRUE(m->AddSequence(2, Iota(9, 200), "chat").ok());
-  ASSERT_TRUE(Step(*m, 2, 9));
-  ASSERT_TRUE(m->CloseSession("chat").ok());
-  ASSERT_TRUE(m->AddSequence(3, Iota(5, 500), "chat").ok());
-  ASSERT_TRUE(Step(*m, 3, 5));
-  m->FreeForRecompute(2);
-  EXPECT_EQ(m->stats().session_releases_pressure, 1);
-  m->Free(3);
+  // Another turn of the session waits for this one, and idle expiry passes the session by.
+  EXPECT_EQ(m->AddSequence(2, Iota(12), "chat").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(m->HasSequence(2));
+  clock_.Advance(TinyOptions().session_idle_timeout + absl::Seconds(1));
+  m->Tick();
+  EXPECT_EQ(m->stats().num_sessions, 1);
+  EXPECT_EQ(m->stats().session_releases_idle, 0);
+  // The turn comes back to its session (its full blocks are still cached) and, when it
+  // ends, leaves its history pinned there.
+  ASSERT_EQ(*m->AddSequence(1, Iota(9), "chat"), 8);
+  ASSERT_TRUE(Step(*m, 1, 1));
+  m->Free(1);
   st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 3);
+  EXPECT_EQ(m->ProbePrefix(Iota(10), "chat"), 9);
+  ExpectValid(*m);
+}
+
+// Closing the session of a preempted turn works as closing that of a running one: the
+// session is forgotten at once, and the turn ends without pinning anything, even when a
+// later turn has made the session anew meanwhile.
+TEST_F(SessionTest, ClosingThePreemptedTurnsSessionLetsItRunWithoutOne) {
+  auto m = Make(TinyOptions());
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 9));
+  m->FreeForRecompute(1);
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  EXPECT_EQ(m->stats().num_sessions, 0);
+  EXPECT_EQ(m->stats().session_releases_closed, 1);
+  ASSERT_TRUE(m->AddSequence(2, Iota(5, 500), "chat").ok());  // the new "chat"
+  ASSERT_TRUE(Step(*m, 2, 5));
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());  // not the new one's: not busy
+  ASSERT_TRUE(Step(*m, 1, 1));
+  ExpectValid(*m);
+  // Preempted again, it still runs without a session when it comes back.
+  m->FreeForRecompute(1);
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 1));
+  m->Free(1);
+  EXPECT_EQ(m->stats().pinned_blocks, 0);
+  m->Free(2);
+  KvCacheStats st = m->stats();
   EXPECT_EQ(st.num_sessions, 1);
-  EXPECT_EQ(st.pinned_blocks, 2);  // the new "chat" keeps its 5 tokens
+  EXPECT_EQ(st.pinned_blocks, 2);  // the new "chat" keeps its 5 tokens, not the old turn's
+  EXPECT_EQ(m->ProbePrefix(Iota(6, 500), "chat"), 5);
+  ExpectValid(*m);
+}
+
+// A preempted turn that will not come back (cancelled while it waited) lets its session go
+// on, empty: the next turn may run, and the idle timeout counts from then.
+TEST_F(SessionTest, EndPreemptedDetachesTheSessionWithNothingPinned) {
+  auto m = Make(TinyOptions());
+  m->EndPreempted(7);  // nothing preempted: nothing happens
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 9));
+  m->FreeForRecompute(1);
+  clock_.Advance(absl::Seconds(5));
+  m->EndPreempted(1);
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  ExpectValid(*m);
+  clock_.Advance(TinyOptions().session_idle_timeout - absl::Seconds(1));
+  m->Tick();
+  EXPECT_EQ(m->stats().num_sessions, 1);
+  clock_.Advance(absl::Seconds(1));
+  m->Tick();
+  st = m->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.session_releases_idle, 1);
+  // The next turn attaches the session at once (and finds no history in it).
+  ASSERT_EQ(*m->AddSequence(2, Iota(9, 300), "next"), 0);
+  ASSERT_TRUE(Step(*m, 2, 9));
+  m->FreeForRecompute(2);
+  m->EndPreempted(2);
+  EXPECT_EQ(*m->AddSequence(3, Iota(12, 300), "next"), 8);  // the prefix index's, not the session's
+  EXPECT_EQ(m->stats().session_hit_tokens, 0);
+  ASSERT_TRUE(Step(*m, 3, 4));
+  m->Free(3);
+  ExpectValid(*m);
+}
+
+// An admission of a preempted turn undone for want of room leaves it preempted: its session
+// still waits for it.
+TEST_F(SessionTest, AbandoningAPreemptedTurnsComebackKeepsItsSessionWaiting) {
+  auto m = Make(TinyOptions());
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 9));
+  m->FreeForRecompute(1);
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  m->Abandon(1);
+  EXPECT_FALSE(m->HasSequence(1));
+  EXPECT_EQ(m->stats().num_sessions, 1);
+  EXPECT_EQ(m->AddSequence(2, Iota(12), "chat").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ExpectValid(*m);
+  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
+  ASSERT_TRUE(Step(*m, 1, 1));
+  m->Free(1);
+  EXPECT_EQ(m->stats().pinned_blocks, 3);
   ExpectValid(*m);
 }
 

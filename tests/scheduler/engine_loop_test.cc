@@ -4,14 +4,15 @@
 
 #include "scheduler/engine_loop.h"
 
-#include <fstream>
-#include <map>
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "cache/clock.h"
 #include "kernels/cpu_backend.h"
@@ -92,11 +93,13 @@ class EngineLoopTest : public ::testing::Test {
     return r;
   }
 
-  // Submits and returns where the request's stream is recorded.
-  Stream* Submit(Request r, uint64_t* handle = nullptr) {
+  // Submits and returns where the request's stream is recorded; `then` sees each event
+  // after it is recorded.
+  Stream* Submit(Request r, uint64_t* handle = nullptr,
+                 std::function<void(const Stream&)> then = nullptr) {
     streams_.push_back(std::make_unique<Stream>());
     Stream* s = streams_.back().get();
-    auto h = engine_->Submit(std::move(r), [this, s](const StreamEvent& e) {
+    auto h = engine_->Submit(std::move(r), [this, s, then](const StreamEvent& e) {
       EXPECT_FALSE(s->finished) << "event after the final one";
       s->tokens.insert(s->tokens.end(), e.token_ids.begin(), e.token_ids.end());
       s->text += e.text;
@@ -110,6 +113,7 @@ class EngineLoopTest : public ::testing::Test {
       }
       max_chunks_seen_ = std::max(max_chunks_seen_, cache_->stats().num_chunks);
       EXPECT_TRUE(cache_->CheckInvariants().ok());
+      if (then) then(*s);
     });
     EXPECT_TRUE(h.ok()) << h.status();
     if (handle != nullptr && h.ok()) *handle = *h;
@@ -441,6 +445,107 @@ TEST_F(EngineLoopTest, SessionKeepsKvBetweenTurnsAndReleasesItWhenIdle) {
   engine_->RunUntilIdle();
   EXPECT_GT(cache_->stats().evictions, 0);
   EXPECT_THAT(engine_->CloseSession("chat-1").code(), absl::StatusCode::kNotFound);
+}
+
+// A session turn P runs; a long high-priority request H arrives and, as both grow, takes
+// P's blocks (16 in all: H alone needs 15). `while_p_waits` runs as H finishes, while P
+// waits to be recomputed.
+class PreemptedSessionTest : public EngineLoopTest {
+ protected:
+  // Returns P's stream; `p_handle` gets P's handle before P is preempted.
+  Stream* RunPreemptedTurn(const std::function<void()>& while_p_waits,
+                           uint64_t* p_handle = nullptr) {
+    MakeCache(16, 1);
+    MakeEngine({.admission = AdmissionMode::kOptimistic});
+    Request p = Greedy(0);
+    p.session_id = "p";
+    p.max_tokens = 100;  // 105 tokens: 7 blocks
+    Request h = Greedy(1);
+    h.prompt.assign(216, 300);  // 14 blocks; 15 with its output
+    h.max_tokens = 24;
+    h.stop_token_ids.clear();
+    h.priority = 1;
+    bool submitted = false;
+    Stream* ps = Submit(p, p_handle, [&](const Stream& s) {
+      if (submitted || s.tokens.size() < 16) return;
+      submitted = true;
+      Submit(h, nullptr, [&](const Stream& hs) {
+        if (!hs.finished) return;
+        EXPECT_EQ(hs.tokens.size(), 24u);
+        while_p_waits();
+      });
+    });
+    engine_->RunUntilIdle();
+    EXPECT_TRUE(submitted);
+    EXPECT_TRUE(ps->finished);
+    EXPECT_EQ(ps->usage.num_preemptions, 1);
+    return ps;
+  }
+  void ExpectRecomputedToItsEnd(const Stream& p) {
+    EXPECT_TRUE(p.error.ok()) << p.error;
+    EXPECT_EQ(p.tokens,
+              std::vector<int32_t>(golden_[0].output.begin(), golden_[0].output.begin() + 100));
+  }
+};
+
+// The session stays with its preempted turn: it is still there (holding nothing), and
+// closing it works, as for a running turn: the turn then ends without pinning its KV.
+TEST_F(PreemptedSessionTest, ClosingItWhileItsTurnWaitsWorks) {
+  Stream* p = RunPreemptedTurn([&] {
+    EXPECT_EQ(cache_->stats().num_sessions, 1);
+    EXPECT_EQ(cache_->stats().pinned_blocks, 0);
+    EXPECT_TRUE(engine_->CloseSession("p").ok());
+  });
+  ExpectRecomputedToItsEnd(*p);
+  const KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.session_releases_closed, 1);
+  EXPECT_EQ(st.session_releases_pressure, 0);
+}
+
+// The session's next turn, though of higher priority, waits for the preempted one.
+TEST_F(PreemptedSessionTest, ItsNextTurnWaitsForIt) {
+  Request r = Greedy(2);
+  r.session_id = "p";
+  r.max_tokens = 4;
+  r.priority = 2;
+  Stream* next = nullptr;
+  Stream* p = RunPreemptedTurn([&] { next = Submit(r); });
+  ExpectRecomputedToItsEnd(*p);
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(next->finished);
+  EXPECT_LT(p->order, next->order);
+  EXPECT_EQ(cache_->stats().num_sessions, 1);
+}
+
+// A preempted turn cancelled while it waits lets its session go on, empty: the next turn
+// runs, and the session is there until its idle timeout.
+TEST_F(PreemptedSessionTest, CancellingItsTurnWhileItWaitsFreesTheSession) {
+  Request r = Greedy(2);
+  r.session_id = "p";
+  r.max_tokens = 4;
+  uint64_t handle = 0;
+  Stream* next = nullptr;
+  Stream* p = RunPreemptedTurn(
+      [&] {
+        engine_->Cancel(handle);
+        next = Submit(r);
+      },
+      &handle);
+  EXPECT_EQ(p->reason, FinishReason::kCancelled);
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(next->finished);
+  EXPECT_TRUE(next->error.ok()) << next->error;
+  EXPECT_EQ(next->tokens.size(), 4u);
+  KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_GT(st.pinned_blocks, 0);  // the next turn's history
+  clock_.Advance(absl::Seconds(31));
+  cache_->Tick();
+  st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.session_releases_idle, 1);
 }
 
 TEST_F(EngineLoopTest, CloseSessionReleasesAtOnce) {
