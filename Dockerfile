@@ -3,7 +3,8 @@
 #   docker run --rm -p 50051:50051 -p 9090:9090 kvd:latest
 # The build stage needs network access (Debian packages; the model from Hugging Face).
 
-# ---- build: Debian 12 with the same packages `make test` installs ------------------------
+# ---- build: Debian 12 with the packages `make build` installs ----------------------------
+# (scripts/install-deps without --test: no tests run here, so no Python or Prometheus.)
 FROM debian:12 AS build
 WORKDIR /src
 COPY scripts/ scripts/
@@ -46,7 +47,9 @@ COPY config/inference_config.yaml /usr/share/doc/kvd/inference_config.yaml
 # mounted with --config replaces the CMD below, --model included, and still serves it.
 ENV KVD_MODEL_CACHE=/opt/kvd/models
 
-USER kvd
+# Numeric, the kvd user and group made above: Kubernetes' runAsNonRoot can only check a
+# numeric USER, so a pod with no runAsUser of its own still starts.
+USER 10001:10001
 EXPOSE 50051 9090
 ENTRYPOINT ["/usr/local/bin/kvd"]
 # Every key at its default except these; mount a file and pass --config to change more (the

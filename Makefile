@@ -1,17 +1,22 @@
 # kvd — top-level commands. `make test` and `make serve` work on a fresh Debian 12 machine:
-# they install missing packages first (scripts/install-deps), then configure and build.
+# they install missing packages first (scripts/install-deps; the tests add `--test`: Python's
+# grpcio and Prometheus, which only they run), then configure and build.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test test-sanitize bench serve clean format
+.PHONY: all deps test-deps configure build test test-sanitize bench serve clean format
 
 all: build
 
 deps:
 	@scripts/install-deps
+
+# After deps, so a fresh machine never runs two apt-gets at once under make -j.
+test-deps: deps
+	@scripts/install-deps --test
 
 configure: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) > /dev/null
@@ -19,11 +24,11 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: test-deps build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # CPU parts only, with AddressSanitizer and UndefinedBehaviorSanitizer; any report fails.
-test-sanitize: deps
+test-sanitize: test-deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVD_SANITIZE=ON \
 	  -DKVD_CUDA=OFF $(CMAKE_ARGS) > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
@@ -36,7 +41,8 @@ bench: build
 
 # Runs the daemon on stories260K with the CPU backend (config/serve.yaml): installs missing
 # packages, builds kvd, finds or downloads the model (scripts/fetch-model), then serves in the
-# foreground until Ctrl-C (which drains and exits 0). It listens where SERVE_CONFIG says
+# foreground until Ctrl-C: kvd drains and exits 0, but make, interrupted by the same Ctrl-C,
+# then exits 130. It listens where SERVE_CONFIG says
 # (config/serve.yaml: gRPC 127.0.0.1:50051, metrics 127.0.0.1:9400); GRPC_ADDRESS or
 # METRICS_ADDRESS, given on the make command line or in the environment, override that
 # (METRICS_ADDRESS= turns metrics off). The model is passed with --model, which wins over

@@ -11,7 +11,9 @@
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
 # skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py
 # and the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench
-# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them).
+# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). The RUN_* knobs are
+# 0 or 1 and PEER_ROUNDS a whole number >= 0; any other value is a usage error (exit 2) before
+# anything runs.
 #
 # Every output of every step is deleted first, so what $OUT holds afterwards was written by
 # this run (compare_peers.py never reads an earlier run's JSON). The last lines are a summary,
@@ -45,6 +47,22 @@ else
   compare_peers="$root/tests/gpu/compare_peers.py"
   sdpa_shapes="$root/tests/gpu/sdpa_shapes.py"
 fi
+
+# The numeric knobs, checked before anything runs or is deleted: a bad value would otherwise
+# abort mid-run under set -u ("abc: unbound variable") or be read as octal ("08").
+usage_error() {  # usage_error VAR VALUE ALLOWED
+  echo "run.sh: $1='$2': expected $3" >&2
+  exit 2
+}
+for knob in RUN_BENCH RUN_E2E RUN_ENGINE RUN_SERVE RUN_PEERS; do
+  value="${!knob:-1}"
+  [[ "$value" == 0 || "$value" == 1 ]] || usage_error "$knob" "$value" "0 (skip) or 1 (run)"
+done
+rounds="${PEER_ROUNDS:-3}"
+[[ "$rounds" =~ ^[0-9]{1,6}$ ]] ||
+  usage_error PEER_ROUNDS "$rounds" "a whole number of rounds >= 0 (0 skips them)"
+rounds=$((10#$rounds))
+
 export OUT="${OUT:-$here/gpu-out}"
 mkdir -p "$OUT"
 
@@ -186,8 +204,7 @@ else
 fi
 # Then PEER_ROUNDS (default 3) rounds of kvd's decode and prefill rows each followed by SDPA's
 # at the same shapes, compared by their medians over rounds (informational too, but a failed
-# gpu_bench in them fails the run as gpu_bench's own step does).
-rounds="${PEER_ROUNDS:-3}"
+# gpu_bench in them fails the run as gpu_bench's own step does). $rounds was checked above.
 if [[ "${RUN_BENCH:-1}" == 0 ]]; then
   skip "peer rounds" "RUN_BENCH=0"
 elif [[ "${RUN_PEERS:-1}" == 0 ]]; then

@@ -101,7 +101,7 @@ def prometheus_query(base_url, query):
 
 @unittest.skipUnless(os.access(PROMETHEUS, os.X_OK),
                      "%s is missing: install Debian's `prometheus` package "
-                     "(scripts/install-deps does)" % PROMETHEUS)
+                     "(scripts/install-deps --test does)" % PROMETHEUS)
 class PrometheusScrapeTest(h.DaemonTestCase):
 
     @classmethod
