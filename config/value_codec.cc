@@ -24,8 +24,12 @@ ValueCodec<double> NumberCodec() {
             return value;
           },
           [](const double& v) {
+            // The fewest digits that read back exactly, laid out as printf's %g would: fixed
+            // from 1e-4 up ("0.0001", not "1e-04"), as Prometheus' Go clients write bucket
+            // bounds too, so that `le` labels match across exporters.
             char buffer[64];
-            auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), v);
+            auto [end, ec] =
+                std::to_chars(buffer, buffer + sizeof(buffer), v, std::chars_format::general);
             return ec == std::errc() ? std::string(buffer, end) : absl::StrCat(v);
           }};
 }

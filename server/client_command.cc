@@ -160,6 +160,11 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
     if (!ids) return 2;
     request.mutable_prompt_token_ids()->Add(ids->begin(), ids->end());
   } else {
+    if (flags.GetString("prompt").empty()) {
+      // The server would answer that no prompt was given, which reads as a missing flag.
+      err << "kvd client: --prompt '': the prompt is empty; give some text\n";
+      return 2;
+    }
     request.set_prompt(flags.GetString("prompt"));
   }
   // The proto's fields are uint32, float and uint64: the integer flags' ranges are checked

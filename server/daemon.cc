@@ -21,6 +21,7 @@
 #include "model/model_loader.h"
 #include "server/request_validator.h"
 #include "server/serve_options.h"
+#include "server/unix_socket.h"
 #include "tools/random_model.h"
 
 namespace kvd {
@@ -152,6 +153,15 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
                                                  RequestValidator(limits, d.tokenizer.get()), info);
 
   about_to_listen();
+  const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
+  if (is_unix) {
+    // gRPC's own forms: unix:path, or unix://absolute_path.
+    const std::string& address = config.server.grpc_address;
+    const std::string path = address.substr(absl::StartsWith(address, "unix://") ? 7 : 5);
+    if (absl::Status s = FreeUnixSocketPath(path, address); !s.ok()) {
+      return Prefixed("server.grpc_address", s);
+    }
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -163,7 +173,6 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
                            &grpc_port);
   builder.RegisterService(d.service.get());
   d.grpc_server = builder.BuildAndStart();
-  const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
   if (d.grpc_server == nullptr || (!is_unix && grpc_port == 0)) {
     return absl::UnavailableError(absl::StrCat("server.grpc_address: cannot listen on '",
                                                config.server.grpc_address,

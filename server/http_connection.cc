@@ -139,12 +139,14 @@ void HttpConnection::Read(const HttpRoutes& routes, Clock::time_point now) {
       return;
     }
     in_.append(buf, static_cast<size_t>(n));
+    // The limit holds however the head arrived: one that ends past it is too large even when
+    // its end came in the same read as its first byte past the limit.
     const size_t end = HeadEnd(in_);
-    if (end != absl::string_view::npos) {
+    if (end != absl::string_view::npos && end <= kMaxRequestBytes) {
       StartReply(Answer(routes, absl::string_view(in_).substr(0, end)), now);
       return;
     }
-    if (in_.size() > kMaxRequestBytes) {
+    if (end != absl::string_view::npos || in_.size() > kMaxRequestBytes) {
       StartReply(
           Reply("400 Bad Request", "text/plain; charset=utf-8", "request too large\n", false), now);
       return;

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/http_connection.h"
+#include "server/unix_socket.h"
 
 namespace kvd {
 
@@ -71,45 +71,6 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
   return absl::OkStatus();
 }
 
-// Makes `path` free for a new unix socket: nothing there, or a socket that no server answers
-// on any more (left behind by a run that died), which is removed. Anything else at the path,
-// a regular file, say, or a live server's socket, is never touched: Unavailable naming it.
-absl::Status RemoveStaleSocket(const std::string& path, const std::string& address) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::UnavailableError(Errno(absl::StrCat("cannot listen on ", address, ": ", path)));
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, ": ", path,
-                     " exists and is not a socket; allowed: a path that does not exist or holds "
-                     "a stale socket"));
-  }
-  // Non-blocking: a live server with a full backlog answers EAGAIN rather than stalling here.
-  const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (probe < 0) return absl::UnavailableError(Errno("socket"));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  const int rc = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  const int connect_errno = errno;
-  CloseFd(probe);
-  if (rc == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", address, ": address in use (a server answers on ", path, ")"));
-  }
-  if (connect_errno != ECONNREFUSED) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, ": ", path, ": ", std::strerror(connect_errno)));
-  }
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::UnavailableError(
-        Errno(absl::StrCat("cannot remove the stale socket ", path, " for ", address)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
@@ -120,19 +81,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   std::string unix_path;
   if (absl::StartsWith(address, "unix:")) {
     unix_path = address.substr(5);
+    if (absl::Status s = FreeUnixSocketPath(unix_path, address); !s.ok()) return s;
     sockaddr_un addr{};
-    if (unix_path.empty() || unix_path.size() >= sizeof(addr.sun_path)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("address '", address, "': unix socket path empty or too long"));
-    }
     fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return absl::UnavailableError(Errno("socket"));
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, unix_path.data(), unix_path.size());
-    if (absl::Status s = RemoveStaleSocket(unix_path, address); !s.ok()) {
-      CloseFd(fd);
-      return s;
-    }
     if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       const std::string err = Errno(absl::StrCat("cannot bind ", address));
       CloseFd(fd);

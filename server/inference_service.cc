@@ -227,9 +227,11 @@ grpc::Status InferenceService::CloseSessionParsed(const v1::CloseSessionRequest&
   const std::string& id = request.session_id();
   const int32_t max_bytes = validator_.limits().max_id_bytes;
   if (id.empty() || static_cast<int64_t>(id.size()) > max_bytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("session_id: ", id.empty() ? "is empty" : "is too long",
-                                     "; allowed: 1 to ", max_bytes, " bytes"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat(
+            "session_id: ", id.empty() ? "is empty" : absl::StrCat("is ", id.size(), " bytes long"),
+            "; allowed: 1 to ", max_bytes, " bytes"));
   }
   return ToGrpcStatus(engine_->CloseSession(id));
 }

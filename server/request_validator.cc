@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kvd/v1/kvd.pb.h"
 #include "server/utf8.h"
 
@@ -28,8 +29,12 @@ absl::Status CheckId(absl::string_view field, const std::string& id, int32_t max
     return Bad(field, absl::StrCat("is ", id.size(), " bytes long"), allowed);
   }
   if (!IsValidUtf8(id)) return Bad(field, "is not valid UTF-8", allowed);
-  for (unsigned char c : id) {
-    if (c < 0x20 || c == 0x7f) return Bad(field, "contains a control character", allowed);
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return Bad(field, absl::StrFormat("contains a control character (0x%02x at byte %d)", c, i),
+                 allowed);
+    }
   }
   return absl::OkStatus();
 }

@@ -4,8 +4,11 @@ deploy/kvd.yaml start a daemon that serves."""
 
 import os
 import re
+import socket
 import tempfile
 import unittest
+
+import grpc
 
 import kvd_harness as h
 
@@ -119,6 +122,58 @@ class AddressInUseTest(unittest.TestCase):
         tokens, _, _ = first.generate(h.greedy_request(case, max_tokens=8))
         self.assertEqual(tokens, case["output_tokens"][:8])
         self.assertEqual(first.stop(), 0, first.process.output())
+
+
+class UnixSocketInUseTest(unittest.TestCase):
+    """gRPC on a unix socket: a second daemon on a running one's socket fails at startup and
+    leaves it alone (gRPC would delete the socket and take the path over, and the first
+    daemon, still running, could no longer be reached); a socket left by a run that died is
+    replaced."""
+
+    def start(self, path, title):
+        proc = h.Process(title, [h.Paths.kvd, "serve", "--model", h.Paths.model(),
+                                 "--grpc-address", "unix:" + path,
+                                 "--metrics-address", "127.0.0.1:0",
+                                 "--set", "server.num_threads=1"])
+        self.addCleanup(proc.close)
+        proc.wait_for_line(r"^kvd: serving gRPC on unix:%s" % re.escape(path),
+                           h.STARTUP_TIMEOUT_S)
+        return proc
+
+    def generate(self, path, case):
+        with grpc.insecure_channel("unix:" + path) as channel:
+            stub = h.pb_grpc().InferenceStub(channel)
+            tokens = []
+            for r in stub.Generate(h.greedy_request(case, max_tokens=8),
+                                   timeout=h.RPC_TIMEOUT_S):
+                tokens += r.token_ids
+            return tokens
+
+    def test_the_socket_of_a_running_daemon(self):
+        with tempfile.TemporaryDirectory(prefix="kvd_sock_") as d:
+            path = os.path.join(d, "grpc.sock")
+            first = self.start(path, "kvd (first)")
+            inode = os.stat(path).st_ino
+            code, out, err = h.run_kvd_serve(["--model", h.Paths.model(),
+                                              "--grpc-address", "unix:" + path])
+            self.assertEqual(code, 1, "stdout:\n%s\nstderr:\n%s" % (out, err))
+            self.assertRegex(err, r"server\.grpc_address.*%s.*in use" % re.escape(path))
+            self.assertEqual(os.stat(path).st_ino, inode)
+            case = h.load_golden()[0]
+            self.assertEqual(self.generate(path, case), case["output_tokens"][:8])
+            first.proc.terminate()
+            self.assertEqual(first.wait(), 0, first.output())
+
+    def test_a_stale_socket_is_replaced(self):
+        with tempfile.TemporaryDirectory(prefix="kvd_sock_") as d:
+            path = os.path.join(d, "grpc.sock")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(path)  # bound, never listening: what a killed daemon leaves
+            daemon = self.start(path, "kvd (over a stale socket)")
+            case = h.load_golden()[0]
+            self.assertEqual(self.generate(path, case), case["output_tokens"][:8])
+            daemon.proc.terminate()
+            self.assertEqual(daemon.wait(), 0, daemon.output())
 
 
 class SeedConfigTest(unittest.TestCase):

@@ -157,6 +157,11 @@ def pb():
     return _Stubs.get()["kvd_pb2"]
 
 
+def pb_grpc():
+    """The generated kvd.v1 service (stub) module."""
+    return _Stubs.get()["kvd_pb2_grpc"]
+
+
 def health_pb():
     return _Stubs.get()["health_pb2"]
 
@@ -350,7 +355,7 @@ class Daemon:
         self.metrics_host_port = m.group(1)[len("http://"):]
         self.channel = grpc.insecure_channel(self.grpc_address)
         grpc.channel_ready_future(self.channel).result(timeout=STARTUP_TIMEOUT_S)
-        self.stub = _Stubs.get()["kvd_pb2_grpc"].InferenceStub(self.channel)
+        self.stub = pb_grpc().InferenceStub(self.channel)
 
     @property
     def pid(self):

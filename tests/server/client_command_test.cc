@@ -226,6 +226,12 @@ TEST(ClientCommandTest, NeedsExactlyOnePromptForm) {
   }
 }
 
+TEST(ClientCommandTest, AnEmptyPromptIsAUsageError) {
+  const Result r = Client({"--prompt", "", "--address", "127.0.0.1:1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--prompt '': the prompt is empty"));
+}
+
 TEST(ClientCommandTest, MalformedTokenIdIsAUsageErrorNamingIt) {
   for (const char* ids : {"1,x,3", "1,,3", "-4", ""}) {
     const Result r = Client({"--prompt-token-ids", ids, "--address", "127.0.0.1:1"});

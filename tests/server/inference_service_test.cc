@@ -221,6 +221,15 @@ TEST_F(InferenceServiceTest, CloseSessionWithInvalidUtf8IdIsInvalidArgumentNamin
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), StartsWith("session_id: is not valid UTF-8"));
 
+  // An id past the limit says how long it is.
+  grpc::ClientContext long_context;
+  v1::CloseSessionRequest long_id;
+  long_id.set_session_id(std::string(300, 's'));
+  v1::CloseSessionResponse long_response;
+  const grpc::Status too_long = stub_->CloseSession(&long_context, long_id, &long_response);
+  EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(too_long.error_message(), HasSubstr("session_id: is 300 bytes long; allowed: 1 to"));
+
   // Malformed bytes name the message type; a well-formed close still answers.
   const grpc::Status garbage = RawCall("/kvd.v1.Inference/CloseSession", "\xff\xff\xff");
   EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -247,6 +256,9 @@ TEST_F(InferenceServiceTest, ClientCancelFreesTheRequestsBlocks) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(WaitForIdleCache());
+  // The client's library says CANCELLED whatever the server does, and the request would
+  // free its blocks by itself once done: that the engine stopped it shows in what it made.
+  EXPECT_LT(engine_->Stats().generated_tokens, 500);
 }
 
 TEST_F(InferenceServiceTest, PassedDeadlineIsDeadlineExceededAndLeaksNothing) {
@@ -262,6 +274,7 @@ TEST_F(InferenceServiceTest, PassedDeadlineIsDeadlineExceededAndLeaksNothing) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitForIdleCache());
+  EXPECT_LT(engine_->Stats().generated_tokens, 500);  // stopped, as for a cancel
 }
 
 // What the drain timeout does to a request still running: the engine stops, and the client

@@ -304,6 +304,11 @@ TEST(PrometheusWriterTest, FormatsValuesExactly) {
   EXPECT_EQ(PrometheusWriter::FormatValue(1.0 / 3), "0.3333333333333333");
   EXPECT_EQ(std::stod(PrometheusWriter::FormatValue(1.0 / 3)), 1.0 / 3);
   EXPECT_EQ(PrometheusWriter::FormatValue(5e-05), "5e-05");
+  // %g's layout, as Go clients write bounds: fixed from 1e-4 up, not the shorter "1e-04".
+  EXPECT_EQ(PrometheusWriter::FormatValue(1e-04), "0.0001");
+  EXPECT_EQ(PrometheusWriter::FormatValue(5e-04), "0.0005");
+  EXPECT_EQ(PrometheusWriter::FormatValue(1.5e20), "1.5e+20");
+  EXPECT_EQ(PrometheusWriter::FormatValue(1234567.5), "1.2345675e+06");  // as Go's %g too
 }
 
 // `le` labels are matched as text by dashboards and alerts (le="0.1"), so a bound is spelled
