@@ -72,8 +72,10 @@ class Backend {
   virtual absl::Status Rope(const RopeParams& p) = 0;
   // Every backend checks ValidateSiluMul (below).
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
-  // Every backend checks the cache view, then ValidateAppendKvRows (below).
+  // Every backend checks the cache view, then ValidateAppendKvRows (below), when there are
+  // tokens; num_tokens == 0 is a no-op, whatever the view.
   virtual absl::Status AppendKv(const AppendKvParams& p) = 0;
+  // num_seqs == 0 is a no-op on every backend, whatever the view.
   virtual absl::Status PagedAttention(const PagedAttentionParams& p) = 0;
   // Whether PagedAttention reads PagedAttentionParams::q_bf16 for prefill rows over a bf16 KV
   // cache of this head_dim when given (so a model should have Rope write it), rather than

@@ -14,7 +14,8 @@ namespace kvd {
 
 // For token t with slot = slot_mapping[t], block = slot / block_size and
 // offset = slot % block_size: K row t's head h goes to K region of `block`, head h, row
-// `offset` (V likewise). InvalidArgument for a negative slot, a block outside the arena or
+// `offset` (V likewise); a token whose slot is kNoSlot (-1, a padding row) is skipped.
+// InvalidArgument for any other negative slot, a block outside the arena or
 // in a null chunk, null pointers, strides narrower than num_kv_heads * head_dim or a bad
 // view; Unimplemented for a cache dtype other than f32. num_tokens == 0 is a no-op.
 absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool);

@@ -28,22 +28,33 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
 
   absl::MutexLock call_lock(&call_mu_);
-  Loop loop{&fn, n, grain, num_chunks, /*next_chunk=*/0, /*done_chunks=*/0};
+  Loop loop{&fn, n, grain, num_chunks, /*next_chunk=*/0, /*done_chunks=*/0, /*error=*/nullptr};
   absl::MutexLock lock(&mu_);
   loop_ = &loop;
   work_cv_.SignalAll();
   while (loop.next_chunk < loop.num_chunks) RunOneChunk();
   while (loop.done_chunks < loop.num_chunks) done_cv_.Wait(&mu_);
   loop_ = nullptr;
+  if (loop.error) std::rethrow_exception(loop.error);  // no worker sees the loop any more
 }
 
 void ThreadPool::RunOneChunk() {
   Loop* loop = loop_;
   const int64_t begin = loop->next_chunk++ * loop->grain;
   const int64_t end = std::min(loop->n, begin + loop->grain);
-  mu_.Unlock();
-  (*loop->fn)(begin, end);
-  mu_.Lock();
+  // After a failed call the rest are skipped. An exception must not leave here: on a worker
+  // it would end the process, and on the caller it would leave with mu_ not held.
+  std::exception_ptr error;
+  if (!loop->error) {
+    mu_.Unlock();
+    try {
+      (*loop->fn)(begin, end);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    mu_.Lock();
+  }
+  if (error && !loop->error) loop->error = error;
   // The loop stays alive until done_chunks reaches num_chunks, which needs this increment.
   if (++loop->done_chunks == loop->num_chunks) done_cv_.SignalAll();
 }

@@ -2,6 +2,7 @@
 #define KVD_KERNELS_THREAD_POOL_H_
 
 #include <cstdint>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -34,7 +35,9 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) for consecutive chunks covering [0, n) and blocks until every
-  // call has returned. n <= 0 calls nothing; grain <= 0 is treated as 1.
+  // call has returned. n <= 0 calls nothing; grain <= 0 is treated as 1. An exception from
+  // fn (std::bad_alloc, say) reaches the caller once the calls under way have returned; the
+  // chunks not yet started are skipped, and the pool stays usable.
   void ParallelFor(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> fn);
 
  private:
@@ -45,7 +48,8 @@ class ThreadPool {
     int64_t grain;
     int64_t num_chunks;
     int64_t next_chunk;   // next chunk to hand out
-    int64_t done_chunks;  // chunks whose call has returned
+    int64_t done_chunks;  // chunks whose call has returned (or was skipped)
+    std::exception_ptr error;  // the first exception a call threw
   };
 
   void WorkerMain();

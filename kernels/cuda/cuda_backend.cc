@@ -72,8 +72,14 @@ absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
   if (c.chunk_shift < 0 || c.chunk_shift > 30) {
     return Invalid(op, absl::StrCat("chunk_shift ", c.chunk_shift, " outside [0, 30]"));
   }
-  const int64_t needed = int64_t{c.num_kv_heads} * c.block_size * c.head_dim *
-                         static_cast<int64_t>(ElementBytes(c.dtype));
+  int64_t needed = 0;  // overflow-checked: the three are any positive int32 here
+  if (__builtin_mul_overflow(int64_t{c.num_kv_heads}, int64_t{c.block_size}, &needed) ||
+      __builtin_mul_overflow(needed, int64_t{c.head_dim}, &needed) ||
+      __builtin_mul_overflow(needed, static_cast<int64_t>(ElementBytes(c.dtype)), &needed)) {
+    return Invalid(op,
+                   absl::StrCat("num_kv_heads ", c.num_kv_heads, " * block_size ", c.block_size,
+                                " * head_dim ", c.head_dim, " * element bytes overflows int64"));
+  }
   if (c.block_bytes < needed) {
     return Invalid(op, absl::StrCat("block_bytes ", c.block_bytes, " < ", needed));
   }
@@ -140,6 +146,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(matmul_input_.data);
   cudaFree(attention_.data);
   cudaFree(decode_arrivals_.data);
+  for (void* data : frees_after_capture_) cudaFree(data);
   for (const PendingTiming& t : pending_timings_)
     spare_events_.insert(spare_events_.end(), {t.start, t.stop});
   for (cudaEvent_t e : spare_events_) {
@@ -181,6 +188,7 @@ absl::Status CudaBackend::Grow(Scratch& scratch, size_t bytes, absl::string_view
 }
 
 absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  if (absl::Status s = NotCapturing("Allocate"); !s.ok()) return s;  // cudaMalloc would end it
   if (absl::Status s = Activate("Allocate"); !s.ok()) return s;
   if (bytes == 0) return DeviceBuffer();
   void* data = nullptr;
@@ -206,7 +214,12 @@ const cuda::KvRowMap* CudaBackend::UpdatedKvRows() {
 void CudaBackend::Free(void* data, size_t /*bytes*/) {
   // Free cannot report errors (DeviceBuffer's destructor); cudaFree of a pointer from
   // Allocate only fails after an earlier fault, which ops have already reported. Nor may it
-  // leave one for the next launcher to report as its own (cuda_status.h).
+  // leave one for the next launcher to report as its own (cuda_status.h). While capturing, a
+  // cudaFree would invalidate the capture: EndCapture frees the buffer.
+  if (capturing_) {
+    frees_after_capture_.push_back(data);
+    return;
+  }
   cudaSetDevice(device_index_);
   if (cudaFree(data) != cudaSuccess) cudaGetLastError();
 }
@@ -239,6 +252,7 @@ absl::Status CudaBackend::Synchronize() {
 }
 
 absl::StatusOr<DeviceBuffer> CudaBackend::UploadWeights(const float* host, size_t count) {
+  if (absl::Status s = NotCapturing("UploadWeights"); !s.ok()) return s;
   absl::StatusOr<DeviceBuffer> weights = Allocate(count * 2);
   if (!weights.ok() || count == 0) return weights;
   absl::StatusOr<DeviceBuffer> staging = Allocate(std::min(count, kUploadChunkFloats) * 4);
@@ -405,6 +419,7 @@ absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
 
 absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
   constexpr absl::string_view kOp = "AppendKv";
+  if (p.num_tokens == 0) return absl::OkStatus();  // whatever the view, as on every backend
   if (absl::Status s = ValidateCacheView(kOp, p.cache); !s.ok()) return s;
   KVD_RETURN_IF_ERROR(ValidateAppendKvRows(p));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
@@ -415,6 +430,10 @@ absl::Status CudaBackend::AppendKv(const AppendKvParams& p) {
 absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   constexpr absl::string_view kOp = "PagedAttention";
   const KvCacheView& c = p.cache;
+  if (p.blocks.num_seqs < 0) {
+    return Invalid(kOp, absl::StrCat("negative num_seqs ", p.blocks.num_seqs));
+  }
+  if (p.blocks.num_seqs == 0) return absl::OkStatus();  // whatever the view, as on every backend
   if (absl::Status s = ValidateCacheView(kOp, c); !s.ok()) return s;
   // Head sizes without a fast kernel (small test models) take the simple generic kernel.
   const bool fast_head_dim = c.head_dim == 64 || c.head_dim == 128;
@@ -443,10 +462,6 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
                                      ": each must be >= num_q_heads * head_dim = ", row));
   }
   KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, c.head_dim));
-  if (p.blocks.num_seqs < 0) {
-    return Invalid(kOp, absl::StrCat("negative num_seqs ", p.blocks.num_seqs));
-  }
-  if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (p.blocks.num_seqs > 65535) {
     return Invalid(kOp, absl::StrCat("num_seqs ", p.blocks.num_seqs, " > 65535"));
   }
@@ -479,9 +494,14 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
         sizeof(int32_t) * cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, group);
     if (decode_arrivals_.bytes < counter_bytes) {
       KVD_RETURN_IF_ERROR(Grow(decode_arrivals_, counter_bytes, kOp));
-      KVD_RETURN_IF_CUDA_ERROR(
-          cudaMemsetAsync(decode_arrivals_.data, 0, decode_arrivals_.bytes, stream_),
-          "PagedAttention: zero merge counters");
+      if (const cudaError_t err =
+              cudaMemsetAsync(decode_arrivals_.data, 0, decode_arrivals_.bytes, stream_);
+          err != cudaSuccess) {
+        // Not zeroed: drop the buffer, so that the next call allocates and zeroes it anew.
+        cudaFree(decode_arrivals_.data);
+        decode_arrivals_ = Scratch{};
+        return CudaStatus(err, "PagedAttention: zero merge counters");
+      }
     }
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
@@ -586,6 +606,9 @@ absl::StatusOr<CudaBackend::Graph> CudaBackend::EndCapture() {
   capturing_ = false;
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  std::vector<void*> frees;
+  frees.swap(frees_after_capture_);
+  for (void* data : frees) Free(data, 0);
   if (end != cudaSuccess || graph == nullptr) {
     // An op failed or did something capture forbids: the capture is invalidated. The
     // stream is out of capture mode either way; clear the non-sticky error.

@@ -152,8 +152,10 @@ class CudaBackend final : public Backend {
 
   // --- CUDA graphs ---
   // Starts recording the ops this thread enqueues (thread-local stream capture). Until
-  // EndCapture, copies, FillRandom and Synchronize fail with FailedPrecondition, and so does
-  // an op that would have to grow a scratch buffer: run the same ops once uncaptured first.
+  // EndCapture, Allocate, UploadWeights, copies, FillRandom and Synchronize fail with
+  // FailedPrecondition, and so does an op that would have to grow a scratch buffer: run the
+  // same ops once uncaptured first. A buffer freed meanwhile is freed by EndCapture (cudaFree
+  // would invalidate the capture).
   // REQUIRES: not capturing.
   absl::Status BeginCapture();
   // Ends the capture (call it also after a recorded op failed) and instantiates the graph.
@@ -219,6 +221,7 @@ class CudaBackend final : public Backend {
   Scratch attention_;        // decode split partials and the prefill tile plan
   Scratch decode_arrivals_;  // decode merge counters, kept zero between launches
   bool capturing_ = false;
+  std::vector<void*> frees_after_capture_;  // Free()d while capturing
   bool op_timing_ = false;
   std::vector<PendingTiming> pending_timings_;
   std::vector<cudaEvent_t> spare_events_;

@@ -3,24 +3,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvd {
+namespace {
 
-absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // reported here; a sticky error is not cleared by this (see the header)
-  std::string message =
-      absl::StrCat(op, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")");
+// The runtime documents these as leaving the process in an inconsistent state, every later
+// call returning the same error, until the process is relaunched.
+bool LosesTheContext(cudaError_t err) {
   switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidConfiguration:
-      return absl::InvalidArgumentError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::UnavailableError(message);
-    // The runtime documents these as leaving the process in an inconsistent state, every later
-    // call returning the same error, until the process is relaunched.
     case cudaErrorContained:
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchTimeout:
@@ -36,8 +24,33 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
     case cudaErrorECCUncorrectable:
     case cudaErrorMpsClientTerminated:
     case cudaErrorExternalDevice:
-      return absl::DataLossError(
-          absl::StrCat(message, "; the CUDA context is lost until the process restarts"));
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // reported here; a sticky error is not cleared by this (see the header)
+  std::string message =
+      absl::StrCat(op, ": ", cudaGetErrorString(err), " (", cudaGetErrorName(err), ")");
+  if (LosesTheContext(err)) {
+    return absl::DataLossError(
+        absl::StrCat(message, "; the CUDA context is lost until the process restarts"));
+  }
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+      return absl::InvalidArgumentError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::UnavailableError(message);
     default:
       return absl::InternalError(message);
   }
@@ -45,9 +58,13 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
 
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  cudaGetLastError();  // as in CudaStatus
+  // As in CudaStatus. A kernel fault the library ran into first (it says
+  // CUBLAS_STATUS_EXECUTION_FAILED, say) is the runtime's error too: reported as the lost
+  // context it is, so the engine stops at this op rather than at the next one.
+  const cudaError_t runtime = cudaGetLastError();
   std::string message =
       absl::StrCat(op, ": ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")");
+  if (LosesTheContext(runtime)) return CudaStatus(runtime, message);
   switch (err) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);

@@ -26,7 +26,8 @@ namespace kvd {
 absl::Status CudaStatus(cudaError_t err, absl::string_view op);
 
 // As CudaStatus, for cuBLAS and cuBLASLt results; a failure resets the last CUDA error too
-// (the library's own runtime calls may have set it).
+// (the library's own runtime calls may have set it). When that error is a sticky one (the
+// library met a kernel fault), the result is CudaStatus's for it: DataLoss.
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op);
 
 }  // namespace kvd

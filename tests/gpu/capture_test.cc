@@ -1,11 +1,13 @@
 // CudaBackend's graph capture (cuda_backend.h, "CUDA graphs"): while a capture records, the
-// calls it cannot hold (copies, waits, FillRandom, growing a scratch buffer, a second
-// BeginCapture, LaunchGraph) fail with FailedPrecondition naming the call and change nothing;
-// the ops before and after them are still recorded, and run only when the graph is launched.
+// calls it cannot hold (allocations, copies, waits, FillRandom, growing a scratch buffer, a
+// second BeginCapture, LaunchGraph) fail with FailedPrecondition naming the call and change
+// nothing; the ops before and after them are still recorded, and run only when the graph is
+// launched. A buffer freed during the capture is freed after it.
 
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,6 +75,8 @@ TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
   const std::vector<uint8_t> zeros(64, 0);
   std::vector<uint8_t> host(64, 0xab);
   const uint64_t epoch = gpu().scratch_epoch();
+  // Freed while capturing: cudaFree there would invalidate the capture; EndCapture frees it.
+  DeviceBuffer freed_in_capture = Poisoned(gpu(), 4096);
 
   ASSERT_TRUE(gpu().BeginCapture().ok());
   EXPECT_TRUE(gpu().capturing());
@@ -87,6 +91,9 @@ TEST_F(CaptureTest, RefusedCallsChangeNothingAndTheRecordedOpsRunOnLaunch) {
                       "FillRandom"));
   EXPECT_TRUE(Refused(gpu().Matmul(mm), "Matmul: scratch must grow"));
   EXPECT_TRUE(Refused(gpu().LaunchGraph(CudaBackend::Graph()), "LaunchGraph"));
+  EXPECT_TRUE(Refused(gpu().Allocate(4096).status(), "Allocate"));
+  EXPECT_TRUE(Refused(gpu().UploadWeights(mm_weight.data(), 16).status(), "UploadWeights"));
+  { DeviceBuffer gone = std::move(freed_in_capture); }
   const absl::Status recorded_after =
       gpu().SiluMul(SiluRows(gpu_out.as<float>(), gpu_in.as<float>(), dim, 2, 2));
   absl::StatusOr<CudaBackend::Graph> graph = gpu().EndCapture();

@@ -184,5 +184,15 @@ TEST_F(InvalidParamsTest, RopeAndAppendKvRefuseWhatTheCpuBackendRefuses) {
                              "v_stride (127)"));
 }
 
+// An empty op is a no-op whatever its view, on the CPU (kernels/cpu_kv_ops.h) and here; a
+// negative count is refused.
+TEST_F(InvalidParamsTest, EmptyAppendAndAttentionAreNoOpsWhateverTheView) {
+  EXPECT_TRUE(gpu().AppendKv({}).ok());
+  EXPECT_TRUE(gpu().PagedAttention({}).ok());
+  PagedAttentionParams negative;
+  negative.blocks.num_seqs = -1;
+  EXPECT_TRUE(RejectedNaming(gpu().PagedAttention(negative), "PagedAttention", "num_seqs -1"));
+}
+
 }  // namespace
 }  // namespace kvd::gpu_test

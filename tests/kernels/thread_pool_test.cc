@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -107,6 +109,31 @@ TEST(ThreadPoolTest, ManyLoopsInARowAndFromConcurrentCallers) {
   int64_t expected = 0;
   for (int rep = 0; rep < 200; ++rep) expected += rep % 17;
   EXPECT_EQ(total.load(), 2 * expected);
+}
+
+// An exception from a chunk (the CPU kernels' scratch vectors can throw std::bad_alloc)
+// reaches the caller, wherever the chunk ran, instead of ending the process; later chunks are
+// skipped and the pool runs the next loop whole.
+TEST(ThreadPoolTest, AnExceptionFromAChunkReachesTheCallerAndThePoolStaysUsable) {
+  ThreadPool pool(3);
+  for (int64_t thrower : {int64_t{0}, int64_t{37}, int64_t{63}}) {
+    std::atomic<int> calls{0};
+    EXPECT_THROW(pool.ParallelFor(64, 1,
+                                  [&](int64_t begin, int64_t) {
+                                    ++calls;
+                                    // Slow enough that the workers take chunks too.
+                                    std::this_thread::sleep_for(std::chrono::microseconds(200));
+                                    if (begin == thrower) throw std::runtime_error("chunk");
+                                  }),
+                 std::runtime_error)
+        << "thrower " << thrower;
+    EXPECT_GE(calls.load(), thrower + 1);
+    EXPECT_EQ(RunAndCheckCoverage(pool, 100, 7).size(), 15u) << "thrower " << thrower;
+  }
+  // Every chunk throwing, from every thread at once: one exception, nothing else.
+  EXPECT_THROW(pool.ParallelFor(64, 1, [](int64_t, int64_t) { throw std::runtime_error("all"); }),
+               std::runtime_error);
+  EXPECT_EQ(RunAndCheckCoverage(pool, 64, 1).size(), 64u);
 }
 
 }  // namespace
