@@ -9,18 +9,17 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cache/clock.h"
 #include "kernels/cpu_backend.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
 #include "scheduler/generator.h"
+#include "tools/cpu_count.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
 
@@ -48,7 +47,7 @@ int Main(int argc, char** argv) {
   FlagSet flags("kvd_cpu_bench [--model PATH] [--threads N] [--repeats R]");
   flags.AddString("model", "llama2.c checkpoint", std::string(KVD_SHARED_DIR) +
                                                       "/models/stories260K.bin");
-  flags.AddInt("threads", "CPU threads; 0 = all cores", 0);
+  flags.AddInt("threads", "CPU threads; 0 = the CPUs this process may use", 0);
   flags.AddInt("repeats", "repetitions of each measurement (best is reported)", 3);
   if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -65,7 +64,7 @@ int Main(int argc, char** argv) {
   }
   const ModelSpec& spec = weights->spec;
   int threads = static_cast<int>(flags.GetInt("threads"));
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = UsableCpus();
   const int repeats = static_cast<int>(std::max<int64_t>(1, flags.GetInt("repeats")));
   CpuBackend backend(threads);
   auto model = LlamaModel::Create(*std::move(weights), &backend);

@@ -311,7 +311,7 @@ int Main(int argc, char** argv) {
   flags.AddInt("warmup", "untimed decode steps before them", 4);
   flags.AddInt("block-size", "tokens per KV block", 16);
   flags.AddInt("seed", "weights and KV seed", 1);
-  flags.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0);
+  flags.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0);
   flags.AddString("graphs", "both, on or off: decode steps as CUDA graphs (cuda only)", "both");
   flags.AddBool("profile",
                 "cuda: after each uncaptured case, GPU time per op and step over --steps more "

@@ -189,7 +189,8 @@ std::vector<ConfigKey> BuildKeys() {
       "RESOURCE_EXHAUSTED",
       [](auto& c) -> auto& { return c.server.max_waiting_requests; }, 1, 1000000));
   keys.push_back(IntKey(
-      "server.num_threads", "CPU backend worker threads; 0 = all cores",
+      "server.num_threads",
+      "CPU backend worker threads; 0 = the CPUs the process may use (affinity, cgroup limit)",
       [](auto& c) -> auto& { return c.server.num_threads; }, 0, 1024));
   // kv_cache_config
   keys.push_back(IntKey(

@@ -33,7 +33,7 @@ struct ServerConfig {
   std::string metrics_address = "0.0.0.0:9090";  // same forms; empty = no metrics listener
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_waiting_requests = 256;  // beyond this, Generate fails RESOURCE_EXHAUSTED
-  int32_t num_threads = 0;             // CPU backend threads; 0 = all cores
+  int32_t num_threads = 0;             // CPU backend threads; 0 = UsableCpus()
 
   bool operator==(const ServerConfig&) const = default;
 };

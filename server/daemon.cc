@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "server/request_validator.h"
 #include "server/serve_options.h"
 #include "server/unix_socket.h"
+#include "tools/cpu_count.h"
 #include "tools/random_model.h"
 
 namespace kvd {
@@ -86,7 +86,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     model_path = *path;
   }
   int threads = config.server.num_threads;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = UsableCpus();
   auto backend = MakeBackend(setup.device, threads);
   if (!backend.ok()) {
     return Prefixed(setup.device_source, backend.status());

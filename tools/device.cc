@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_backend.h"
+#include "tools/cpu_count.h"
 #if defined(KVD_HAVE_CUDA)
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -86,9 +86,7 @@ absl::StatusOr<Device> ResolveDevice(std::string_view typed) {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads) {
   if (device == Device::kCpu) {
-    if (cpu_threads <= 0) {
-      cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    }
+    if (cpu_threads <= 0) cpu_threads = UsableCpus();
     return std::make_unique<CpuBackend>(cpu_threads);
   }
 #if defined(KVD_HAVE_CUDA)

@@ -35,7 +35,7 @@ bool BuiltWithCuda();
 // prefixes the flag or the config key the user set (e.g. "--device: ", "model.device: ").
 absl::StatusOr<Device> ResolveDevice(std::string_view name);
 
-// A CpuBackend with `cpu_threads` threads (<= 0: all cores), or a CudaBackend on GPU 0.
+// A CpuBackend with `cpu_threads` threads (<= 0: UsableCpus()), or a CudaBackend on GPU 0.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads);
 
 // The KV arena dtype the engine uses on `backend`: bf16 on CUDA (half the bytes a decode

@@ -76,7 +76,7 @@ FlagSet MakeFlags() {
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
            IntRange{1, 256, /*power_of_two=*/true});
   f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
-  f.AddInt("threads", "CPU threads for --device cpu; 0 = all cores", 0,
+  f.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
            IntRange{0, kMaxCpuThreads});
   f.AddBool("json", "print one JSON object instead of text");
   return f;

@@ -1,0 +1,25 @@
+#ifndef KVD_TOOLS_CPU_COUNT_H_
+#define KVD_TOOLS_CPU_COUNT_H_
+
+#include <optional>
+#include <string_view>
+
+namespace kvd {
+
+// The CPUs this process may use: its CPU affinity (taskset, a cpuset), capped by a cgroup
+// CPU quota (docker --cpus, a Kubernetes CPU limit) rounded up; at least 1. What "all
+// cores" means for the CPU backend's threads: std::thread::hardware_concurrency() counts the
+// host's CPUs, so a container limited to 2 CPUs on a 128-core host would start 128 threads
+// that the quota then throttles. Reads /proc/self/cgroup and /sys/fs/cgroup; a limit it
+// cannot read counts as none.
+int UsableCpus();
+
+// The CPUs a cgroup v2 `cpu.max` file allows ("200000 100000" -> 2, "150000 100000" -> 2,
+// "max 100000" -> no limit), or nullopt for no limit or text that is not such a line.
+std::optional<int> CpusFromCgroupV2Max(std::string_view cpu_max);
+// The same for cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us ("-1": no limit).
+std::optional<int> CpusFromCgroupV1(std::string_view quota_us, std::string_view period_us);
+
+}  // namespace kvd
+
+#endif  // KVD_TOOLS_CPU_COUNT_H_
