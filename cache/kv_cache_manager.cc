@@ -290,6 +290,7 @@ void KvCacheManager::MarkComputed(SeqId id, int32_t n) {
 
 absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   KVD_CACHE_CHECK(!seqs_.contains(child), "Fork: child id is live");
+  KVD_CACHE_CHECK(!preempted_.contains(child), "Fork: child id is a preempted sequence's");
   const SeqState& p = Seq(parent);
   const int32_t bs = layout_.block_size();
   const int32_t full = p.num_computed / bs;

@@ -40,7 +40,8 @@ using SeqId = int64_t;
 //
 // Invariants (CheckInvariants): each block's refcount equals its holders (sequence
 // tables + pinned session chains); no block is both free and referenced; every prefix
-// key matches its block's tokens; free + used + cached == total; nothing leaks.
+// key matches its block's tokens; free + used + cached == total; nothing leaks; each
+// attached session is held by exactly one sequence, live or preempted.
 //
 // Thread safety: none; the engine thread calls everything. Block ids, BlockIds() spans
 // and slots are valid until the next Tick() (defragmentation rewrites block tables) or
@@ -93,7 +94,8 @@ class KvCacheManager {
   // n > 1 sampling. The child has no session. A block for the copy is found as Reserve
   // finds one. ResourceExhausted when there is none (nothing changes but, as for Reserve,
   // the arena's size; preempt and retry), or the backend's copy error (the block taken for
-  // the copy may have been an evicted cached one). REQUIRES: parent live, child not.
+  // the copy may have been an evicted cached one). REQUIRES: parent live, child neither live nor
+  // preempted.
   absl::Status Fork(SeqId parent, SeqId child);
   // Undoes AddSequence for a sequence that never got slots (the engine retries an admission
   // whose first Reserve failed): releases the blocks it took; a session that AddSequence

@@ -66,8 +66,9 @@ void KvCacheManager::FreeForRecompute(SeqId id) {
   auto it = seqs_.find(id);
   KVD_CACHE_CHECK(it != seqs_.end(), "FreeForRecompute: unknown sequence id");
   SeqState& s = it->second;
-  // The session stays attached (its chain is in s.blocks); a sequence that came back
-  // without its session (closed meanwhile) keeps the record that says so.
+  // The session stays attached to the id, holding nothing (the chain it lent is released
+  // below with the rest); a sequence that came back without its session (closed meanwhile)
+  // keeps the record that says so.
   if (!s.session_id.empty()) {
     preempted_.emplace(id, PreemptedSession{std::move(s.session_id), s.session_serial});
   } else if (s.preempted_session.has_value()) {

@@ -25,8 +25,9 @@ absl::StatusOr<Session*> SessionTable::Attach(std::string_view id) {
     return &s;
   }
   if (s.attached) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session \"", Key(id), "\" is in use by another running request"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session \"", Key(id),
+        "\" is in use by another request (running, or preempted and waiting to run again)"));
   }
   detached_.erase({s.last_use, s.id});
   Unpin(s.chain);

@@ -29,7 +29,7 @@ inline constexpr int kNumSessionReleaseReasons =
 struct Session {
   std::string id;
   uint64_t serial = 0;          // distinguishes a re-created session from an earlier one
-  bool attached = false;        // a live sequence holds the chain (not pinned now)
+  bool attached = false;        // a sequence, live or preempted, holds it (nothing pinned)
   std::vector<BlockId> chain;   // pinned blocks, one reference each, in order
   std::vector<int32_t> tokens;  // the tokens whose KV the chain holds
   absl::Time last_use;          // when it was last detached
@@ -38,9 +38,10 @@ struct Session {
 // SessionTable: session id -> pinned chain + token history + last use. It decides which
 // sessions to let go (idle past the timeout, over the pin cap oldest first, or closed)
 // and hands their chains back; the caller (KvCacheManager) owns the references and drops
-// them. A session is either attached (its chain is lent to one live sequence) or
-// detached (pinned). A released session is forgotten: its blocks stay in the prefix
-// index as ordinary cached blocks (lazy release), and the next turn starts it afresh.
+// them. A session is either attached (its chain is lent to one live sequence, or to none
+// while that sequence waits after a preemption) or detached (pinned). A released session is
+// forgotten: its blocks stay in the prefix index as ordinary cached blocks (lazy release), and the
+// next turn starts it afresh.
 //
 // Not thread safe: the engine thread only. Does not own the clock.
 class SessionTable {

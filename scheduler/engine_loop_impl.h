@@ -67,8 +67,9 @@ class EngineLoop::Impl {
   int64_t MaxKvTokens(const Request& r) const;
   enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom, kFailed };
   // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on
-  // kSessionBusy or kNoRoom nothing of it stays in the cache; kFailed: the cache refused it
-  // for another reason, and s is finished with that error.
+  // kSessionBusy or kNoRoom nothing of it stays in the cache (a preempted s's session stays
+  // attached to it); kFailed: the cache refused it for another reason, and s is finished
+  // with that error.
   AdmitResult Admit(Sequence& s, int32_t budget, int32_t& n);
   // Frees the victim's blocks and requeues it for recompute.
   void Preempt(Sequence* victim);

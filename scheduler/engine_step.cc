@@ -207,27 +207,36 @@ bool EngineLoop::Impl::Step() {
 
   // Then waiting requests in their order, as admission allows: the first that does not fit
   // ends admission (nothing jumps the queue for memory), but one whose session is busy with
-  // another running turn keeps its place and lets the ones behind it by.
+  // another turn (running, or preempted and waiting) keeps its place and lets the ones
+  // behind it by.
   RemoveFinished();
+  Sequence* does_not_fit = nullptr;
   for (size_t k = 0; k < waiting_.size() && budget > 0 &&
                      static_cast<int32_t>(running_.size()) < options_.max_batch_size;) {
     Sequence& s = *waiting_[k];
-    if (!Admissible(s)) break;
+    if (!Admissible(s)) {
+      does_not_fit = &s;
+      break;
+    }
     int32_t n = 0;
     const AdmitResult admitted = Admit(s, budget, n);
     if (admitted == AdmitResult::kSessionBusy || admitted == AdmitResult::kFailed) {
       ++k;  // kFailed: finished, removed after the step
       continue;
     }
-    if (admitted == AdmitResult::kNoRoom) break;
+    if (admitted == AdmitResult::kNoRoom) {
+      does_not_fit = &s;
+      break;
+    }
     running_.push_back(std::move(waiting_[k]));
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(k));
     plan.emplace_back(&s, n);
     budget -= n;
   }
-  if (waiting_.size() > 0 && running_.empty() && plan.empty()) {
-    // Nothing runs and the head cannot be admitted: it would wait forever.
-    Finish(*waiting_.front(), FinishReason::kAborted,
+  if (does_not_fit != nullptr && running_.empty() && plan.empty()) {
+    // Nothing runs and it cannot be admitted: it would wait forever. (Not the queue's head,
+    // which may be a turn waiting for its session's preempted turn: this one.)
+    Finish(*does_not_fit, FinishReason::kAborted,
            absl::ResourceExhaustedError("the KV pool cannot hold this request"));
   }
   {

@@ -6,12 +6,12 @@
 
 namespace kvd {
 
-// The CPUs this process may use: its CPU affinity (taskset, a cpuset), capped by a cgroup
-// CPU quota (docker --cpus, a Kubernetes CPU limit) rounded up; at least 1. What "all
-// cores" means for the CPU backend's threads: std::thread::hardware_concurrency() counts the
-// host's CPUs, so a container limited to 2 CPUs on a 128-core host would start 128 threads
-// that the quota then throttles. Reads /proc/self/cgroup and /sys/fs/cgroup; a limit it
-// cannot read counts as none.
+// The CPUs this process may use: the calling thread's CPU affinity (the process's, unless
+// a thread changed its own: taskset, a cpuset), capped by a cgroup CPU quota (docker
+// --cpus, a Kubernetes CPU limit) rounded up; at least 1. What "all cores" means for the CPU
+// backend's threads: std::thread::hardware_concurrency() counts the host's CPUs, so a container
+// limited to 2 CPUs on a 128-core host would start 128 threads that the quota then throttles. Reads
+// /proc/self/cgroup and /sys/fs/cgroup; a limit it cannot read counts as none.
 int UsableCpus();
 
 // The CPUs a cgroup v2 `cpu.max` file allows ("200000 100000" -> 2, "150000 100000" -> 2,

@@ -155,7 +155,7 @@ class CudaBackend final : public Backend {
   // EndCapture, Allocate, UploadWeights, copies, FillRandom and Synchronize fail with
   // FailedPrecondition, and so does an op that would have to grow a scratch buffer: run the
   // same ops once uncaptured first. A buffer freed meanwhile is freed by EndCapture (cudaFree
-  // would invalidate the capture).
+  // would invalidate the capture). REQUIRES: no recorded op uses a buffer freed meanwhile.
   // REQUIRES: not capturing.
   absl::Status BeginCapture();
   // Ends the capture (call it also after a recorded op failed) and instantiates the graph.

@@ -58,13 +58,9 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
 
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  // As in CudaStatus. A kernel fault the library ran into first (it says
-  // CUBLAS_STATUS_EXECUTION_FAILED, say) is the runtime's error too: reported as the lost
-  // context it is, so the engine stops at this op rather than at the next one.
-  const cudaError_t runtime = cudaGetLastError();
+  cudaGetLastError();  // as in CudaStatus
   std::string message =
       absl::StrCat(op, ": ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")");
-  if (LosesTheContext(runtime)) return CudaStatus(runtime, message);
   switch (err) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);

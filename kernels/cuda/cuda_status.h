@@ -26,8 +26,9 @@ namespace kvd {
 absl::Status CudaStatus(cudaError_t err, absl::string_view op);
 
 // As CudaStatus, for cuBLAS and cuBLASLt results; a failure resets the last CUDA error too
-// (the library's own runtime calls may have set it). When that error is a sticky one (the
-// library met a kernel fault), the result is CudaStatus's for it: DataLoss.
+// (the library's own runtime calls may have set it). A kernel fault does not come back this
+// way: cuBLAS enqueues its kernels without waiting, and reported success after one on the
+// H200; the backend's next CUDA call reports it (CudaStatus: DataLoss).
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op);
 
 }  // namespace kvd

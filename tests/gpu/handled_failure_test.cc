@@ -4,22 +4,15 @@
 // must not fail the next valid op. Each launcher of the backend runs right after such a
 // failure and must succeed.
 
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/blas_gemm.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -167,41 +160,6 @@ TEST(CudaStatusTest, OnlyStickyErrorsAreDataLoss) {
   EXPECT_EQ(CudaStatus(cudaErrorInvalidValue, "op").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CudaStatus(cudaErrorNotReady, "op").code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(CudaStatus(cudaSuccess, "op").ok());
-}
-
-// A kernel fault that cuBLAS runs into before any call of ours is DataLoss too, not the
-// library's EXECUTION_FAILED as Internal: the engine then stops at that op. In a child
-// process (a re-run of this binary): the fault ends its CUDA context.
-TEST(CudaStatusTest, AKernelFaultCublasMeetsFirstIsDataLoss) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        cudaStream_t stream = nullptr;
-        if (cudaSetDevice(0) != cudaSuccess ||
-            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-          std::exit(10);
-        }
-        absl::StatusOr<std::unique_ptr<BlasGemm>> gemm = BlasGemm::Create(stream);
-        void* buffers = nullptr;
-        if (!gemm.ok() || cudaMalloc(&buffers, 3 << 20) != cudaSuccess) std::exit(11);
-        char* base = static_cast<char*>(buffers);
-        // Runs the plan once, cleanly, so that the faulting call below launches at once.
-        const auto run = [&] {
-          return (*gemm)->Run(reinterpret_cast<float*>(base + (2 << 20)), base, base + (1 << 20),
-                              16, 64, 64, /*accumulate=*/false);
-        };
-        if (!run().ok() || cudaStreamSynchronize(stream) != cudaSuccess) std::exit(12);
-        // Writes through a null pointer: an illegal address, found asynchronously.
-        if (cuda::LaunchF32ToBf16(nullptr, reinterpret_cast<float*>(base), 1 << 16, stream) !=
-            cudaSuccess) {
-          std::exit(13);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the fault happens
-        const absl::Status s = run();
-        std::fprintf(stderr, "run: %s\n", s.ToString().c_str());
-        std::exit(s.code() == absl::StatusCode::kDataLoss ? 0 : 20 + static_cast<int>(s.code()));
-      },
-      ::testing::ExitedWithCode(0), "run: DATA_LOSS");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache/clock.h"
+#include "cache/kv_layout.h"
 #include "model/llama2c_loader.h"
 #include "scheduler/engine_loop.h"
 #include "tests/scheduler/failing_backend.h"
@@ -122,6 +123,44 @@ TEST_F(EngineFailureTest, ABackendLostForGoodStopsTheEngine) {
 }
 
 // The daemon's view: the engine thread stops by itself and WaitIdle (the drain) returns.
+// The device has no memory for the pool to grow into (another process took it): a request
+// whose first chunk needs more blocks than the pool holds now, though it would fit the
+// configured maximum, cannot run while nothing else does. It is aborted, not left waiting
+// forever, and the engine serves the requests after it.
+TEST_F(EngineFailureTest, ARequestThePoolCannotGrowForIsAbortedAndTheRestRun) {
+  const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
+  KvCacheOptions o;
+  o.chunk_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes() * 16;
+  o.initial_pool_bytes = o.chunk_bytes;  // 16 blocks of 16 tokens now, up to 64
+  o.max_pool_bytes = o.chunk_bytes * 4;
+  o.defrag_background_planning = false;
+  auto cache = KvCacheManager::Create(o, shape, &backend_, &clock_);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  engine_.reset();
+  cache_ = *std::move(cache);
+  engine_ = std::make_unique<EngineLoop>(EngineOptions{}, model_.get(), cache_.get(),
+                                         /*tokenizer=*/nullptr, &clock_);
+  backend_.FailAllocationsWith(absl::ResourceExhaustedError("out of device memory"));
+  Request big = Greedy();
+  big.prompt.assign(300, 400);  // 19 blocks in its first chunk
+  Outcome big_outcome, small_outcome;
+  ASSERT_TRUE(Submit(big, &big_outcome).ok());
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(big_outcome.finished);
+  EXPECT_EQ(big_outcome.reason, FinishReason::kAborted);
+  EXPECT_EQ(big_outcome.error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big_outcome.error.message(), HasSubstr("the KV pool cannot hold this request"));
+  EXPECT_GT(backend_.num_failed_allocations(), 0);
+  EXPECT_EQ(cache_->stats().used_blocks, 0);
+  // Memory again (the model's activations need some too): the engine runs on.
+  backend_.FailAllocationsWith(absl::OkStatus());
+  ASSERT_TRUE(Submit(Greedy(), &small_outcome).ok());
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(small_outcome.finished);
+  EXPECT_TRUE(small_outcome.error.ok()) << small_outcome.error;
+  EXPECT_EQ(small_outcome.tokens.size(), 8u);
+}
+
 TEST_F(EngineFailureTest, TheEngineThreadStopsByItselfAndReportsIdle) {
   engine_->Start();
   backend_.FailOpsWith(absl::DataLossError("injected: a kernel fault"));
