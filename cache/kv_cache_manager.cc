@@ -176,10 +176,12 @@ int32_t KvCacheManager::ProbePrefix(absl::Span<const int32_t> prompt,
 }
 
 KvCacheManager::PrefixProbe KvCacheManager::ProbePrefixBlocks(absl::Span<const int32_t> prompt,
-                                                              std::string_view session_id) const {
+                                                              std::string_view session_id,
+                                                              std::optional<SeqId> id) const {
   PrefixProbe p;
   if (prompt.empty()) return p;
-  const Session* session = session_id.empty() ? nullptr : sessions_.Find(session_id);
+  const bool comes_back = id.has_value() && preempted_.contains(*id);
+  const Session* session = session_id.empty() || comes_back ? nullptr : sessions_.Find(session_id);
   const Match m = MatchPrompt(prompt, session);
   p.computed_tokens = m.computed;
   p.matched_blocks = m.session_blocks + static_cast<int32_t>(m.index_blocks.size());

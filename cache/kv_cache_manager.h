@@ -147,9 +147,11 @@ class KvCacheManager {
     // is pinned, so never evictable.
     int32_t evictable_blocks = 0;
   };
-  // Pure.
-  PrefixProbe ProbePrefixBlocks(absl::Span<const int32_t> prompt,
-                                std::string_view session_id = "") const;
+  // Pure. With `id`, what AddSequence(id, prompt, session_id) would reuse: for a preempted
+  // sequence coming back, no session chain (its own session holds nothing; one made anew
+  // since is not its).
+  PrefixProbe ProbePrefixBlocks(absl::Span<const int32_t> prompt, std::string_view session_id = "",
+                                std::optional<SeqId> id = std::nullopt) const;
   // Blocks obtainable now for admission: free + evictable cached + room to grow.
   int64_t NumObtainableBlocks() const { return pool_->NumObtainable(); }
   int32_t num_free_blocks() const { return pool_->num_free(); }

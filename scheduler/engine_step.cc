@@ -96,8 +96,8 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
   // The candidate's cached prefix (its session's chain, then the prefix index) takes the
   // place of new blocks; but the evictable ones among it are counted as obtainable, and
   // holding them takes them out of the obtainable pool.
-  const KvCacheManager::PrefixProbe prefix =
-      cache_->ProbePrefixBlocks(candidate.tokens, candidate.request.session_id);
+  const KvCacheManager::PrefixProbe prefix = cache_->ProbePrefixBlocks(
+      candidate.tokens, candidate.request.session_id, static_cast<SeqId>(candidate.handle));
   return committed + TargetBlocks(candidate) - prefix.matched_blocks + prefix.evictable_blocks <=
          cache_->NumObtainableBlocks();
 }

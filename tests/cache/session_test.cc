@@ -235,6 +235,26 @@ TEST_F(SessionTest, ClosingThePreemptedTurnsSessionLetsItRunWithoutOne) {
   EXPECT_EQ(st.pinned_blocks, 2);  // the new "chat" keeps its 5 tokens, not the old turn's
   EXPECT_EQ(m->ProbePrefix(Iota(6, 500), "chat"), 5);
   ExpectValid(*m);
+  // Admission's probe for the old turn coming back once more counts no chain of the new
+  // "chat" (AddSequence gives the old turn none): only the prefix index's blocks.
+  m->EndPreempted(1);  // (nothing left: it was freed)
+  absl::StatusOr<int32_t> cached = m->AddSequence(3, Iota(9, 500), "chat");
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  ASSERT_TRUE(Step(*m, 3, 9 - *cached));
+  m->FreeForRecompute(3);
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  cached = m->AddSequence(4, Iota(9, 500), "chat");
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  ASSERT_TRUE(Step(*m, 4, 9 - *cached));
+  m->Free(4);  // the new "chat" pins 9 tokens; the index holds their 2 full blocks
+  const std::vector<int32_t> back = Iota(10, 500);
+  EXPECT_EQ(m->ProbePrefixBlocks(back, "chat").matched_blocks, 3);
+  const KvCacheManager::PrefixProbe probe = m->ProbePrefixBlocks(back, "chat", SeqId{3});
+  EXPECT_EQ(probe.matched_blocks, 2);
+  EXPECT_EQ(*m->AddSequence(3, back, "chat"), probe.computed_tokens);
+  EXPECT_EQ(probe.computed_tokens, 8);
+  m->Abandon(3);
+  ExpectValid(*m);
 }
 
 // A preempted turn that will not come back (cancelled while it waited) lets its session go
