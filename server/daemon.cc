@@ -155,10 +155,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   about_to_listen();
   const bool is_unix = absl::StartsWith(config.server.grpc_address, "unix:");
   if (is_unix) {
-    // gRPC's own forms: unix:path, or unix://absolute_path.
     const std::string& address = config.server.grpc_address;
-    const std::string path = address.substr(absl::StartsWith(address, "unix://") ? 7 : 5);
-    if (absl::Status s = FreeUnixSocketPath(path, address); !s.ok()) {
+    if (absl::Status s = FreeUnixSocketPath(UnixSocketPath(address), address); !s.ok()) {
       return Prefixed("server.grpc_address", s);
     }
   }

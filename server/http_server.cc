@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   int port = 0;
   std::string unix_path;
   if (absl::StartsWith(address, "unix:")) {
-    unix_path = address.substr(5);
+    unix_path = UnixSocketPath(address);
     if (absl::Status s = FreeUnixSocketPath(unix_path, address); !s.ok()) return s;
     sockaddr_un addr{};
     fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

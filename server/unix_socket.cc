@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvd {
@@ -52,6 +53,10 @@ absl::Status FreeUnixSocketPath(const std::string& path, const std::string& addr
                                                address, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+std::string UnixSocketPath(const std::string& address) {
+  return address.substr(absl::StartsWith(address, "unix://") ? 7 : 5);
 }
 
 }  // namespace kvd

@@ -15,6 +15,10 @@ namespace kvd {
 // included, and take its place.
 absl::Status FreeUnixSocketPath(const std::string& path, const std::string& address);
 
+// The socket path of a "unix:" address, read as gRPC reads it: unix:path, or
+// unix://absolute_path. REQUIRES: `address` starts with "unix:".
+std::string UnixSocketPath(const std::string& address);
+
 }  // namespace kvd
 
 #endif  // KVD_SERVER_UNIX_SOCKET_H_

@@ -40,6 +40,12 @@ class SessionTest : public testing_util::CacheManagerTest {
     m.Free(id);
     ExpectValid(m);
   }
+  // Turn 1 of "chat" (9 tokens, sequence 1) computed, then preempted.
+  void PreemptChatTurn(KvCacheManager& m) {
+    ASSERT_TRUE(m.AddSequence(1, Iota(9), "chat").ok());
+    ASSERT_TRUE(Step(m, 1, 9));
+    m.FreeForRecompute(1);
+  }
   std::vector<int32_t> History(const std::vector<int32_t>& prompt, int32_t generated) {
     std::vector<int32_t> h = prompt;
     for (int32_t i = 0; i < generated; ++i) h.push_back(900 + i);
@@ -179,9 +185,7 @@ TEST_F(SessionTest, PinnedBlocksCountOnceWhenSessionsShareAPrefix) {
 // turn, holding nothing, as it would while the turn ran.
 TEST_F(SessionTest, APreemptedTurnKeepsItsSessionHoldingNothing) {
   auto m = Make(TinyOptions());
-  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
-  ASSERT_TRUE(Step(*m, 1, 9));
-  m->FreeForRecompute(1);
+  ASSERT_NO_FATAL_FAILURE(PreemptChatTurn(*m));
   KvCacheStats st = m->stats();
   EXPECT_EQ(st.num_sessions, 1);
   EXPECT_EQ(st.pinned_blocks, 0);
@@ -212,9 +216,7 @@ TEST_F(SessionTest, APreemptedTurnKeepsItsSessionHoldingNothing) {
 // later turn has made the session anew meanwhile.
 TEST_F(SessionTest, ClosingThePreemptedTurnsSessionLetsItRunWithoutOne) {
   auto m = Make(TinyOptions());
-  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
-  ASSERT_TRUE(Step(*m, 1, 9));
-  m->FreeForRecompute(1);
+  ASSERT_NO_FATAL_FAILURE(PreemptChatTurn(*m));
   ASSERT_TRUE(m->CloseSession("chat").ok());
   EXPECT_EQ(m->stats().num_sessions, 0);
   EXPECT_EQ(m->stats().session_releases_closed, 1);
@@ -262,9 +264,7 @@ TEST_F(SessionTest, ClosingThePreemptedTurnsSessionLetsItRunWithoutOne) {
 TEST_F(SessionTest, EndPreemptedDetachesTheSessionWithNothingPinned) {
   auto m = Make(TinyOptions());
   m->EndPreempted(7);  // nothing preempted: nothing happens
-  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
-  ASSERT_TRUE(Step(*m, 1, 9));
-  m->FreeForRecompute(1);
+  ASSERT_NO_FATAL_FAILURE(PreemptChatTurn(*m));
   clock_.Advance(absl::Seconds(5));
   m->EndPreempted(1);
   KvCacheStats st = m->stats();
@@ -295,9 +295,7 @@ TEST_F(SessionTest, EndPreemptedDetachesTheSessionWithNothingPinned) {
 // still waits for it.
 TEST_F(SessionTest, AbandoningAPreemptedTurnsComebackKeepsItsSessionWaiting) {
   auto m = Make(TinyOptions());
-  ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
-  ASSERT_TRUE(Step(*m, 1, 9));
-  m->FreeForRecompute(1);
+  ASSERT_NO_FATAL_FAILURE(PreemptChatTurn(*m));
   ASSERT_TRUE(m->AddSequence(1, Iota(9), "chat").ok());
   m->Abandon(1);
   EXPECT_FALSE(m->HasSequence(1));
