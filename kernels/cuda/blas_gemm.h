@@ -15,6 +15,8 @@
 
 namespace kvd {
 
+struct CublasApi;
+
 // BlasGemm computes out[m][n] = in[m][:] . weight[n][:] (+ out[m][n] when accumulating) with
 // bf16 `in` and `weight`, fp32 `out` and fp32 accumulation, on one stream.
 //
@@ -25,6 +27,8 @@ namespace kvd {
 // alignments) the call falls back to cublasGemmEx.
 //
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
+// Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
+// the libraries are missing.
 class BlasGemm {
  public:
   // REQUIRES: the current device is the one `stream` belongs to.
@@ -43,9 +47,11 @@ class BlasGemm {
   // (m, n, k, accumulate, alignment of in, weight and out in bytes, up to 256)
   using PlanKey = std::tuple<int, int, int, bool, int, int, int>;
 
-  BlasGemm(cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas, void* workspace);
+  BlasGemm(const CublasApi* api, cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas,
+           void* workspace);
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& key);
 
+  const CublasApi* api_;  // LoadCublas's
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
   cublasHandle_t blas_;

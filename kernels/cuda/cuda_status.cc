@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cublas_api.h"
 
 namespace kvd {
 namespace {
@@ -59,8 +60,12 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view op) {
 absl::Status CublasStatus(cublasStatus_t err, absl::string_view op) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   cudaGetLastError();  // as in CudaStatus
-  std::string message =
-      absl::StrCat(op, ": ", cublasGetStatusString(err), " (", cublasGetStatusName(err), ")");
+  // A cuBLAS result comes from a loaded library; the number stands in should none be.
+  const CublasApi* const api = LoadedCublas();
+  std::string message = api != nullptr
+                            ? absl::StrCat(op, ": ", api->cublasGetStatusString(err), " (",
+                                           api->cublasGetStatusName(err), ")")
+                            : absl::StrCat(op, ": cuBLAS status ", static_cast<int>(err));
   switch (err) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);
