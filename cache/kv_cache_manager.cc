@@ -109,7 +109,16 @@ KvCacheManager::Match KvCacheManager::MatchPrompt(absl::Span<const int32_t> prom
   if (!options_.enable_prefix_caching || m.computed % bs != 0) return m;
   uint64_t parent = index_.root_key();
   int32_t i = 0;
-  for (; i < m.session_blocks; ++i) parent = index_.ChildKey(parent, prompt.subspan(i * bs, bs));
+  // The session's blocks matched by their tokens; the index goes on from their keys only
+  // while it resolves each to this prefix (the rule RegisterFullBlocks keys by): a collision
+  // met when the session's turn registered would otherwise lead into another prefix's
+  // deeper blocks, whose keys follow from the same tokens.
+  for (; i < m.session_blocks; ++i) {
+    const absl::Span<const int32_t> tokens = prompt.subspan(i * bs, bs);
+    const uint64_t key = index_.ChildKey(parent, tokens);
+    if (!index_.Find(key, parent, tokens).has_value()) return m;
+    parent = key;
+  }
   for (; (i + 1) * bs <= max_reuse; ++i) {
     const absl::Span<const int32_t> tokens = prompt.subspan(i * bs, bs);
     const uint64_t key = index_.ChildKey(parent, tokens);
@@ -185,7 +194,13 @@ KvCacheManager::PrefixProbe KvCacheManager::ProbePrefixBlocks(absl::Span<const i
   const Match m = MatchPrompt(prompt, session);
   p.computed_tokens = m.computed;
   p.matched_blocks = m.session_blocks + static_cast<int32_t>(m.index_blocks.size());
-  for (BlockId b : m.index_blocks) p.evictable_blocks += pool_->RefCount(b) == 0 ? 1 : 0;
+  const auto count = [&](BlockId b) {
+    p.evictable_blocks += pool_->RefCount(b) == 0 ? 1 : 0;
+    const int32_t pins = sessions_.PinsOf(b);
+    p.pinned_blocks += pins > 0 && pool_->RefCount(b) == pins ? 1 : 0;
+  };
+  for (int32_t i = 0; i < m.session_blocks; ++i) count(session->chain[i]);
+  for (BlockId b : m.index_blocks) count(b);
   return p;
 }
 
@@ -204,14 +219,14 @@ bool KvCacheManager::MakeAllocatable(int64_t need) {
   // Releasing a chain makes obtainable only the blocks that no one but sessions holds; when
   // even all of those and every chunk the arena may add would not do, nothing is touched.
   if (need <= pool_->num_free()) return true;  // the common case
-  if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
+  if (need > NumObtainableBlocks()) return false;
   // Growth first, as Allocate() would (free, grow, evict), but here where its failure (the
   // device is out of memory) is seen before a cached block or a session is given up for a
   // room that is not there. CanGrow() is false after a failure, so NumObtainable() below
   // counts only blocks that exist.
   while (need > pool_->num_free() && pool_->CanGrow() && pool_->Grow().ok()) {
   }
-  if (need > pool_->NumObtainable() + ReleasablePinnedBlocks()) return false;
+  if (need > NumObtainableBlocks()) return false;
   while (need > pool_->NumObtainable()) {
     std::optional<SessionTable::Released> r =
         sessions_.ReleaseOldest(SessionReleaseReason::kPressure);

@@ -146,14 +146,19 @@ class KvCacheManager {
     // them, and they stop being obtainable once the sequence holds them. A session's chain
     // is pinned, so never evictable.
     int32_t evictable_blocks = 0;
+    // Of those, the ones only idle sessions pin (its own session's chain, say): also counted
+    // by NumObtainableBlocks(), and no longer releasable once the sequence holds them.
+    int32_t pinned_blocks = 0;
   };
   // Pure. With `id`, what AddSequence(id, prompt, session_id) would reuse: for a preempted
   // sequence coming back, no session chain (its own session holds nothing; one made anew
   // since is not its).
   PrefixProbe ProbePrefixBlocks(absl::Span<const int32_t> prompt, std::string_view session_id = "",
                                 std::optional<SeqId> id = std::nullopt) const;
-  // Blocks obtainable now for admission: free + evictable cached + room to grow.
-  int64_t NumObtainableBlocks() const { return pool_->NumObtainable(); }
+  // Blocks Reserve can obtain now, for admission: free + evictable cached + room to grow +
+  // the blocks only idle sessions pin (Reserve releases those sessions, oldest first, when
+  // it needs their blocks: pins give way to new work).
+  int64_t NumObtainableBlocks() const { return pool_->NumObtainable() + ReleasablePinnedBlocks(); }
   int32_t num_free_blocks() const { return pool_->num_free(); }
   int32_t block_size() const { return layout_.block_size(); }
   const KvLayout& layout() const { return layout_; }

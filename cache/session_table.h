@@ -85,6 +85,11 @@ class SessionTable {
   int32_t num_sessions() const { return static_cast<int32_t>(sessions_.size()); }
   absl::Duration idle_timeout() const { return idle_timeout_; }
   void ForEach(const std::function<void(const Session&)>& fn) const;
+  // How many detached sessions pin block b (0 for none).
+  int32_t PinsOf(BlockId b) const {
+    auto it = pins_.find(b);
+    return it == pins_.end() ? 0 : it->second;
+  }
   // fn(block, how many detached sessions pin it), for every pinned block.
   void ForEachPin(const std::function<void(BlockId, int32_t)>& fn) const {
     for (const auto& [b, pins] : pins_) fn(b, pins);

@@ -94,11 +94,13 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
     committed += std::max<int64_t>(0, TargetBlocks(*s) - held);
   }
   // The candidate's cached prefix (its session's chain, then the prefix index) takes the
-  // place of new blocks; but the evictable ones among it are counted as obtainable, and
-  // holding them takes them out of the obtainable pool.
+  // place of new blocks; but the evictable and the idly pinned ones among it are counted as
+  // obtainable, and holding them takes them out of the obtainable pool. Other sessions'
+  // idle pins are obtainable: Reserve releases them when a sequence needs their room.
   const KvCacheManager::PrefixProbe prefix = cache_->ProbePrefixBlocks(
       candidate.tokens, candidate.request.session_id, static_cast<SeqId>(candidate.handle));
-  return committed + TargetBlocks(candidate) - prefix.matched_blocks + prefix.evictable_blocks <=
+  return committed + TargetBlocks(candidate) - prefix.matched_blocks + prefix.evictable_blocks +
+             prefix.pinned_blocks <=
          cache_->NumObtainableBlocks();
 }
 

@@ -109,6 +109,32 @@ TEST_F(PrefixCollisionTest, ACraftedCollisionNeverHandsOutKvOfAnotherPrefix) {
   ExpectValid(*m);
 }
 
+TEST_F(PrefixCollisionTest, ASessionTurnNeverContinuesIntoAnotherPrefixsBlocks) {
+  // A session's blocks are matched by their tokens, not looked up; the index must not be
+  // searched on from their keys when the index gives those keys to another prefix.
+  KvCacheOptions o = TinyOptions();
+  o.prefix_key_secret = 0;
+  auto m = Make(o);
+  const std::vector<int32_t> tail = {5, 6, 7, 8};
+  const std::vector<int32_t> tail2 = {10, 11, 12, 13};
+  // The attacker's three blocks are cached, keyed from the forged block's key.
+  ASSERT_EQ(*m->AddSequence(1, Concat(Concat(Concat(kForged, tail), tail2), {9})), 0);
+  ASSERT_TRUE(Step(*m, 1, 13));
+  m->Free(1);
+  // The victim's first turn misses (the forged block's tokens differ) and its registration
+  // stops at the collision; the session pins its two blocks.
+  ASSERT_EQ(*m->AddSequence(2, Concat(Concat(kPopular, tail), {1}), "chat"), 0);
+  ASSERT_TRUE(Step(*m, 2, 9));
+  m->Free(2);
+  ExpectValid(*m);
+  // The next turn reuses its session's two blocks, and not the attacker's third block, whose
+  // key and parent key its own tokens reproduce.
+  EXPECT_EQ(m->ProbePrefix(Concat(Concat(Concat(kPopular, tail), tail2), {9}), "chat"), 8);
+  ASSERT_EQ(*m->AddSequence(3, Concat(Concat(Concat(kPopular, tail), tail2), {9}), "chat"), 8);
+  EXPECT_EQ(CountBadKv(*m, 3), 0);
+  ExpectValid(*m);
+}
+
 TEST_F(PrefixCollisionTest, ASecondCopyOfAPrefixStillRegistersItsDeeperBlocks) {
   auto m = Make();
   const std::vector<int32_t> prompt = Iota(13);

@@ -193,6 +193,42 @@ TEST_F(EngineAdmissionTest, AnAdmissionWithoutRoomLeavesNoSessionBehind) {
   EXPECT_TRUE(engine_->CloseSession("s").ok());
 }
 
+// An idle session's pins give way to new work: admission counts the blocks only idle
+// sessions pin as obtainable (Reserve releases the oldest such session when it needs room),
+// so a request does not wait behind them for a running one to finish.
+TEST_F(EngineAdmissionTest, IdleSessionPinsGiveWayToNewWorkWhileOthersRun) {
+  MakeCache(8, 1, 1);  // 8 blocks, no growth
+  MakeEngine();
+  Request turn = Req(Iota(64, 300), 1, 1);
+  turn.session_id = "s";
+  Submit(turn);
+  engine_->RunUntilIdle();
+  ASSERT_EQ(cache_->stats().pinned_blocks, 4);  // and 4 free
+  // R runs to 20 + 30 - 1 = 49 KV tokens (4 blocks), C to 16 + 17 - 1 = 32 (2 blocks): both
+  // fit once the session's pins are released. C, the shorter, finishes first when it runs
+  // beside R; had it waited for R, it would finish after it.
+  std::vector<std::string> finished;
+  const auto record = [&finished](std::string name) {
+    return [&finished, name](const StreamEvent& e) {
+      if (e.finished) finished.push_back(name);
+    };
+  };
+  Outcome* r = Submit(Req(Iota(20, 100), 30, 30), record("R"));
+  Outcome* c = Submit(Req(Iota(16, 200), 17, 17), record("C"));
+  engine_->RunUntilIdle();
+  for (const Outcome* o : {r, c}) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->reason, FinishReason::kLength);
+    EXPECT_EQ(o->usage.num_preemptions, 0);
+  }
+  EXPECT_EQ(finished, (std::vector<std::string>{"C", "R"}));
+  const KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.session_releases_pressure, 1);
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
 // max_waiting_requests bounds the requests accepted and not yet running, also while a step
 // runs: the requests that step took in still wait. Stats() says so at that moment too.
 TEST_F(EngineAdmissionTest, TheWaitingLimitAndStatsHoldMidStep) {
