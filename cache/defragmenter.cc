@@ -44,6 +44,7 @@ void Defragmenter::Submit(DefragSnapshot snapshot) {
   if (!options_.background_planning) {
     absl::MutexLock lock(&mu_);
     if (pending_.has_value() || plan_.has_value()) return;
+    if (options_.before_plan) options_.before_plan();
     plan_ = Plan(snapshot);
     return;
   }
@@ -63,6 +64,7 @@ void Defragmenter::PlannerLoop() {
       if (stop_) return;
       snapshot = *std::move(pending_);
     }
+    if (options_.before_plan) options_.before_plan();
     std::vector<BlockMove> plan = Plan(snapshot);
     absl::MutexLock lock(&mu_);
     pending_.reset();

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -22,6 +23,8 @@ struct DefragOptions {
   // Plan on the defragmenter's own thread (true) or inline in Submit() (deterministic;
   // for tests).
   bool background_planning = true;
+  // Tests: called on the thread that plans, right before each plan.
+  std::function<void()> before_plan;
 };
 
 // What a block is at a snapshot.

@@ -60,12 +60,14 @@ void KvCacheManager::ApplyMoves() {
   absl::flat_hash_set<BlockId> taken;
   const int64_t by_bytes =
       std::max<int64_t>(1, options_.defrag_max_bytes_per_step / layout_.block_data_bytes());
-  // Moves that fit the pause budget at the cost measured so far (unknown before the first).
+  // Moves that fit the pause budget at the cost measured so far (unknown before the first),
+  // bounded in double before the cast: an hour's budget over microsecond moves, or an
+  // infinite one, is more than an int64 holds.
   const int64_t by_time =
       seconds_per_move_ > 0
-          ? std::max<int64_t>(1, static_cast<int64_t>(
-                                     absl::ToDoubleSeconds(options_.defrag_max_pause) /
-                                     seconds_per_move_))
+          ? static_cast<int64_t>(
+                std::clamp(absl::ToDoubleSeconds(options_.defrag_max_pause) / seconds_per_move_,
+                           1.0, static_cast<double>(by_bytes)))
           : by_bytes;
   const int32_t max_moves = static_cast<int32_t>(
       std::min({int64_t{options_.defrag_max_moves_per_step}, by_bytes, by_time}));

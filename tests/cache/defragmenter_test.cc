@@ -1,10 +1,11 @@
-#include <algorithm>
-
 #include "cache/defragmenter.h"
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
 #include "gtest/gtest.h"
@@ -48,7 +49,12 @@ TEST(DefragmenterPlanTest, PlansNothingWhenTheTopChunkCannotBeEmptied) {
 }
 
 TEST(DefragmenterTest, PlansOnItsOwnThread) {
-  Defragmenter d(DefragOptions{});
+  absl::Mutex mu;
+  std::vector<std::thread::id> planners;
+  Defragmenter d(DefragOptions{.before_plan = [&] {
+    absl::MutexLock lock(&mu);
+    planners.push_back(std::this_thread::get_id());
+  }});
   d.Submit(DefragSnapshot{1, 2, {F, F, U, F}});
   EXPECT_TRUE(d.busy());
   d.Submit(DefragSnapshot{1, 2, {U, U, U, U}});  // ignored while busy
@@ -60,6 +66,21 @@ TEST(DefragmenterTest, PlansOnItsOwnThread) {
   EXPECT_EQ((*plan)[0].dst, 0);
   EXPECT_FALSE(d.busy());
   EXPECT_FALSE(d.TakePlan().has_value());
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(planners.size(), 1u);  // the second snapshot was not planned
+  EXPECT_NE(planners[0], std::this_thread::get_id());
+}
+
+TEST(DefragmenterTest, PlansInlineWithoutBackgroundPlanning) {
+  std::vector<std::thread::id> planners;
+  Defragmenter d(DefragOptions{.background_planning = false, .before_plan = [&] {
+                                 planners.push_back(std::this_thread::get_id());
+                               }});
+  d.Submit(DefragSnapshot{1, 2, {F, F, U, F}});
+  EXPECT_EQ(planners, std::vector<std::thread::id>{std::this_thread::get_id()});
+  std::optional<std::vector<BlockMove>> plan = d.TakePlan();  // ready when Submit returns
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->size(), 1u);
 }
 
 TEST(DefragmenterTest, PauseStatsSummarizeRecordedPauses) {
@@ -238,6 +259,31 @@ TEST(DefragManagerPacingTest, PauseBudgetLimitsMovesPerStep) {
   EXPECT_GE(st.defrag_pauses.num_pauses, 3);
   EXPECT_EQ(st.defrag_moves, st.defrag_pauses.num_pauses + 1);
   EXPECT_TRUE(m->CheckInvariants().ok());
+}
+
+TEST(DefragManagerPacingTest, APauseBudgetBeyondAnyMoveCountLimitsNothing) {
+  // Budgets over the measured cost per move: a second, and ones whose move count is more
+  // than an int64 holds (hours; infinite). None may wrap into one move per pause.
+  std::vector<int64_t> pauses;
+  for (const absl::Duration budget :
+       {absl::Seconds(1), absl::Hours(int64_t{1} << 40), absl::InfiniteDuration()}) {
+    SCOPED_TRACE(absl::FormatDuration(budget));
+    FakeBackend backend;
+    FakeClock clock;
+    KvCacheOptions o = TinyOptions(1, 4);
+    o.defrag_max_moves_per_step = 64;
+    o.defrag_max_pause = budget;
+    o.defrag_low_water = 1.0;
+    auto m = GrownThenIdle(o, &backend, &clock, {4, 7});
+    for (int i = 0; i < 50 && m->stats().num_chunks > 1; ++i) m->Tick();
+    const KvCacheStats st = m->stats();
+    EXPECT_EQ(st.num_chunks, 1);
+    EXPECT_LT(st.defrag_pauses.num_pauses, st.defrag_moves);  // some pause moved several
+    pauses.push_back(st.defrag_pauses.num_pauses);
+    EXPECT_TRUE(m->CheckInvariants().ok());
+  }
+  EXPECT_EQ(pauses[1], pauses[0]);
+  EXPECT_EQ(pauses[2], pauses[0]);
 }
 
 }  // namespace
