@@ -14,7 +14,13 @@ absl::StatusOr<std::vector<GenerationResult>> Generator::Run(
   absl::Status failure;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& g = requests[i];
-    if (g.max_new_tokens <= 0) continue;  // nothing to generate
+    if (g.max_new_tokens < 0) {
+      for (uint64_t h : handles) engine_.Cancel(h);
+      engine_.RunUntilIdle();
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", i, ": max_new_tokens must be >= 0, got ", g.max_new_tokens));
+    }
+    if (g.max_new_tokens == 0) continue;  // nothing to generate
     Request r;
     r.request_id = absl::StrCat(i);
     r.prompt = g.prompt;

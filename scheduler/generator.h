@@ -20,7 +20,7 @@ namespace kvd {
 // One prompt to complete.
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, BOS included when the model wants it
-  int32_t max_new_tokens = 256;
+  int32_t max_new_tokens = 256;  // >= 0; 0: nothing runs (empty output, kLength)
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends (token not emitted) on any of these
   std::string session_id;               // optional: keep this conversation's KV pinned

@@ -106,6 +106,21 @@ TEST_F(GeneratorTest, RejectsBadRequestsAndFreesEverything) {
   GenerationRequest too_long;
   too_long.prompt.assign(513, 300);
   EXPECT_THAT(gen.Run({too_long}).status().message(), ::testing::HasSubstr("513"));
+  GenerationRequest negative = golden_[2].request;
+  negative.max_new_tokens = -3;
+  const absl::Status refused = gen.Run({golden_[0].request, negative}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              ::testing::HasSubstr("request 1: max_new_tokens must be >= 0, got -3"));
+  GenerationRequest none = golden_[0].request;
+  none.max_new_tokens = 0;
+  const auto nothing = gen.Run({none});
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_TRUE((*nothing)[0].output.empty());
+  EXPECT_EQ((*nothing)[0].finish, FinishReason::kLength);
+  // Nothing of the refused runs is left: no sequence, no block in use.
+  EXPECT_EQ(cache->stats().num_sequences, 0);
+  EXPECT_EQ(cache->stats().used_blocks, 0);
   // The pool is whole again: a full-size run still fits.
   auto ok = gen.Run({golden_[1].request, golden_[3].request});
   ASSERT_TRUE(ok.ok()) << ok.status();
