@@ -214,6 +214,10 @@ bool ClosedByServer(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
+// A scrape answered "at once": under the 2 s read bound that a server handling one
+// connection at a time would wait out first, with room for a busy 2-core machine.
+constexpr std::chrono::milliseconds kPromptly(1500);
+
 // Every connection is served at once: clients that connect and say nothing (a port scanner,
 // a stuck scraper) do not make a scrape wait for their 2 s read bound to run out in turn.
 TEST(HttpServerTest, AScrapeIsAnsweredAtOnceWhileIdleConnectionsAreOpen) {
@@ -228,7 +232,7 @@ TEST(HttpServerTest, AScrapeIsAnsweredAtOnceWhileIdleConnectionsAreOpen) {
   std::chrono::steady_clock::duration took;
   EXPECT_THAT(TimedScrape(port, "GET /metrics HTTP/1.1\r\n\r\n", &took),
               StartsWith("HTTP/1.1 200"));
-  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, kPromptly);
   for (const int fd : idle) ::close(fd);
 }
 
@@ -249,7 +253,7 @@ TEST(HttpServerTest, MoreIdleConnectionsThanTheCapCloseTheOldestAndDelayNoScrape
   std::chrono::steady_clock::duration took;
   EXPECT_THAT(TimedScrape(port, "GET /metrics HTTP/1.1\r\n\r\n", &took),
               StartsWith("HTTP/1.1 200"));
-  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, kPromptly);
   EXPECT_TRUE(ClosedByServer(idle.front()));
   EXPECT_FALSE(ClosedByServer(idle.back()));
   for (const int fd : idle) ::close(fd);
@@ -279,13 +283,13 @@ TEST(HttpServerTest, ATricklingClientGets408AfterTwoSecondsAndDelaysNoScrape) {
   std::chrono::steady_clock::duration took;
   EXPECT_THAT(TimedScrape(port, "GET /metrics HTTP/1.1\r\n\r\n", &took),
               StartsWith("HTTP/1.1 200"));
-  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, kPromptly);
 
   int error;
   EXPECT_THAT(ReadToEnd(slow, &error), StartsWith("HTTP/1.1 408"));
   const auto slow_took = std::chrono::steady_clock::now() - slow_start;
   EXPECT_GE(slow_took, std::chrono::milliseconds(1900));
-  EXPECT_LT(slow_took, std::chrono::milliseconds(3000));
+  EXPECT_LT(slow_took, std::chrono::milliseconds(5000));  // not kept open for the 8 s trickle
   stop.store(true);
   drip.join();
   ::close(slow);
@@ -341,10 +345,10 @@ TEST(HttpServerTest, BareLineFeedsEndLinesToo) {
   const int port = (*server)->port();
   std::chrono::steady_clock::duration took;
   EXPECT_THAT(TimedScrape(port, "GET /metrics HTTP/1.0\n\n", &took), StartsWith("HTTP/1.1 200"));
-  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, kPromptly);
   EXPECT_THAT(TimedScrape(port, "GET /metrics HTTP/1.1\nHost: x\r\nAccept: */*\n\n", &took),
               EndsWith("\r\n\r\nkvd_up 1\n"));
-  EXPECT_LT(took, std::chrono::milliseconds(1000));
+  EXPECT_LT(took, kPromptly);
   // Empty lines before the request line are skipped (RFC 9112 §2.2).
   EXPECT_THAT(Roundtrip(port, "\r\nGET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200"));
   EXPECT_EQ(calls.load(), 3);
