@@ -72,10 +72,14 @@ absl::StatusOr<Device> ResolveDevice(std::string_view typed) {
         absl::StrCat("'", std::string(typed), "' is not one of cpu, cuda, auto"));
   }
 #if defined(KVD_HAVE_CUDA)
-  const int count = CudaDeviceCount();
-  if (count > 0) return Device::kCuda;
+  const absl::StatusOr<int> count = CountCudaDevices();
+  if (count.ok() && *count > 0) return Device::kCuda;
   if (name == "auto") return Device::kCpu;
-  return absl::UnavailableError("'cuda': no CUDA device is visible (no GPU or no driver)");
+  // The runtime's reason, where it gave one: a driver too old for this runtime reads as
+  // "no GPU" otherwise.
+  return absl::UnavailableError(
+      absl::StrCat("'cuda': no CUDA device is visible (no GPU or no driver)",
+                   count.ok() ? "" : absl::StrCat(": ", count.status().message())));
 #else
   if (name == "auto") return Device::kCpu;
   return absl::FailedPreconditionError(

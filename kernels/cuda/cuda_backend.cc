@@ -92,13 +92,22 @@ absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
 
 }  // namespace
 
-int CudaDeviceCount() {
+absl::StatusOr<int> CountCudaDevices() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice) {
+    cudaGetLastError();  // not sticky: later calls start clean
     return 0;
   }
+  if (absl::Status s = CudaStatus(err, "cudaGetDeviceCount"); !s.ok()) {
+    return absl::UnavailableError(s.message());
+  }
   return count;
+}
+
+int CudaDeviceCount() {
+  absl::StatusOr<int> count = CountCudaDevices();
+  return count.ok() ? *count : 0;
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {

@@ -21,8 +21,12 @@ namespace kvd {
 
 class BlasGemm;
 
-// Number of CUDA devices visible to this process; 0 when there is no driver or no GPU
-// (never fails, never aborts). Thread safe.
+// Number of CUDA devices visible to this process: 0 when the driver finds no GPU, else the
+// runtime's error when it cannot count them (no driver, or one older than this runtime:
+// Unavailable, naming the runtime's reason). Thread safe.
+absl::StatusOr<int> CountCudaDevices();
+
+// As CountCudaDevices, with 0 for an error (never fails, never aborts).
 int CudaDeviceCount();
 
 // CudaBackend runs the Backend ops on one GPU, in issue order on one non-blocking stream.

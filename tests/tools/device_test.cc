@@ -13,9 +13,14 @@
 
 #include "tests/tools/run_kvd.h"
 
+#if defined(KVD_HAVE_CUDA)
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
 namespace kvd {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -29,6 +34,24 @@ TEST(ResolveDeviceTest, ErrorsNameTheValueAndNoSource) {
   EXPECT_THAT(cuda.status().message(), HasSubstr("'cuda'"));
   EXPECT_THAT(cuda.status().message(), Not(HasSubstr("--device")));
 }
+
+#if defined(KVD_HAVE_CUDA)
+// Where the runtime could not count devices (no driver, or one too old for this runtime),
+// --device cuda says why, in the runtime's words.
+TEST(ResolveDeviceTest, CudaGivesTheRuntimesReasonForNoDevice) {
+  const absl::StatusOr<int> count = CountCudaDevices();
+  if (count.ok() && *count > 0) GTEST_SKIP() << "a GPU is visible: cuda resolves";
+  const auto cuda = ResolveDevice("cuda");
+  ASSERT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable) << cuda.status();
+  const std::string message(cuda.status().message());
+  if (count.ok()) {
+    EXPECT_THAT(message, EndsWith("(no GPU or no driver)"));
+  } else {
+    EXPECT_THAT(message, HasSubstr(": cudaGetDeviceCount: "));
+    EXPECT_THAT(message, HasSubstr(std::string(count.status().message())));
+  }
+}
+#endif
 
 TEST(KvdDeviceTest, GenerateNamesTheFlag) {
   if (ResolveDevice("cuda").ok()) GTEST_SKIP() << "a GPU is visible: cuda would run";
