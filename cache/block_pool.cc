@@ -23,12 +23,18 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const Options& opti
                         options.initial_chunks, options.max_chunks));
   }
   if ((int64_t{options.max_chunks} << options.chunk_shift) > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("BlockPool: more than 2^30 blocks");
+    return absl::InvalidArgumentError(
+        absl::StrFormat("BlockPool: %d chunks of 2^%d blocks are more than 2^30 blocks",
+                        options.max_chunks, options.chunk_shift));
   }
   if (policy == nullptr) return absl::InvalidArgumentError("BlockPool needs an eviction policy");
   if (arena != nullptr && (arena->chunk_shift() != options.chunk_shift ||
                            arena->max_chunks() < options.max_chunks || arena->num_chunks() != 0)) {
-    return absl::InvalidArgumentError("BlockPool: arena geometry differs from the pool's");
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "BlockPool: the arena (chunks of 2^%d blocks, at most %d, %d made) does not fit the "
+        "pool (chunks of 2^%d blocks, at most %d, none made yet)",
+        arena->chunk_shift(), arena->max_chunks(), arena->num_chunks(), options.chunk_shift,
+        options.max_chunks));
   }
   std::unique_ptr<BlockPool> pool(
       new BlockPool(options, std::move(policy), arena, std::move(on_evict)));

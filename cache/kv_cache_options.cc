@@ -91,9 +91,11 @@ absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& opt
                         options.max_pool_bytes, g.chunk_bytes));
   }
   if (max_chunks > kMaxChunks || (max_chunks << g.chunk_shift) > kMaxBlocks) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_pool_bytes: %d makes too many chunks or blocks; raise chunk_bytes",
-                        options.max_pool_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_pool_bytes: %d makes %d chunks of %d bytes, %d KV blocks of %d bytes; allowed: at "
+        "most %d chunks and %d blocks",
+        options.max_pool_bytes, max_chunks, g.chunk_bytes, max_chunks << g.chunk_shift, block_bytes,
+        kMaxChunks, kMaxBlocks));
   }
   g.max_chunks = static_cast<int32_t>(max_chunks);
   // Rounded up without adding first: initial_pool_bytes may be as large as int64 allows.

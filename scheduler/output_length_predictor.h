@@ -12,7 +12,8 @@ namespace kvd {
 // Admission reserves KV for min(max_tokens, prediction). Not thread safe.
 class OutputLengthPredictor {
  public:
-  // REQUIRES: 0 < quantile <= 1, window >= 1, default_tokens >= 1.
+  // REQUIRES: 0 <= quantile <= 1 (0: the shortest length seen), window >= 1,
+  // default_tokens >= 1.
   OutputLengthPredictor(double quantile, int32_t default_tokens, int32_t window = 512);
 
   void Observe(int32_t output_tokens);

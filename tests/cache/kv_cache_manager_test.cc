@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "cache/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -305,6 +306,22 @@ TEST(KvPoolGeometryTest, RoundsUpAnInitialSizeAsLargeAsInt64AllowsWithoutOverflo
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->max_chunks, (int64_t{1} << 20) - 1);
   EXPECT_EQ(g->initial_chunks, g->max_chunks);
+}
+
+TEST(KvPoolGeometryTest, TooManyChunksOrBlocksNamesTheCountsAndTheLimits) {
+  KvCacheOptions o = TinyOptions();
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(TinyShape(), o.kv_dtype, o.block_size);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  o.chunk_bytes = layout->block_data_bytes();  // one block per chunk
+  o.initial_pool_bytes = o.chunk_bytes;
+  o.max_pool_bytes = o.chunk_bytes * ((int64_t{1} << 20) + 1);
+  const absl::StatusOr<KvPoolGeometry> g = KvPoolGeometry::Compute(o, *layout);
+  ASSERT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.status().message(),
+            absl::StrFormat("max_pool_bytes: %d makes 1048577 chunks of %d bytes, 1048577 KV "
+                            "blocks of %d bytes; allowed: at most 1048576 chunks and "
+                            "1073741824 blocks",
+                            o.max_pool_bytes, o.chunk_bytes, o.chunk_bytes));
 }
 
 TEST_F(KvCacheManagerTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
