@@ -47,7 +47,8 @@ struct BlockMove {
 inline constexpr std::array<double, 10> kDefragPauseBoundsSeconds = {
     50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 100e-3};
 
-// Distribution of the step-boundary pauses spent applying moves.
+// Distribution of the step-boundary pauses: each step that copied blocks (applied moves, or
+// a copy that failed) or returned the top chunk, timed whole.
 struct DefragPauseStats {
   int64_t num_pauses = 0;
   int64_t num_moves = 0;

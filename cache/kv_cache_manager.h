@@ -237,7 +237,12 @@ class KvCacheManager {
   int64_t ReleasablePinnedBlocks() const;
   bool ShouldShrink() const;
   void DefragStep();
-  void ApplyMoves();
+  // What one ApplyMoves did: whether it copied (or tried to), and the moves it applied.
+  struct MovesApplied {
+    bool copied = false;
+    int32_t moved = 0;
+  };
+  MovesApplied ApplyMoves();
 
   const KvCacheOptions options_;
   const KvLayout layout_;

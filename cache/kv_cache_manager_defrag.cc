@@ -23,20 +23,29 @@ void KvCacheManager::DefragStep() {
     defrag_->TakePlan();  // stale: the load came back
     return;
   }
+  // A step that copies blocks or returns a chunk is a pause, recorded whole: the engine
+  // waits for the copies, and for the release (on a GPU, freeing device memory waits for the
+  // device).
+  const auto start = std::chrono::steady_clock::now();
+  const auto record_pause = [&](int32_t moves) {
+    defrag_->RecordPause(absl::FromChrono(std::chrono::steady_clock::now() - start), moves);
+  };
   const int32_t top = pool_->num_chunks() - 1;
   if (pending_moves_.empty()) {
     if (std::optional<std::vector<BlockMove>> plan = defrag_->TakePlan()) {
       pending_moves_.assign(plan->begin(), plan->end());
     }
   }
-  if (!pending_moves_.empty()) ApplyMoves();
+  const MovesApplied applied = pending_moves_.empty() ? MovesApplied{} : ApplyMoves();
   if (pool_->NumUsedInChunk(top) == 0) {
     pending_moves_.clear();
     defrag_->TakePlan();
     // Failing to free device memory leaves the chunk out of the pool's view either way.
     pool_->ReleaseTopChunk().IgnoreError();
+    record_pause(applied.moved);
     return;
   }
+  if (applied.copied) record_pause(applied.moved);
   if (pending_moves_.empty() && !defrag_->busy()) {
     DefragSnapshot snapshot;
     snapshot.chunk_shift = pool_->chunk_shift();
@@ -51,7 +60,7 @@ void KvCacheManager::DefragStep() {
   }
 }
 
-void KvCacheManager::ApplyMoves() {
+KvCacheManager::MovesApplied KvCacheManager::ApplyMoves() {
   const auto start = std::chrono::steady_clock::now();
   const BlockId top_begin = (pool_->num_chunks() - 1) << pool_->chunk_shift();
   const BlockId top_end = pool_->num_blocks();
@@ -83,7 +92,7 @@ void KvCacheManager::ApplyMoves() {
     src.push_back(m.src);
     dst.push_back(m.dst);
   }
-  if (src.empty()) return;
+  if (src.empty()) return {};
   // Evicting a cached destination is itself a state change, so do it only once the copy
   // has gone through; the copy reads sources only, so the order is safe. The wait makes the
   // pause measured below the copy's own time on an asynchronous (device) backend, not just
@@ -98,7 +107,7 @@ void KvCacheManager::ApplyMoves() {
         if (pool_->IsCached(d)) pool_->Evict(d);
       }
       pending_moves_.clear();
-      return;
+      return {.copied = true};
     }
   }
   absl::flat_hash_map<BlockId, BlockId> moved;
@@ -119,11 +128,11 @@ void KvCacheManager::ApplyMoves() {
   }
   sessions_.RemapBlocks(moved);
   defrag_moves_ += static_cast<int64_t>(src.size());
-  const auto end = std::chrono::steady_clock::now();
-  defrag_->RecordPause(absl::FromChrono(end - start), static_cast<int32_t>(src.size()));
-  const double per_move = std::chrono::duration<double>(end - start).count() / src.size();
+  const double per_move =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / src.size();
   seconds_per_move_ =
       seconds_per_move_ > 0 ? 0.8 * seconds_per_move_ + 0.2 * per_move : per_move;
+  return {.copied = true, .moved = static_cast<int32_t>(src.size())};
 }
 
 void KvCacheManager::WaitForDefragPlan() {

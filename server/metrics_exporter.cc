@@ -123,7 +123,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   pauses.sum = Seconds(d.total);
   pauses.count = d.num_pauses;
   w.HistogramFamily("kvd_defrag_pause_seconds",
-                    "Engine pauses spent applying defragmentation moves (goal: under 2 ms).",
+                    "Engine pauses spent defragmenting: copying blocks down and returning "
+                    "the emptied chunk to the device (goal: under 2 ms).",
                     pauses);
   w.Gauge("kvd_defrag_pause_max_seconds", "Longest defragmentation pause so far.", Seconds(d.max));
 

@@ -261,6 +261,23 @@ TEST(DefragManagerPacingTest, PauseBudgetLimitsMovesPerStep) {
   EXPECT_TRUE(m->CheckInvariants().ok());
 }
 
+TEST(DefragManagerPacingTest, ReturningAnEmptyChunkIsAPauseToo) {
+  // The engine waits for a chunk's release (on a GPU, freeing device memory waits for the
+  // device): a step that only returns a chunk is recorded as a pause with no moves.
+  FakeBackend backend;
+  FakeClock clock;
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_low_water = 1.0;
+  auto m = GrownThenIdle(o, &backend, &clock, /*survivors=*/{});
+  for (int i = 0; i < 50 && m->stats().num_chunks > 1; ++i) m->Tick();
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_chunks, 1);
+  EXPECT_EQ(st.chunks_released, 3);
+  EXPECT_EQ(st.defrag_moves, 0);
+  EXPECT_EQ(st.defrag_pauses.num_pauses, 3);
+  EXPECT_EQ(st.defrag_pauses.num_moves, 0);
+}
+
 TEST(DefragManagerPacingTest, APauseBudgetBeyondAnyMoveCountLimitsNothing) {
   // Budgets over the measured cost per move: a second, and ones whose move count is more
   // than an int64 holds (hours; infinite). None may wrap into one move per pause.
