@@ -84,7 +84,7 @@ TEST(DefragmenterTest, PlansInlineWithoutBackgroundPlanning) {
 }
 
 TEST(DefragmenterTest, PauseStatsSummarizeRecordedPauses) {
-  Defragmenter d(DefragOptions{.background_planning = false});
+  Defragmenter d(DefragOptions{.background_planning = false, .before_plan = nullptr});
   for (int i = 1; i <= 100; ++i) d.RecordPause(absl::Microseconds(i), 2);
   const DefragPauseStats s = d.pause_stats();
   EXPECT_EQ(s.num_pauses, 100);
