@@ -1,19 +1,30 @@
 // CPU engine benchmark: prefill and single-stream decode throughput of the reference
 // backend on stories260K, plus batched decode. Decode rows time the decode phase alone
 // (from the first generated token on), not the prefill before it. A program, not a test: it
-// prints a table, and exits non-zero only when a measurement cannot run.
+// prints a table, exits 2 on a usage error (a flag value outside its range, refused before
+// the model loads) and 1 when the model, the prompt file or a measurement cannot be had.
 //
 //   kvd_cpu_bench [--model PATH] [--threads N] [--repeats R]
+//
+// Prompts are slices of ../shared/models/golden/stories260K_stream.json (llama2.c's sampled
+// stories); without that file every prompt is token 300 repeated, said on stderr.
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "cache/clock.h"
 #include "kernels/cpu_backend.h"
 #include "model/llama_model.h"
@@ -30,11 +41,31 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Real token ids from llama2.c's sampled stories, so prompts look like real text.
-std::vector<int32_t> StreamTokens(const std::string& shared) {
-  std::ifstream in(shared + "/models/golden/stories260K_stream.json");
-  if (!in) return {};
-  return nlohmann::json::parse(in)["tokens"].get<std::vector<int32_t>>();
+// Tokens the stream must hold: the prompts read up to offset 2000 + 40 * 15 + 15 (the
+// batched rows); 4096 leaves room.
+constexpr size_t kMinStreamTokens = 4096;
+// Flag ranges: --threads as the config's server.num_threads (and `kvd generate`); --repeats
+// is a loop count kept in an int.
+constexpr int64_t kMaxCpuThreads = 1024;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// Real token ids from llama2.c's sampled stories at `path` (a JSON object whose "tokens" is
+// an array of ids), so prompts look like real text; nothing when the file does not exist.
+// A file that is there but unreadable or malformed is an error naming it: a benchmark on
+// other prompts than it says must not run.
+absl::StatusOr<std::optional<std::vector<int32_t>>> StreamTokens(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error) && !error) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  // nlohmann::json throws on malformed text and on a missing or mistyped "tokens": caught
+  // here, at the edge, so that the message names the file.
+  try {
+    return nlohmann::json::parse(in).at("tokens").get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a JSON object with a \"tokens\" array of ids: ", e.what()));
+  }
 }
 
 struct Row {
@@ -44,38 +75,57 @@ struct Row {
 };
 
 int Main(int argc, char** argv) {
-  FlagSet flags("kvd_cpu_bench [--model PATH] [--threads N] [--repeats R]");
-  flags.AddString("model", "llama2.c checkpoint", std::string(KVD_SHARED_DIR) +
-                                                      "/models/stories260K.bin");
-  flags.AddInt("threads", "CPU threads; 0 = the CPUs this process may use", 0);
-  flags.AddInt("repeats", "repetitions of each measurement (best is reported)", 3);
+  FlagSet flags(
+      "kvd_cpu_bench [--model PATH] [--threads N] [--repeats R]\n"
+      "\n"
+      "Prefill and decode throughput of the CPU reference backend. A number outside its\n"
+      "flag's range (below) is a usage error, refused before the model loads.");
+  flags.AddString("model", "llama2.c checkpoint",
+                  std::string(KVD_SHARED_DIR) + "/models/stories260K.bin");
+  flags.AddInt("threads", "CPU threads; 0 = the CPUs this process may use", 0,
+               IntRange{0, kMaxCpuThreads});
+  flags.AddInt("repeats", "repetitions of each measurement (best is reported)", 3,
+               IntRange{1, kMaxInt32});
+  // Every message names the program: the benchmarks run one after another in scripts.
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "kvd_cpu_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
   if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
+    std::fprintf(stderr, "kvd_cpu_bench: %s\n\n%s", std::string(s.message()).c_str(),
+                 flags.Usage().c_str());
     return 2;
   }
   if (flags.help()) {
     std::printf("%s", flags.Usage().c_str());
     return 0;
   }
-  auto weights = LoadModel(flags.GetString("model"));
-  if (!weights.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
-    return 1;
+  // The prompts first: a broken file must not cost a model load.
+  const std::string stream_path =
+      std::string(KVD_SHARED_DIR) + "/models/golden/stories260K_stream.json";
+  auto stream_file = StreamTokens(stream_path);
+  if (!stream_file.ok()) return fail(stream_file.status());
+  std::vector<int32_t> stream = stream_file->value_or(std::vector<int32_t>());
+  if (stream.size() < kMinStreamTokens) {
+    const std::string why =
+        stream_file->has_value()
+            ? absl::StrCat("has ", stream.size(), " tokens, fewer than ", kMinStreamTokens)
+            : "does not exist";
+    std::fprintf(stderr, "kvd_cpu_bench: note: %s %s; every prompt is token 300 repeated instead\n",
+                 stream_path.c_str(), why.c_str());
+    stream.assign(kMinStreamTokens, 300);
   }
+  auto weights = LoadModel(flags.GetString("model"));
+  if (!weights.ok()) return fail(weights.status());
   const ModelSpec& spec = weights->spec;
   int threads = static_cast<int>(flags.GetInt("threads"));
-  if (threads <= 0) threads = UsableCpus();
-  const int repeats = static_cast<int>(std::max<int64_t>(1, flags.GetInt("repeats")));
+  if (threads == 0) threads = UsableCpus();
+  const int repeats = static_cast<int>(flags.GetInt("repeats"));
   CpuBackend backend(threads);
   auto model = LlamaModel::Create(*std::move(weights), &backend);
-  if (!model.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
-    return 1;
-  }
+  if (!model.ok()) return fail(model.status());
   RealClock clock;
 
-  std::vector<int32_t> stream = StreamTokens(KVD_SHARED_DIR);
-  if (stream.size() < 4096) stream.assign(4096, 300);
   auto prompt = [&](int32_t offset, int32_t len) {
     std::vector<int32_t> p{spec.bos_token_id};
     p.insert(p.end(), stream.begin() + offset, stream.begin() + offset + len - 1);
@@ -102,8 +152,8 @@ int Main(int argc, char** argv) {
                      std::string(cache.status().message()).c_str());
         return false;
       }
-      Generator gen(model->get(), cache->get(), {.max_batch_size = 256,
-                                                 .max_num_batched_tokens = 4096});
+      Generator gen(model->get(), cache->get(),
+                    {.max_batch_size = 256, .max_num_batched_tokens = 4096});
       // Decode phase: tokens after the last request's first one, and when that came.
       std::vector<bool> started(requests.size(), false);
       size_t num_started = 0;

@@ -10,12 +10,16 @@
 // only; the first step of a graphed run records the graph, and a timed step that records or
 // re-records one is left out of the step times and reported apart). Weights are made
 // on the device (tools/random_model.h), so llama3-8b needs no host copy. A program, not a
-// test: it prints a table (and JSON lines to $OUT/e2e_decode_bench.jsonl when OUT is set),
-// exits non-zero only when the engine fails or produces non-finite logits.
+// test: it prints a table (and JSON lines to $OUT/e2e_decode_bench.jsonl when OUT is set). It
+// exits 2 on a usage error (a flag value outside its range, a malformed or empty --cases, a
+// case longer than the model's context), refused before anything is built, and 1 when the
+// device, the engine or the copy bandwidth measurement fails, a case produces non-finite
+// logits, or a graphed case's timed steps were not replayed from graphs (GRAPHS NOT
+// REPLAYED); never on a time.
 //
 //   kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,1x4096,...]
-//                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--graphs both]
-//                 [--profile]
+//                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]
+//                 [--graphs both|on|off] [--profile]
 //
 // On a CPU-only machine, `--device cpu --model synthetic:tiny --cases 1x64,4x128` runs the
 // same code path in seconds.
@@ -26,10 +30,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -45,6 +51,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_status.h"
 #endif
 
 namespace kvd {
@@ -61,6 +68,7 @@ struct Case {
   int32_t context = 0;
 };
 
+// --cases: at least one BATCHxCONTEXT, comma-separated (empty items skipped).
 absl::StatusOr<std::vector<Case>> ParseCases(const std::string& text) {
   std::vector<Case> cases;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -73,8 +81,18 @@ absl::StatusOr<std::vector<Case>> ParseCases(const std::string& text) {
     }
     cases.push_back(c);
   }
+  if (cases.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cases: '", text, "' names no case; want comma-separated BATCHxCONTEXT (e.g. 64x4096)"));
+  }
   return cases;
 }
+
+// Flag ranges: --threads as the config's server.num_threads (and `kvd generate`); --steps and
+// --warmup as the int32 counts RunCase takes (the model's context bounds them further);
+// --block-size as kv_cache_config.block_size.
+constexpr int64_t kMaxCpuThreads = 1024;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // Device copy bandwidth in GB/s, counting bytes read plus bytes written (as gpu_bench and
 // torch_peers.py do): median of 10 copies of 2 GiB on CUDA, 256 MiB on the CPU.
@@ -86,24 +104,41 @@ absl::StatusOr<double> CopyBandwidth([[maybe_unused]] Backend* backend) {
     auto b = backend->Allocate(bytes);
     if (!a.ok()) return a.status();
     if (!b.ok()) return b.status();
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
+    // Every call checked: a failed copy or event must be an error, not a time of 0 (an
+    // infinite bandwidth, and every roofline of the run 0 ms).
+    cudaEvent_t start = nullptr, stop = nullptr;
     std::vector<float> times;
-    for (int i = 0; i < 11; ++i) {
-      cudaEventRecord(start, cuda->stream());
-      cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, cuda->stream());
-      cudaEventRecord(stop, cuda->stream());
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (i > 0) times.push_back(ms);  // the first copy warms up
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    const absl::Status timed = [&]() -> absl::Status {
+      KVD_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "copy bandwidth: cudaEventCreate");
+      KVD_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "copy bandwidth: cudaEventCreate");
+      for (int i = 0; i < 11; ++i) {
+        KVD_RETURN_IF_CUDA_ERROR(cudaEventRecord(start, cuda->stream()),
+                                 "copy bandwidth: cudaEventRecord");
+        KVD_RETURN_IF_CUDA_ERROR(
+            cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, cuda->stream()),
+            "copy bandwidth: cudaMemcpyAsync");
+        KVD_RETURN_IF_CUDA_ERROR(cudaEventRecord(stop, cuda->stream()),
+                                 "copy bandwidth: cudaEventRecord");
+        KVD_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop),
+                                 "copy bandwidth: cudaEventSynchronize");
+        float ms = 0;
+        KVD_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, start, stop),
+                                 "copy bandwidth: cudaEventElapsedTime");
+        if (i > 0) times.push_back(ms);  // the first copy warms up
+      }
+      return absl::OkStatus();
+    }();
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (!timed.ok()) return timed;
     if (absl::Status s = backend->Synchronize(); !s.ok()) return s;
     std::sort(times.begin(), times.end());
-    return 2.0 * bytes / (times[times.size() / 2] * 1e6);
+    const double median_ms = times[times.size() / 2];
+    if (!(median_ms > 0)) {
+      return absl::InternalError(
+          absl::StrCat("copy bandwidth: 2 GiB copies timed at ", median_ms, " ms"));
+    }
+    return 2.0 * bytes / (median_ms * 1e6);
   }
 #endif
   const size_t bytes = size_t{256} << 20;
@@ -146,18 +181,20 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
   // Fresh graphs per case: the cache (and so every KV view) is new.
   model->SetDecodeGraphs(graphs ? MakeOpGraphRecorder(backend) : nullptr, c.batch);
   const DecodeGraphStats stats_before = model->decode_graph_stats();
-  const int32_t total_steps = warmup + steps + (profile && !graphs ? steps : 0);
-  if (int64_t{c.context} + total_steps + 1 > spec.max_context_tokens) {
+  // int64: the sum of the int32 flags need not fit an int32.
+  const int64_t total_steps = int64_t{warmup} + steps + (profile && !graphs ? steps : 0);
+  if (c.context + total_steps + 1 > spec.max_context_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("context + warm-up + steps exceeds the model's ",
                                                    spec.max_context_tokens, " tokens"));
   }
   RealClock clock;
-  auto cache = CreateCache(spec, backend, &clock,
-                           {.block_size = block_size,
-                            .num_sequences = c.batch,
-                            .tokens_per_sequence = c.context + total_steps + 1,
-                            .kv_dtype = DefaultKvDtype(*backend),
-                            .enable_prefix_caching = false});
+  auto cache =
+      CreateCache(spec, backend, &clock,
+                  {.block_size = block_size,
+                   .num_sequences = c.batch,
+                   .tokens_per_sequence = static_cast<int32_t>(c.context + total_steps + 1),
+                   .kv_dtype = DefaultKvDtype(*backend),
+                   .enable_prefix_caching = false});
   if (!cache.ok()) return cache.status();
   KvCacheManager& kv = **cache;
 
@@ -302,16 +339,25 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
 int Main(int argc, char** argv) {
   FlagSet flags(
       "kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,...]\n"
-      "              [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]");
+      "              [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]\n"
+      "              [--graphs both|on|off] [--profile]\n"
+      "\n"
+      "Time per greedy decode step of the whole engine path on a synthetic model, beside the\n"
+      "memory roofline of the same run. A number outside its flag's range (below), a malformed\n"
+      "--cases or --graphs, and a case whose context, warm-up and steps exceed the model's\n"
+      "context are usage errors, refused before anything is built.");
   flags.AddString("model", "synthetic:<preset> (weights made on the device)",
                   "synthetic:llama3-8b");
   flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
-  flags.AddString("cases", "comma-separated BATCHxCONTEXT", "1x512,1x4096,64x1024,64x4096");
-  flags.AddInt("steps", "timed decode steps per case", 32);
-  flags.AddInt("warmup", "untimed decode steps before them", 4);
-  flags.AddInt("block-size", "tokens per KV block", 16);
-  flags.AddInt("seed", "weights and KV seed", 1);
-  flags.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0);
+  flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",
+                  "1x512,1x4096,64x1024,64x4096");
+  flags.AddInt("steps", "timed decode steps per case", 32, IntRange{1, kMaxInt32});
+  flags.AddInt("warmup", "untimed decode steps before them", 4, IntRange{0, kMaxInt32});
+  flags.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
+               IntRange{1, 256, /*power_of_two=*/true});
+  flags.AddUint64("seed", "weights and KV seed", 1);
+  flags.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
+               IntRange{0, kMaxCpuThreads});
   flags.AddString("graphs", "both, on or off: decode steps as CUDA graphs (cuda only)", "both");
   flags.AddBool("profile",
                 "cuda: after each uncaptured case, GPU time per op and step over --steps more "
@@ -320,21 +366,54 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvd_e2e_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
+  auto usage_error = [&flags](const absl::Status& s) {
+    std::fprintf(stderr, "kvd_e2e_bench: %s\n\n%s", std::string(s.message()).c_str(),
+                 flags.Usage().c_str());
     return 2;
+  };
+  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    return usage_error(s);
   }
   if (flags.help()) {
     std::printf("%s", flags.Usage().c_str());
     return 0;
   }
+  // Every flag value is judged here, before the backend and the model exist: a typo must not
+  // cost a model build (seconds to minutes) and then read as a failed measurement.
   auto cases = ParseCases(flags.GetString("cases"));
-  if (!cases.ok()) return fail(cases.status());
+  if (!cases.ok()) return usage_error(cases.status());
   const std::string model_ref = flags.GetString("model");
-  auto spec = LoadModelSpec(model_ref);
-  if (!spec.ok()) return fail(spec.status());
   if (model_ref.rfind("synthetic:", 0) != 0) {
-    return fail(absl::InvalidArgumentError("--model must be synthetic:<preset>"));
+    return usage_error(absl::InvalidArgumentError(
+        absl::StrCat("--model: '", model_ref, "' is not synthetic:<preset>")));
+  }
+  auto spec = LoadModelSpec(model_ref);
+  if (!spec.ok()) return usage_error(Prefixed("--model", spec.status()));
+  const std::string graphs_flag = flags.GetString("graphs");
+  if (graphs_flag != "both" && graphs_flag != "on" && graphs_flag != "off") {
+    return usage_error(absl::InvalidArgumentError(
+        absl::StrCat("--graphs: '", graphs_flag, "' is not one of both, on, off")));
+  }
+  const std::string device_flag = absl::AsciiStrToLower(flags.GetString("device"));
+  if (device_flag != "auto" && device_flag != "cpu" && device_flag != "cuda") {
+    return usage_error(Prefixed("--device", ResolveDevice(flags.GetString("device")).status()));
+  }
+  // Parse has held these to their ranges, so the casts keep every value.
+  const int32_t steps = static_cast<int32_t>(flags.GetInt("steps"));
+  const int32_t warmup = static_cast<int32_t>(flags.GetInt("warmup"));
+  const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
+  const uint64_t seed = flags.GetUint64("seed");
+  const bool profile = flags.GetBool("profile");
+  // The most steps a case runs (RunCase: --profile adds --steps to an uncaptured case).
+  const int64_t case_steps = int64_t{warmup} + steps + (profile ? steps : 0);
+  for (const Case& c : *cases) {
+    if (c.context + case_steps + 1 > spec->max_context_tokens) {
+      return usage_error(absl::InvalidArgumentError(
+          absl::StrCat("--cases: ", c.batch, "x", c.context, " with ", warmup, " warm-up and ",
+                       steps, " timed steps", profile ? " (twice, for --profile)" : "", " needs ",
+                       c.context + case_steps + 1, " positions; ", spec->name, " has ",
+                       spec->max_context_tokens)));
+    }
   }
   auto device = ResolveDevice(flags.GetString("device"));
   if (!device.ok()) {
@@ -342,15 +421,6 @@ int Main(int argc, char** argv) {
   }
   auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return fail(backend.status());
-  const int32_t steps = static_cast<int32_t>(std::max<int64_t>(1, flags.GetInt("steps")));
-  const int32_t warmup = static_cast<int32_t>(std::max<int64_t>(0, flags.GetInt("warmup")));
-  const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
-  const uint64_t seed = static_cast<uint64_t>(flags.GetInt("seed"));
-  const std::string graphs_flag = flags.GetString("graphs");
-  if (graphs_flag != "both" && graphs_flag != "on" && graphs_flag != "off") {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("--graphs '", graphs_flag, "' is not one of both, on, off")));
-  }
   // Graph modes to run per case: only the uncaptured path where the backend cannot record.
   std::vector<bool> graph_modes;
   const bool can_record = MakeOpGraphRecorder(backend->get()) != nullptr;
@@ -402,7 +472,7 @@ int Main(int argc, char** argv) {
   for (const Case& c : *cases) {
     for (const bool graphs : graph_modes) {
       auto r = RunCase(c, graphs, model->get(), backend->get(), block_size, warmup, steps, seed,
-                       weight_bytes, *copy_gbps, flags.GetBool("profile"));
+                       weight_bytes, *copy_gbps, profile);
       const char* mode = graphs ? "on" : "off";
       if (!r.ok()) {
         std::printf("%6d %8d %6s  FAILED: %s\n", c.batch, c.context, mode,

@@ -9,7 +9,9 @@
 // decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
 // `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
 // `gpu_bench decode` only the copy ceiling, the launch floor, the read reference and the decode
-// attention rows.
+// attention rows. `gpu_bench --help` lists them and the environment variables that narrow or
+// lengthen them (KVD_BENCH_RUNS below, KVD_SWEEP_* at DecodeSweep); an unknown or extra
+// argument or a malformed variable is a usage error (exit 2), refused before any CUDA call.
 // Rows timed call by call between events (Bench::TimeMs: the ceilings, matmul, attention,
 // sampling, the references and every graph replay) are the median of 20 calls, or of
 // KVD_BENCH_RUNS (e.g. enough to sample the clocks). The skinny-GEMM rows (batches of about
@@ -26,8 +28,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -35,7 +39,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kernels/cuda/blas_gemm.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/decode_attention.h"
@@ -73,12 +81,10 @@ void CudaCheck(cudaError_t err, const char* what) {
 
 class Bench {
  public:
-  explicit Bench(CudaBackend& gpu) : gpu_(gpu) {
+  // REQUIRES: timed_runs >= 1.
+  Bench(CudaBackend& gpu, int timed_runs) : gpu_(gpu), timed_runs_(timed_runs) {
     const char* out = std::getenv("OUT");
     if (out != nullptr) json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
-    if (const char* runs = std::getenv("KVD_BENCH_RUNS"); runs != nullptr) {
-      timed_runs_ = std::max(1, std::atoi(runs));
-    }
   }
   ~Bench() {
     if (json_ != nullptr) std::fclose(json_);
@@ -90,17 +96,18 @@ class Bench {
   double TimeMs(Fn&& fn) {
     for (int i = 0; i < 3; ++i) fn();
     BENCH_CHECK(gpu_.Synchronize());
+    // Checked: a failed event would read as 0 ms, an infinite rate.
     cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
+    CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
+    CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
     std::vector<double> times;
     for (int i = 0; i < timed_runs_; ++i) {
-      cudaEventRecord(start, gpu_.stream());
+      CudaCheck(cudaEventRecord(start, gpu_.stream()), "cudaEventRecord");
       fn();
-      cudaEventRecord(stop, gpu_.stream());
-      cudaEventSynchronize(stop);
+      CudaCheck(cudaEventRecord(stop, gpu_.stream()), "cudaEventRecord");
+      CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
+      CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
       times.push_back(ms);
     }
     cudaEventDestroy(start);
@@ -131,7 +138,7 @@ class Bench {
  private:
   CudaBackend& gpu_;
   FILE* json_ = nullptr;
-  int timed_runs_ = 20;  // KVD_BENCH_RUNS: e.g. long enough to sample clocks and power
+  const int timed_runs_;  // 20, or KVD_BENCH_RUNS: e.g. long enough to sample clocks and power
 };
 
 double CopyBandwidth(Bench& bench) {
@@ -139,7 +146,9 @@ double CopyBandwidth(Bench& bench) {
   DeviceBuffer a = Must(bench.gpu().Allocate(bytes));
   DeviceBuffer b = Must(bench.gpu().Allocate(bytes));
   const double ms = bench.TimeMs([&] {
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, bench.gpu().stream());
+    CudaCheck(
+        cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, bench.gpu().stream()),
+        "copy");
   });
   const double gbps = 2.0 * bytes / (ms * 1e6);  // read + write
   bench.Row("copy d2d 2 GiB (ceiling)", ms, gbps, 0, 1.0, "copy");
@@ -251,8 +260,9 @@ double RotatingGraphTimeMs(Bench& bench, int num_graphs, Fn&& fn) {
     execs.push_back(exec);
   }
   int next = 0;
-  const double ms =
-      bench.TimeMs([&] { cudaGraphLaunch(execs[next++ % num_graphs], bench.gpu().stream()); });
+  const double ms = bench.TimeMs([&] {
+    CudaCheck(cudaGraphLaunch(execs[next++ % num_graphs], bench.gpu().stream()), "graph launch");
+  });
   release();
   return ms;
 }
@@ -332,16 +342,16 @@ template <typename Fn>
 double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
   cudaStream_t stream = bench.gpu().stream();
   cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
+  CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<double> times;
   for (int batch = 0; batch < 6; ++batch) {
-    cudaEventRecord(start, stream);
+    CudaCheck(cudaEventRecord(start, stream), "cudaEventRecord");
     for (int rep = 0; rep < reps; ++rep) fn(rep);
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
+    CudaCheck(cudaEventRecord(stop, stream), "cudaEventRecord");
+    CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
+    CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
     if (batch > 0) times.push_back(ms / reps);
   }
   cudaEventDestroy(start);
@@ -559,9 +569,8 @@ constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 // RandomFill's uniform values on [-s, s) have variance s^2 / 3: this scale gives 1.
 constexpr float kUnitVarianceScale = 1.7320508f;
 // Decode attention shapes (batch x context), as torch_peers.py measures SDPA.
-constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},   {1, 32768},  {8, 4096},
-                                                 {32, 4096},  {64, 4096},  {128, 2048},
-                                                 {16, 16384}, {4, 131072}};
+constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},  {1, 32768},  {8, 4096},   {32, 4096},
+                                                 {64, 4096}, {128, 2048}, {16, 16384}, {4, 131072}};
 
 // One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
 // `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
@@ -788,18 +797,26 @@ void Attention(Bench& bench, int batch, int context, int q_len, double copy_gbps
   direct_row("mma.sync", cuda::MmaPrecision::kBf16, /*allow_wgmma=*/false);
 }
 
+// What the KVD_SWEEP_* variables narrow `gpu_bench sweep` to (ParseArgs reads and checks
+// them); -1: every value.
+struct SweepOptions {
+  int only_batch = -1, only_context = -1;   // KVD_SWEEP_SHAPE=BATCHxCONTEXT
+  int only_variant = -1, only_splits = -1;  // KVD_SWEEP_ONLY=VARIANT[,SPLITS]
+  bool layouts = false;                     // KVD_SWEEP_LAYOUTS=1
+};
+
 // `gpu_bench sweep`: decode attention under every launch-shape variant of the kernel
 // (LaunchDecodeAttentionVariant), split count and, for one sequence, smallest split, to set
 // DecodeMaxSplits' policy from measurements ("s" is the grid's split slices, max_splits; the
 // plan may use fewer, see PlanSplits). Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
 // run it). Both rotate through KV copies as the decode attention rows do (DecodeAttention):
-// call after call, and launch after launch across the graphs. "auto" marks what the backend
-// would launch. KVD_SWEEP_SHAPE=64x4096
-// and KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1
-// keeps the in-order and 64-token-block layouts for that shape.
-void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuffled,
-                 double copy_gbps) {
+// call after call, and launch after launch across the graphs, each copy reused only after all
+// the others. "auto" marks what the backend would launch. KVD_SWEEP_SHAPE=64x4096 and
+// KVD_SWEEP_ONLY=variant,splits narrow it (e.g. to run under ncu); KVD_SWEEP_LAYOUTS=1 keeps
+// the in-order and 64-token-block layouts for that shape.
+void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int context, int block_size,
+                 bool shuffled, double copy_gbps) {
   constexpr int kSweepCalls = 16;
   const double kv_bytes = double(batch) * context * kKvHeads * kHeadDim * 2 * 2;
   const int num_sets = RotationSets(kv_bytes);
@@ -808,8 +825,12 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
     sets.push_back(MakeAttention(bench, batch, context, 1, block_size, shuffled, i));
   }
   const AttentionSetup& a = sets[0];
-  // Graph g launches copies g * kSweepCalls + i (mod num_sets): every copy in some graph.
-  const int num_graphs = (num_sets + kSweepCalls - 1) / kSweepCalls;
+  // Graph g launches copies g * kSweepCalls + i (mod num_sets), and the graphs, replayed in
+  // turn, launch a whole number of rounds of the copies (num_graphs * kSweepCalls is their
+  // least common multiple with num_sets): each copy comes back only after all the others,
+  // across graph boundaries too, as in the per-call row. (One graph of 16 launches over 12
+  // copies would launch 0..11, 0..3, then 0 again after only 4 others.)
+  const int num_graphs = num_sets / std::gcd(num_sets, kSweepCalls);
   std::printf("  (sweep %d x %d: %d KV copies, %.0f MB cycled, in %d graphs of %d launches)\n",
               batch, context, num_sets, num_sets * kv_bytes / 1e6, num_graphs, kSweepCalls);
   constexpr int kMaxSplits = 128;
@@ -835,16 +856,18 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
   if (std::find(splits.begin(), splits.end(), auto_splits) == splits.end()) {
     splits.insert(std::upper_bound(splits.begin(), splits.end(), auto_splits), auto_splits);
   }
-  int only_variant = -1, only_splits = -1;
-  if (const char* only = std::getenv("KVD_SWEEP_ONLY"); only != nullptr) {
-    std::sscanf(only, "%d,%d", &only_variant, &only_splits);
+  // The split counts depend on the shape and the GPU, so ParseArgs cannot check this one.
+  if (options.only_splits >= 0 &&
+      std::find(splits.begin(), splits.end(), options.only_splits) == splits.end()) {
+    std::printf("  (KVD_SWEEP_ONLY: no row; this shape sweeps splits %s, not %d)\n",
+                absl::StrJoin(splits, ", ").c_str(), options.only_splits);
   }
   for (int variant = 0; variant < cuda::kDecodeVariants; ++variant) {
-    if (only_variant >= 0 && variant != only_variant) continue;
+    if (options.only_variant >= 0 && variant != options.only_variant) continue;
     for (const int min_granules : batch == 1 ? std::vector<int>{1, 2, 4} : std::vector<int>{1}) {
       ws.min_split_granules = min_granules;
       for (const int n : splits) {
-        if (only_splits >= 0 && n != only_splits) continue;
+        if (options.only_splits >= 0 && n != options.only_splits) continue;
         ws.max_splits = n;
         const char* name = "";
         auto launch = [&](int set) {
@@ -882,23 +905,25 @@ void DecodeSweep(Bench& bench, int batch, int context, int block_size, bool shuf
   }
 }
 
-int SweepMain(Bench& bench, double copy_gbps) {
-  int only_batch = -1, only_context = -1;
-  if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
-    std::sscanf(shape, "%dx%d", &only_batch, &only_context);
-  }
-  const char* layouts_env = std::getenv("KVD_SWEEP_LAYOUTS");
-  const bool layouts = layouts_env != nullptr && std::string(layouts_env) == "1";
+// The sweep's shapes (batch x context): 1 x 512, then the decode attention rows' shapes.
+std::vector<std::pair<int, int>> SweepShapes() {
   std::vector<std::pair<int, int>> shapes = {{1, 512}};
   shapes.insert(shapes.end(), std::begin(kDecodeShapes), std::end(kDecodeShapes));
-  for (const auto& [batch, context] : shapes) {
-    if (only_batch >= 0 && (batch != only_batch || context != only_context)) continue;
-    DecodeSweep(bench, batch, context, 16, /*shuffled=*/true, copy_gbps);
+  return shapes;
+}
+
+int SweepMain(Bench& bench, const SweepOptions& options, double copy_gbps) {
+  for (const auto& [batch, context] : SweepShapes()) {
+    if (options.only_batch >= 0 &&
+        (batch != options.only_batch || context != options.only_context)) {
+      continue;
+    }
+    DecodeSweep(bench, options, batch, context, 16, /*shuffled=*/true, copy_gbps);
     // Paging costs apart from the kernel's: blocks in order, and 64-token blocks (with a
     // KVD_SWEEP_SHAPE too when KVD_SWEEP_LAYOUTS=1).
-    if (batch >= 8 && (only_batch < 0 || layouts)) {
-      DecodeSweep(bench, batch, context, 16, /*shuffled=*/false, copy_gbps);
-      DecodeSweep(bench, batch, context, 64, /*shuffled=*/true, copy_gbps);
+    if (batch >= 8 && (options.only_batch < 0 || options.layouts)) {
+      DecodeSweep(bench, options, batch, context, 16, /*shuffled=*/false, copy_gbps);
+      DecodeSweep(bench, options, batch, context, 64, /*shuffled=*/true, copy_gbps);
     }
   }
   return 0;
@@ -935,12 +960,121 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
             "copy", absl::StrCat("\"us\": ", std::lround(ms * 1e3)));
 }
 
+constexpr char kUsage[] =
+    "usage: gpu_bench [gemv|sweep|prefill|decode]\n"
+    "\n"
+    "CUDA backend kernels against the machine's own ceilings, measured in the same run. No\n"
+    "mode: every row; gemv: the copy ceiling and the decode matmuls; sweep: the copy ceiling\n"
+    "and the decode attention sweep; prefill: the ceilings (copy, 8192^3 GEMM) and the prefill\n"
+    "attention rows; decode: the copy ceiling, the launch floor, the read reference and the\n"
+    "decode attention rows. Exits 0 without a GPU (saying so), 2 on a usage error (below),\n"
+    "1 when a CUDA call fails; never on a time.\n"
+    "\n"
+    "environment (a malformed value is a usage error):\n"
+    "  OUT=DIR                also write the rows as JSON lines to DIR/gpu_bench.json\n"
+    "  KVD_BENCH_RUNS=N       calls per event-timed row, median taken; N >= 1 (default 20)\n"
+    "  KVD_SWEEP_SHAPE=BxC    sweep: only batch B x context C, one of the sweep's shapes\n"
+    "  KVD_SWEEP_ONLY=V[,S]   sweep: only launch variant V [and split count S]\n"
+    "  KVD_SWEEP_LAYOUTS=1    sweep: with KVD_SWEEP_SHAPE, the in-order and 64-token-block\n"
+    "                         layouts too\n";
+
+struct Args {
+  bool help = false;  // --help or -h given: print kUsage, run nothing
+  std::string mode;   // empty: every row
+  int timed_runs = 20;
+  SweepOptions sweep;
+};
+
+// An environment variable's value as an int in [min, max], when set.
+absl::StatusOr<std::optional<int>> EnvInt(const char* name, int min, int max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", text, "' is not an integer in [", min, ", ", max, "]"));
+  }
+  return value;
+}
+
+// The mode and the environment, checked before any CUDA call (so that a typo is refused at
+// once, on any machine): an unknown or extra argument and a malformed variable are errors
+// naming them.
+absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      args.help = true;
+      return args;
+    }
+  }
+  if (argc > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[2], "'"));
+  }
+  args.mode = argc > 1 ? argv[1] : "";
+  if (!args.mode.empty() && args.mode != "gemv" && args.mode != "sweep" && args.mode != "prefill" &&
+      args.mode != "decode") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown mode '", args.mode, "'; allowed: gemv, sweep, prefill, decode, or none"));
+  }
+  auto runs = EnvInt("KVD_BENCH_RUNS", 1, std::numeric_limits<int>::max());
+  if (!runs.ok()) return runs.status();
+  args.timed_runs = runs->value_or(args.timed_runs);
+  if (args.mode != "sweep") return args;  // the KVD_SWEEP_* variables apply to it alone
+
+  SweepOptions& sweep = args.sweep;
+  if (const char* shape = std::getenv("KVD_SWEEP_SHAPE"); shape != nullptr) {
+    std::vector<std::string> shapes;
+    bool found = false;
+    for (const auto& [batch, context] : SweepShapes()) {
+      shapes.push_back(absl::StrCat(batch, "x", context));
+      if (shapes.back() == shape) {
+        found = true;
+        sweep.only_batch = batch;
+        sweep.only_context = context;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVD_SWEEP_SHAPE='", shape,
+                       "' is none of the sweep's shapes: ", absl::StrJoin(shapes, ", ")));
+    }
+  }
+  if (const char* only = std::getenv("KVD_SWEEP_ONLY"); only != nullptr) {
+    const std::vector<std::string> parts = absl::StrSplit(only, ',');
+    const bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &sweep.only_variant) &&
+                    sweep.only_variant >= 0 && sweep.only_variant < cuda::kDecodeVariants &&
+                    (parts.size() == 1 ||
+                     (absl::SimpleAtoi(parts[1], &sweep.only_splits) && sweep.only_splits >= 1));
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVD_SWEEP_ONLY='", only, "' is not VARIANT[,SPLITS] with VARIANT in [0, ",
+                       cuda::kDecodeVariants - 1, "] and SPLITS >= 1"));
+    }
+  }
+  if (const char* layouts = std::getenv("KVD_SWEEP_LAYOUTS"); layouts != nullptr) {
+    if (std::string(layouts) != "0" && std::string(layouts) != "1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVD_SWEEP_LAYOUTS='", layouts, "' is not 0 or 1"));
+    }
+    sweep.layouts = std::string(layouts) == "1";
+  }
+  return args;
+}
+
 int Main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "";
-  if (!mode.empty() && mode != "gemv" && mode != "sweep" && mode != "prefill" && mode != "decode") {
-    std::fprintf(stderr, "usage: gpu_bench [gemv|sweep|prefill|decode]\n");
+  auto args = ParseArgs(argc, argv);
+  if (!args.ok()) {
+    std::fprintf(stderr, "gpu_bench: %s\n\n%s", std::string(args.status().message()).c_str(),
+                 kUsage);
     return 2;
   }
+  if (args->help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const std::string& mode = args->mode;
   if (CudaDeviceCount() == 0) {
     std::printf("gpu_bench: no CUDA device\n");
     return 0;
@@ -950,9 +1084,9 @@ int Main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / double(1 << 30));
-  Bench bench(*gpu);
+  Bench bench(*gpu, args->timed_runs);
   const double copy = CopyBandwidth(bench);
-  if (mode == "sweep") return SweepMain(bench, copy);
+  if (mode == "sweep") return SweepMain(bench, args->sweep, copy);
   if (mode == "decode") {  // decode attention rows only
     LaunchFloor(bench);
     ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy, 1);
