@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -33,35 +34,23 @@ std::optional<std::string> ReadSmallFile(const std::string& path) {
   return text.str();
 }
 
-// The tightest cpu.max from the process's cgroup up to the root of the v2 hierarchy (a
-// container sees its own cgroup as the root; on a host, a systemd slice's limit sits above).
-std::optional<int> CgroupV2Limit() {
-  const std::optional<std::string> self = ReadSmallFile("/proc/self/cgroup");
-  if (!self) return std::nullopt;
-  std::string path;
-  for (absl::string_view line : absl::StrSplit(*self, '\n')) {
-    if (absl::ConsumePrefix(&line, "0::")) path = std::string(line);
-  }
+// The tightest limit `at(dir)` finds in the cgroup directory `mount` + `path` and in each of
+// its parents up to `mount`. A level whose files are missing or say "no limit" adds none: a
+// container sees its own cgroup at the mount's root (v1 without a cgroup namespace still
+// names the host's path, which is not there), and on a host a systemd slice's limit sits
+// above the process's cgroup.
+template <typename LimitAt>
+std::optional<int> TightestUpTo(const std::string& mount, std::string path, LimitAt at) {
   if (path.empty() || path[0] != '/') return std::nullopt;
   std::optional<int> limit;
   while (true) {
-    const std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
-    if (const std::optional<std::string> max = ReadSmallFile(dir + "/cpu.max")) {
-      if (const std::optional<int> cpus = CpusFromCgroupV2Max(*max)) {
-        limit = limit ? std::min(*limit, *cpus) : *cpus;
-      }
+    if (const std::optional<int> cpus = at(mount + (path == "/" ? std::string() : path))) {
+      limit = limit ? std::min(*limit, *cpus) : *cpus;
     }
     if (path == "/") break;
     path = path.substr(0, std::max<size_t>(1, path.rfind('/')));
   }
   return limit;
-}
-
-std::optional<int> CgroupV1Limit() {
-  const std::optional<std::string> quota = ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
-  const std::optional<std::string> period = ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (!quota || !period) return std::nullopt;
-  return CpusFromCgroupV1(*quota, *period);
 }
 
 }  // namespace
@@ -86,13 +75,44 @@ std::optional<int> CpusFromCgroupV1(std::string_view quota_us, std::string_view 
   return CpusFromQuota(quota, period);  // -1: no limit
 }
 
+std::optional<int> CgroupCpuLimit(std::string_view self_cgroup, const std::string& root) {
+  std::string v2_path, v1_path;
+  for (absl::string_view line : absl::StrSplit(AsAbsl(self_cgroup), '\n')) {
+    // "ID:CONTROLLERS:PATH": v2's line is "0::PATH"; v1's cpu line lists "cpu" among its
+    // controllers ("4:cpu,cpuacct:/user.slice").
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    if (fields[0] == "0" && fields[1].empty()) v2_path = std::string(fields[2]);
+    for (absl::string_view controller : absl::StrSplit(fields[1], ',')) {
+      if (controller == "cpu") v1_path = std::string(fields[2]);
+    }
+  }
+  if (std::optional<int> v2 = TightestUpTo(root, v2_path, [](const std::string& dir) {
+        const std::optional<std::string> max = ReadSmallFile(dir + "/cpu.max");
+        return max ? CpusFromCgroupV2Max(*max) : std::nullopt;
+      })) {
+    return v2;
+  }
+  // v1's cpu hierarchy is mounted as cpu, or as cpu,cpuacct (cpu then a link to it).
+  for (const char* name : {"/cpu", "/cpu,cpuacct"}) {
+    const std::string mount = root + name;
+    if (!std::filesystem::is_directory(mount)) continue;
+    return TightestUpTo(mount, v1_path, [](const std::string& dir) {
+      const std::optional<std::string> quota = ReadSmallFile(dir + "/cpu.cfs_quota_us");
+      const std::optional<std::string> period = ReadSmallFile(dir + "/cpu.cfs_period_us");
+      return quota && period ? CpusFromCgroupV1(*quota, *period) : std::nullopt;
+    });
+  }
+  return std::nullopt;
+}
+
 int UsableCpus() {
   int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
-  std::optional<int> quota = CgroupV2Limit();
-  if (!quota) quota = CgroupV1Limit();
+  const std::optional<int> quota =
+      CgroupCpuLimit(ReadSmallFile("/proc/self/cgroup").value_or(""), "/sys/fs/cgroup");
   if (quota) cpus = std::min(cpus, *quota);
   return std::max(1, cpus);
 }

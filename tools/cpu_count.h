@@ -2,6 +2,7 @@
 #define KVD_TOOLS_CPU_COUNT_H_
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace kvd {
@@ -19,6 +20,13 @@ int UsableCpus();
 std::optional<int> CpusFromCgroupV2Max(std::string_view cpu_max);
 // The same for cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us ("-1": no limit).
 std::optional<int> CpusFromCgroupV1(std::string_view quota_us, std::string_view period_us);
+
+// The tightest CPU quota on a process's cgroup and its ancestors, nullopt for none.
+// `self_cgroup` is the process's /proc/self/cgroup, `root` the cgroup mount (/sys/fs/cgroup).
+// v2 (the "0::PATH" line): cpu.max in root/PATH and each parent up to root. Where v2 sets
+// none, v1 (the line whose controllers include cpu): cpu.cfs_quota_us and cpu.cfs_period_us
+// in root/cpu/PATH (or root/cpu,cpuacct/PATH) and each parent.
+std::optional<int> CgroupCpuLimit(std::string_view self_cgroup, const std::string& root);
 
 }  // namespace kvd
 
