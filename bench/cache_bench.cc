@@ -112,10 +112,10 @@ BENCHMARK(BM_AddSequenceWithHits);
 // above chunk 0 down, range(0) moves per step (216 moves in all: the planner fills free
 // slots lowest first, some of them in chunks that drain later). Block copies go through the
 // CPU backend (f32, stories260K-sized and a 1B-class shape). Reports moves per wall-clock
-// second over the Tick() calls that drain the pool (items_per_second: planning and chunk
-// releases included) and over the pauses alone (pause_moves_per_s, from the pauses' own
-// steady-clock times); an iteration that does not end at one chunk is an error, not a
-// figure.
+// second over the Tick() calls that drain the pool (items_per_second: planning included) and
+// over the pauses alone (pause_moves_per_s, from the pauses' own steady-clock times: copies,
+// remapping and the chunks' releases); an iteration that does not end at one chunk is an
+// error, not a figure.
 void BM_DefragMoves(benchmark::State& state) {
   const int32_t moves_per_step = static_cast<int32_t>(state.range(0));
   const KvShape shape = state.range(1) == 0 ? KvShape{5, 4, 8} : KvShape{16, 8, 64};
@@ -188,12 +188,13 @@ void BM_DefragMoves(benchmark::State& state) {
   state.SetItemsProcessed(moves);
   state.counters["block_KiB"] = static_cast<double>(block_bytes) / 1024;
   state.counters["moves"] = static_cast<double>(pauses.num_moves);  // per iteration
-  // The copy-and-remap rate alone (moves over the time spent in pauses); items_per_second
-  // also counts the drain's planning and chunk releases.
+  // Moves over the time spent in pauses (copies, remapping and chunk releases: a pause is a
+  // whole step that did either); items_per_second also counts the drain's planning.
   state.counters["pause_moves_per_s"] =
       pauses.total > absl::ZeroDuration()
           ? static_cast<double>(pauses.num_moves) / absl::ToDoubleSeconds(pauses.total)
           : 0;
+  // Pauses that only returned a chunk count too (with no moves).
   state.counters["moves_per_pause"] =
       pauses.num_pauses > 0 ? static_cast<double>(pauses.num_moves) / pauses.num_pauses : 0;
   state.counters["ticks"] =

@@ -197,7 +197,7 @@ KvCacheManager::PrefixProbe KvCacheManager::ProbePrefixBlocks(absl::Span<const i
   const auto count = [&](BlockId b) {
     p.evictable_blocks += pool_->RefCount(b) == 0 ? 1 : 0;
     const int32_t pins = sessions_.PinsOf(b);
-    p.pinned_blocks += pins > 0 && pool_->RefCount(b) == pins ? 1 : 0;
+    p.releasable_pinned_blocks += pins > 0 && pool_->RefCount(b) == pins ? 1 : 0;
   };
   for (int32_t i = 0; i < m.session_blocks; ++i) count(session->chain[i]);
   for (BlockId b : m.index_blocks) count(b);

@@ -146,9 +146,10 @@ class KvCacheManager {
     // them, and they stop being obtainable once the sequence holds them. A session's chain
     // is pinned, so never evictable.
     int32_t evictable_blocks = 0;
-    // Of those, the ones only idle sessions pin (its own session's chain, say): also counted
-    // by NumObtainableBlocks(), and no longer releasable once the sequence holds them.
-    int32_t pinned_blocks = 0;
+    // Also of matched_blocks (none of them evictable), the ones only idle sessions pin (its
+    // own session's chain, say): NumObtainableBlocks() counts them as releasable, and they
+    // stop being so once the sequence holds them.
+    int32_t releasable_pinned_blocks = 0;
   };
   // Pure. With `id`, what AddSequence(id, prompt, session_id) would reuse: for a preempted
   // sequence coming back, no session chain (its own session holds nothing; one made anew

@@ -245,7 +245,7 @@ std::vector<ConfigKey> BuildKeys() {
       [](auto& c) -> auto& { return c.kv_cache.defrag.interval; }, false));
   keys.push_back(DurationKey(
       "kv_cache_config.defrag.max_pause",
-      "Time budget of one defragmentation step between engine steps",
+      "Time budget of one defragmentation step's block copies between engine steps",
       [](auto& c) -> auto& { return c.kv_cache.defrag.max_pause; }, false));
   keys.push_back(IntKey(
       "kv_cache_config.defrag.max_moves_per_step", "Most block moves in one defragmentation step",

@@ -100,7 +100,7 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
   const KvCacheManager::PrefixProbe prefix = cache_->ProbePrefixBlocks(
       candidate.tokens, candidate.request.session_id, static_cast<SeqId>(candidate.handle));
   return committed + TargetBlocks(candidate) - prefix.matched_blocks + prefix.evictable_blocks +
-             prefix.pinned_blocks <=
+             prefix.releasable_pinned_blocks <=
          cache_->NumObtainableBlocks();
 }
 

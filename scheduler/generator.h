@@ -19,7 +19,7 @@ namespace kvd {
 
 // One prompt to complete.
 struct GenerationRequest {
-  std::vector<int32_t> prompt;  // token ids, BOS included when the model wants it
+  std::vector<int32_t> prompt;   // token ids, BOS included when the model wants it
   int32_t max_new_tokens = 256;  // >= 0; 0: nothing runs (empty output, kLength)
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends (token not emitted) on any of these

@@ -37,7 +37,8 @@ void* Open(absl::string_view name, std::string& error) {
     if (void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL); handle != nullptr) {
       return handle;
     }
-    absl::StrAppend(&error, "; not in ", dir, " either");
+    const char* second = ::dlerror();
+    absl::StrAppend(&error, "; ", second != nullptr ? second : path);
   }
   return nullptr;
 }

@@ -1,7 +1,8 @@
 // What admission and the engine's counters promise, driven offline (RunUntilIdle) with a
-// fake clock: admission counts a cached prefix in evictable blocks once, so exact output
-// predictions never preempt; an admission that finds no room leaves nothing of its turn
-// pinned; max_waiting_requests and Stats() hold while a step runs; and recomputing after a
+// fake clock: admission counts a cached prefix in evictable blocks once, and a turn's own
+// pinned chain once, so exact output predictions never preempt; an admission that finds no
+// room leaves nothing of its turn pinned; other sessions' idle pins give way to new work;
+// max_waiting_requests and Stats() hold while a step runs; and recomputing after a
 // preemption is not counted as prompt work.
 
 #include <gtest/gtest.h>
@@ -226,6 +227,33 @@ TEST_F(EngineAdmissionTest, IdleSessionPinsGiveWayToNewWorkWhileOthersRun) {
   const KvCacheStats st = cache_->stats();
   EXPECT_EQ(st.session_releases_pressure, 1);
   EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
+// A turn's own session chain is matched, not obtainable: admission counts it once (the
+// pinned blocks a turn takes stop being releasable), so a turn that fits only if its own
+// pins were released as well waits instead of running into a preemption.
+TEST_F(EngineAdmissionTest, ATurnsOwnSessionPinsAreNotCountedTwice) {
+  MakeCache(8, 1, 1);  // 8 blocks, no growth
+  MakeEngine();
+  const std::vector<int32_t> p = Iota(64, 300);  // 4 blocks
+  Request turn1 = Req(p, 1, 1);
+  turn1.session_id = "s";
+  Submit(turn1);
+  engine_->RunUntilIdle();
+  ASSERT_EQ(cache_->stats().pinned_blocks, 4);
+  // R: 20 + 30 - 1 = 49 tokens (4 blocks). Turn 2: 80 + 17 - 1 = 96 tokens (6 blocks), 4 of
+  // them its session's pinned chain. 4 + 6 > 8: they must not run together.
+  Outcome* r = Submit(Req(Iota(20, 100), 30, 30));
+  Request turn2 = Req(Concat(p, Iota(16, 200)), 17, 17);
+  turn2.session_id = "s";
+  Outcome* c = Submit(turn2);
+  engine_->RunUntilIdle();
+  for (const Outcome* o : {r, c}) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->usage.num_preemptions, 0);
+  }
   EXPECT_EQ(engine_->Stats().preemptions, 0);
 }
 
