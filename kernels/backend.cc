@@ -135,6 +135,30 @@ absl::Status ValidateSiluMul(const SiluMulParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatePagedAttentionArgs(const PagedAttentionParams& p) {
+  auto invalid = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", what...));
+  };
+  if (p.out == nullptr) return invalid("out is null");
+  if (p.q == nullptr) return invalid("q is null");
+  if (p.q_indptr == nullptr) return invalid("q_indptr is null");
+  if (p.blocks.indptr == nullptr) return invalid("blocks.indptr is null");
+  if (p.blocks.indices == nullptr) return invalid("blocks.indices is null");
+  if (p.blocks.last_block_len == nullptr) return invalid("blocks.last_block_len is null");
+  if (p.num_q_heads <= 0 || p.cache.num_kv_heads <= 0 ||
+      p.num_q_heads % p.cache.num_kv_heads != 0) {
+    return invalid("num_q_heads ", p.num_q_heads,
+                   " is not a positive multiple of cache.num_kv_heads ", p.cache.num_kv_heads);
+  }
+  const int64_t row = int64_t{p.num_q_heads} * p.cache.head_dim;
+  if (p.q_stride < row || p.out_stride < row) {
+    return invalid("q_stride ", p.q_stride, ", out_stride ", p.out_stride,
+                   ": each must be >= num_q_heads * head_dim = ", row);
+  }
+  if (p.max_q_len < 0) return invalid("max_q_len is ", p.max_q_len, ", not >= 0");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCopyBlocks(const CopyBlocksParams& p) {
   auto invalid = [](auto&&... what) {
     return absl::InvalidArgumentError(absl::StrCat("CopyBlocks: ", what...));

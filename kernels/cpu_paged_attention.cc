@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
 #include "kernels/kv_addressing.h"
 
 namespace kvd {
@@ -48,23 +49,7 @@ absl::Status Validate(const PagedAttentionParams& p) {
   if (p.blocks.num_seqs < 0) return Invalid(absl::StrCat("blocks.num_seqs is ", p.blocks.num_seqs));
   if (p.blocks.num_seqs == 0) return absl::OkStatus();
   if (absl::Status s = ValidateKvCacheView("PagedAttention", p.cache); !s.ok()) return s;
-  if (p.out == nullptr) return Invalid("out is null");
-  if (p.q == nullptr) return Invalid("q is null");
-  if (p.q_indptr == nullptr) return Invalid("q_indptr is null");
-  if (p.blocks.indptr == nullptr) return Invalid("blocks.indptr is null");
-  if (p.blocks.indices == nullptr) return Invalid("blocks.indices is null");
-  if (p.blocks.last_block_len == nullptr) return Invalid("blocks.last_block_len is null");
-  if (p.num_q_heads <= 0 || p.num_q_heads % p.cache.num_kv_heads != 0) {
-    return Invalid(absl::StrCat("num_q_heads (", p.num_q_heads,
-                                ") must be a positive multiple of cache.num_kv_heads (",
-                                p.cache.num_kv_heads, ")"));
-  }
-  const int64_t width = int64_t{p.num_q_heads} * p.cache.head_dim;
-  if (p.q_stride < width || p.out_stride < width) {
-    return Invalid(absl::StrCat("q_stride (", p.q_stride, ") and out_stride (", p.out_stride,
-                                ") must be >= num_q_heads * head_dim (", width, ")"));
-  }
-  if (p.max_q_len < 0) return Invalid(absl::StrCat("max_q_len is ", p.max_q_len, ", not >= 0"));
+  if (absl::Status s = ValidatePagedAttentionArgs(p); !s.ok()) return s;
   const BlockTableView& b = p.blocks;
   if (p.q_indptr[0] < 0 || b.indptr[0] < 0) return Invalid("q_indptr[0] or blocks.indptr[0] < 0");
   for (int32_t s = 0; s < b.num_seqs; ++s) {

@@ -455,21 +455,14 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (!IsPowerOfTwo(c.block_size)) {
     return Invalid(kOp, absl::StrCat("block_size ", c.block_size, " is not a power of two"));
   }
-  if (p.num_q_heads <= 0 || p.num_q_heads % c.num_kv_heads != 0) {
-    return Invalid(kOp,
-                   absl::StrCat("num_q_heads ", p.num_q_heads,
-                                " is not a positive multiple of num_kv_heads ", c.num_kv_heads));
-  }
   if (c.k_offset_bytes % 16 != 0 || c.v_offset_bytes % 16 != 0 || c.block_bytes % 16 != 0) {
     return Invalid(kOp, absl::StrCat("k_offset_bytes ", c.k_offset_bytes, ", v_offset_bytes ",
                                      c.v_offset_bytes, ", block_bytes ", c.block_bytes,
                                      ": each must be a multiple of 16"));
   }
-  const int64_t row = int64_t{p.num_q_heads} * c.head_dim;
-  if (p.q_stride < row || p.out_stride < row) {
-    return Invalid(kOp, absl::StrCat("q_stride ", p.q_stride, ", out_stride ", p.out_stride,
-                                     ": each must be >= num_q_heads * head_dim = ", row));
-  }
+  // Null arrays, heads, strides, max_q_len: as the CPU backend refuses them, before a launch
+  // that would fault on them (and lose the context) or, without query rows, pass.
+  KVD_RETURN_IF_ERROR(ValidatePagedAttentionArgs(p));
   KVD_RETURN_IF_ERROR(ValidateQBf16(kOp, p.q_bf16, p.q_bf16_stride, p.num_q_heads, c.head_dim));
   if (p.blocks.num_seqs > 65535) {
     return Invalid(kOp, absl::StrCat("num_seqs ", p.blocks.num_seqs, " > 65535"));

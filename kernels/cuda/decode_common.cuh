@@ -194,6 +194,11 @@ cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspac
                              cudaStream_t stream, const Extra&... extra) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int subgroups = (group + group_per_cta - 1) / group_per_cta;
+  // The merge counters are sized for subgroups of kMaxGroupPerCta heads (DecodeArrivalCount):
+  // a kernel that split a group more finely would count past their end.
+  if (ws.max_splits > 1 && subgroups != (group + kMaxGroupPerCta - 1) / kMaxGroupPerCta) {
+    return cudaErrorInvalidValue;
+  }
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));
   const dim3 grid(p.cache.num_kv_heads * subgroups, p.blocks.num_seqs, ws.max_splits);
   if (cudaError_t err = AllowDynamicSmem(kernel, smem_bytes); err != cudaSuccess) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -106,6 +107,9 @@ TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
   PagedAttentionParams attention;
   attention.out = any;
   attention.q = any;
+  attention.q_indptr = scratch.as<int32_t>();
+  attention.blocks.indptr = attention.blocks.indices = attention.blocks.last_block_len =
+      scratch.as<int32_t>();
   attention.cache = view;
   attention.num_q_heads = 4;
   attention.q_stride = 4 * 64 - 1;
@@ -182,6 +186,55 @@ TEST_F(InvalidParamsTest, RopeAndAppendKvRefuseWhatTheCpuBackendRefuses) {
                              "AppendKv", "slot_mapping is null"));
   EXPECT_TRUE(RejectedNaming(append_with([](AppendKvParams& p) { p.v_stride = 127; }), "AppendKv",
                              "v_stride (127)"));
+}
+
+// PagedAttention refuses on the host what the CPU reference refuses on the host
+// (ValidatePagedAttentionArgs): null output, query or block-table arrays and a negative
+// max_q_len, naming the field, before anything is launched. The batch has no query row (q_len
+// 0), so a launch that slipped through would touch none of the null pointers and return OK
+// (with a query row it would fault and lose the context).
+TEST_F(InvalidParamsTest, PagedAttentionRefusesWhatTheCpuBackendRefuses) {
+  DeviceBuffer scratch = Poisoned(gpu(), 4096);
+  DeviceBuffer table = Upload(gpu(), std::vector<void*>{scratch.data()});
+  DeviceBuffer q_indptr = Upload(gpu(), std::vector<int32_t>{0, 0});
+  DeviceBuffer indptr = Upload(gpu(), std::vector<int32_t>{0, 1});
+  DeviceBuffer indices = Upload(gpu(), std::vector<int32_t>{0});
+  DeviceBuffer last = Upload(gpu(), std::vector<int32_t>{1});
+  PagedAttentionParams ok;
+  ok.out = scratch.as<float>();
+  ok.q = scratch.as<float>();
+  ok.q_indptr = q_indptr.as<int32_t>();
+  ok.cache = {.chunks = table.as<void* const>(),
+              .num_chunks = 1,
+              .chunk_shift = 0,
+              .block_bytes = 1 * 16 * 64 * 2,
+              .dtype = DType::kBF16,
+              .num_kv_heads = 1,
+              .block_size = 16,
+              .head_dim = 64};
+  ok.blocks = {.indptr = indptr.as<int32_t>(),
+               .indices = indices.as<int32_t>(),
+               .last_block_len = last.as<int32_t>(),
+               .num_seqs = 1};
+  ok.num_q_heads = 1;
+  ok.q_stride = ok.out_stride = 64;
+  ASSERT_TRUE(gpu().PagedAttention(ok).ok());  // the valid batch runs (and writes nothing)
+  const auto with = [&](auto change) {
+    PagedAttentionParams p = ok;
+    change(p);
+    return gpu().PagedAttention(p);
+  };
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.out = nullptr; }),
+                             "PagedAttention", "out is null"));
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.q = nullptr; }), "PagedAttention",
+                             "q is null"));
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.q_indptr = nullptr; }),
+                             "PagedAttention", "q_indptr is null"));
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.blocks.indices = nullptr; }),
+                             "PagedAttention", "blocks.indices is null"));
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.max_q_len = -1; }),
+                             "PagedAttention", "max_q_len is -1"));
+  EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
 // An empty op is a no-op whatever its view, on the CPU (kernels/cpu_kv_ops.h) and here; a

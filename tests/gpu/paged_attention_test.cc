@@ -511,6 +511,12 @@ using PagedAttentionLimitsTest = GpuVsCpuTest;
 TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
   PagedAttentionParams p;
   void* chunk_table = reinterpret_cast<void*>(16);  // never dereferenced: rejected first
+  // Arrays given (never read either), so that each call fails on the field it changes.
+  float* const no_floats = reinterpret_cast<float*>(16);
+  int32_t* const no_ints = reinterpret_cast<int32_t*>(16);
+  p.out = no_floats;
+  p.q = no_floats;
+  p.q_indptr = p.blocks.indptr = p.blocks.indices = p.blocks.last_block_len = no_ints;
   p.cache.chunks = &chunk_table;
   p.cache.num_chunks = 1;
   p.cache.num_kv_heads = 1;
