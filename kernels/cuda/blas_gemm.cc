@@ -68,13 +68,17 @@ BlasGemm::BlasGemm(const CublasApi* api, cudaStream_t stream, cublasLtHandle_t l
 
 BlasGemm::~BlasGemm() {
   plans_.clear();
+  uses_.clear();
   cudaFree(workspace_);
   api_->cublasDestroy(blas_);
   api_->cublasLtDestroy(lt_);
 }
 
 absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (auto it = plans_.find(key); it != plans_.end()) {
+    uses_.splice(uses_.begin(), uses_, it->second.use);
+    return it->second.plan.get();
+  }
   const auto [m, n, k, accumulate, align_in, align_weight, align_out] = key;
   auto plan = std::make_unique<Plan>();
   plan->api = api_;
@@ -123,8 +127,13 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
     return CublasStatus(status, kOp);
   }
   // Otherwise no cuBLASLt algorithm fits: Run takes the cublasGemmEx path.
+  if (plans_.size() >= kMaxPlans) {
+    plans_.erase(uses_.back());
+    uses_.pop_back();
+  }
   const Plan* raw = plan.get();
-  plans_.emplace(key, std::move(plan));
+  uses_.push_front(key);
+  plans_.emplace(key, CachedPlan{std::move(plan), uses_.begin()});
   return raw;
 }
 

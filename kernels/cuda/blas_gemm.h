@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <list>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -23,8 +24,8 @@ struct CublasApi;
 // Row-major out[m][n] is column-major out^T (n x m), so each call is the column-major
 // product  out^T = weight^T(op T, stored k x n) * in^T (stored k x m): cuBLAS's "TN" case.
 // cuBLASLt runs it with a plan (descriptors + heuristic algorithm) cached per shape,
-// accumulate flag and pointer alignment; where cuBLASLt offers no algorithm (odd shapes or
-// alignments) the call falls back to cublasGemmEx.
+// accumulate flag and pointer alignment, the kMaxPlans used last; where cuBLASLt offers no
+// algorithm (odd shapes or alignments) the call falls back to cublasGemmEx.
 //
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
 // Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
@@ -42,6 +43,11 @@ class BlasGemm {
   absl::Status Run(float* out, const void* in, const void* weight, int m, int n, int k,
                    bool accumulate);
 
+  // Plans kept: m takes every batch token count, so an unbounded cache would grow to a plan
+  // per (count, weight shape) over a long run. Past the bound the least recently used goes.
+  static constexpr size_t kMaxPlans = 4096;
+  size_t num_plans() const { return plans_.size(); }
+
  private:
   struct Plan;
   // (m, n, k, accumulate, alignment of in, weight and out in bytes, up to 256)
@@ -56,7 +62,12 @@ class BlasGemm {
   cublasLtHandle_t lt_;
   cublasHandle_t blas_;
   void* workspace_;
-  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  struct CachedPlan {
+    std::unique_ptr<Plan> plan;
+    std::list<PlanKey>::iterator use;  // its place in uses_
+  };
+  std::map<PlanKey, CachedPlan> plans_;
+  std::list<PlanKey> uses_;  // the keys of plans_, most recently used first
 };
 
 }  // namespace kvd
