@@ -44,9 +44,8 @@ double Seconds(std::chrono::steady_clock::time_point start) {
 // Tokens the stream must hold: the prompts read up to offset 2000 + 40 * 15 + 15 (the
 // batched rows); 4096 leaves room.
 constexpr size_t kMinStreamTokens = 4096;
-// Flag ranges: --threads as the config's server.num_threads (and `kvd generate`); --repeats
-// is a loop count kept in an int.
-constexpr int64_t kMaxCpuThreads = 1024;
+// Flag ranges: --threads as the config's server.num_threads (kMaxCpuThreads, as `kvd
+// generate`); --repeats is a loop count kept in an int.
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // Real token ids from llama2.c's sampled stories at `path` (a JSON object whose "tokens" is

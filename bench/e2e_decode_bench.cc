@@ -43,6 +43,7 @@
 #include "kernels/status_macros.h"
 #include "model/llama_model.h"
 #include "model/model_loader.h"
+#include "tools/cpu_count.h"
 #include "tools/device.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
@@ -88,10 +89,9 @@ absl::StatusOr<std::vector<Case>> ParseCases(const std::string& text) {
   return cases;
 }
 
-// Flag ranges: --threads as the config's server.num_threads (and `kvd generate`); --steps and
-// --warmup as the int32 counts RunCase takes (the model's context bounds them further);
-// --block-size as kv_cache_config.block_size.
-constexpr int64_t kMaxCpuThreads = 1024;
+// Flag ranges: --threads as the config's server.num_threads (kMaxCpuThreads, as `kvd
+// generate`); --steps and --warmup as the int32 counts RunCase takes (the model's context
+// bounds them further); --block-size as kv_cache_config.block_size.
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // Device copy bandwidth in GB/s, counting bytes read plus bytes written (as gpu_bench and

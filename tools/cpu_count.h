@@ -1,11 +1,15 @@
 #ifndef KVD_TOOLS_CPU_COUNT_H_
 #define KVD_TOOLS_CPU_COUNT_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace kvd {
+
+// The most CPU threads a --threads flag may ask for, as the config's server.num_threads.
+inline constexpr int64_t kMaxCpuThreads = 1024;
 
 // The CPUs this process may use: the calling thread's CPU affinity (the process's, unless
 // a thread changed its own: taskset, a cpuset), capped by a cgroup CPU quota (docker

@@ -27,6 +27,7 @@
 #include "model/tokenizer.h"
 #include "scheduler/generator.h"
 #include "scheduler/request.h"
+#include "tools/cpu_count.h"
 #include "tools/device.h"
 #include "tools/engine_setup.h"
 #include "tools/flags.h"
@@ -38,9 +39,8 @@ namespace {
 
 // The integer flags' ranges are those of the fields they set (int32), so the casts in Run()
 // keep every value Parse() lets through. --threads is capped as the config's
-// server.num_threads is.
+// server.num_threads is (kMaxCpuThreads).
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
-constexpr int64_t kMaxCpuThreads = 1024;
 
 FlagSet MakeFlags() {
   FlagSet f(

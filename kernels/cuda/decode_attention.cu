@@ -29,8 +29,7 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
 }
 
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
-  const int subgroups = (group_size + decode::kMaxGroupPerCta - 1) / decode::kMaxGroupPerCta;
-  return int64_t{num_seqs} * num_kv_heads * subgroups;
+  return int64_t{num_seqs} * num_kv_heads * decode::MergeSubgroups(group_size);
 }
 
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim) {

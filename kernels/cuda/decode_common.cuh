@@ -22,6 +22,9 @@ namespace kvd::cuda::decode {
 
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kMaxGroupPerCta = 8;
+// Subgroups of at most kMaxGroupPerCta query heads in a KV head's group: the merge counters
+// are sized per (sequence, KV head, subgroup).
+inline int MergeSubgroups(int group) { return (group + kMaxGroupPerCta - 1) / kMaxGroupPerCta; }
 // Launch shape: warps per CTA, pipeline stages per warp (kStages - 1 iterations in flight
 // while one is scored) and the resident CTAs per multiprocessor the shared memory allows,
 // which the split count aims to fill once; then the cp.async L2 prefetch hint, and whether
@@ -194,9 +197,9 @@ cudaError_t LaunchDecodeGrid(void (*kernel)(PagedAttentionParams, DecodeWorkspac
                              cudaStream_t stream, const Extra&... extra) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int subgroups = (group + group_per_cta - 1) / group_per_cta;
-  // The merge counters are sized for subgroups of kMaxGroupPerCta heads (DecodeArrivalCount):
-  // a kernel that split a group more finely would count past their end.
-  if (ws.max_splits > 1 && subgroups != (group + kMaxGroupPerCta - 1) / kMaxGroupPerCta) {
+  // The merge counters are sized for MergeSubgroups (DecodeArrivalCount): a kernel that split
+  // a group more finely would count past their end.
+  if (ws.max_splits > 1 && subgroups != MergeSubgroups(group)) {
     return cudaErrorInvalidValue;
   }
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.cache.block_size));

@@ -21,6 +21,18 @@ using InvalidParamsTest = GpuVsCpuTest;
   return FailedWith(s, absl::StatusCode::kInvalidArgument, op + ": ", field_and_value);
 }
 
+// A one-chunk bf16 KV view of one block per chunk: 16 tokens of head_dim 64 per KV head.
+KvCacheView Bf16View(void* const* chunks, int32_t num_kv_heads) {
+  return {.chunks = chunks,
+          .num_chunks = 1,
+          .chunk_shift = 0,
+          .block_bytes = int64_t{num_kv_heads} * 16 * 64 * 2,
+          .dtype = DType::kBF16,
+          .num_kv_heads = num_kv_heads,
+          .block_size = 16,
+          .head_dim = 64};
+}
+
 TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
   // Pointers that are never dereferenced: every call below fails its checks first.
   DeviceBuffer scratch = Poisoned(gpu(), 4096);
@@ -82,14 +94,7 @@ TEST_F(InvalidParamsTest, BadSizesAreRejectedNamingTheValue) {
                              "CopyBlocks", "chunk_region_bytes (64)"));
 
   // The KV view every cache op checks, then each op's own fields.
-  const KvCacheView view{.chunks = chunks,
-                         .num_chunks = 1,
-                         .chunk_shift = 0,
-                         .block_bytes = 2 * 16 * 64 * 2,
-                         .dtype = DType::kBF16,
-                         .num_kv_heads = 2,
-                         .block_size = 16,
-                         .head_dim = 64};
+  const KvCacheView view = Bf16View(chunks, /*num_kv_heads=*/2);
   KvCacheView bad_shift = view;
   bad_shift.chunk_shift = 31;
   EXPECT_TRUE(RejectedNaming(
@@ -204,14 +209,7 @@ TEST_F(InvalidParamsTest, PagedAttentionRefusesWhatTheCpuBackendRefuses) {
   ok.out = scratch.as<float>();
   ok.q = scratch.as<float>();
   ok.q_indptr = q_indptr.as<int32_t>();
-  ok.cache = {.chunks = table.as<void* const>(),
-              .num_chunks = 1,
-              .chunk_shift = 0,
-              .block_bytes = 1 * 16 * 64 * 2,
-              .dtype = DType::kBF16,
-              .num_kv_heads = 1,
-              .block_size = 16,
-              .head_dim = 64};
+  ok.cache = Bf16View(table.as<void* const>(), /*num_kv_heads=*/1);
   ok.blocks = {.indptr = indptr.as<int32_t>(),
                .indices = indices.as<int32_t>(),
                .last_block_len = last.as<int32_t>(),
