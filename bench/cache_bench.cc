@@ -107,6 +107,32 @@ void BM_AddSequenceWithHits(benchmark::State& state) {
 }
 BENCHMARK(BM_AddSequenceWithHits);
 
+// The room an admission check sees (NumObtainableBlocks: free, evictable, growth and the
+// blocks only idle sessions pin) with range(0) blocks pinned by idle sessions of 16 blocks
+// (256 tokens) each. The engine asks once per candidate it considers in a step.
+void BM_ObtainableWithIdleSessions(benchmark::State& state) {
+  const int32_t pinned = static_cast<int32_t>(state.range(0));
+  FakeClock clock;
+  KvCacheOptions o = ManagerOptions();
+  o.max_pinned_fraction = 1.0;
+  auto m = *KvCacheManager::Create(o, {2, 1, 16}, nullptr, &clock);
+  std::vector<int32_t> prompt(257);
+  for (SeqId id = 0; id < pinned / 16; ++id) {
+    for (int32_t i = 0; i < 257; ++i) prompt[i] = static_cast<int32_t>(id * 257 + i);
+    (void)m->AddSequence(id, prompt, absl::StrCat("session-", id));
+    (void)m->Reserve(id, 257);
+    m->MarkComputed(id, 256);
+    m->Free(id);  // the session pins the 16 blocks of its 256 computed tokens
+  }
+  if (m->stats().pinned_blocks != pinned) {
+    state.SkipWithError(
+        absl::StrCat(m->stats().pinned_blocks, " blocks pinned, not ", pinned).c_str());
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(m->NumObtainableBlocks());
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ObtainableWithIdleSessions)->Arg(1024)->Arg(25600);
+
 // A pool grown to 4 chunks by 64 sequences drains to 1 when 48 of them finish: the 16
 // survivors' 256 blocks fill exactly one chunk, and defragmentation moves the 192 of them
 // above chunk 0 down, range(0) moves per step (216 moves in all: the planner fills free
