@@ -119,12 +119,17 @@ void BlockPool::Acquire(BlockId b) {
     ++used_in_chunk_[b >> options_.chunk_shift];
     ++num_used_;
   }
+  if (pins_[b] > 0 && pins_[b] == refcount_[b]) --num_only_pinned_;
   ++refcount_[b];
 }
 
 void BlockPool::Release(BlockId b) {
-  KVD_CACHE_CHECK(IsPresent(b) && refcount_[b] > 0, "Release: block is not used");
-  if (--refcount_[b] > 0) return;
+  KVD_CACHE_CHECK(IsPresent(b) && refcount_[b] > pins_[b],
+                  "Release: block has no holder that is not a pin");
+  if (--refcount_[b] > 0) {
+    if (pins_[b] == refcount_[b]) ++num_only_pinned_;
+    return;
+  }
   --used_in_chunk_[b >> options_.chunk_shift];
   --num_used_;
   if (cached_[b] != 0) {
@@ -132,6 +137,17 @@ void BlockPool::Release(BlockId b) {
   } else {
     PushFree(b);
   }
+}
+
+void BlockPool::Pin(BlockId b) {
+  KVD_CACHE_CHECK(IsPresent(b) && refcount_[b] > pins_[b],
+                  "Pin: block has no holder that is not a pin");
+  if (++pins_[b] == refcount_[b]) ++num_only_pinned_;
+}
+
+void BlockPool::Unpin(BlockId b) {
+  KVD_CACHE_CHECK(IsPresent(b) && pins_[b] > 0, "Unpin: block has no pin");
+  if (pins_[b]-- == refcount_[b]) --num_only_pinned_;
 }
 
 void BlockPool::MarkCached(BlockId b) {
@@ -155,6 +171,8 @@ void BlockPool::Move(BlockId src, BlockId dst) {
   RemoveFree(dst);
   refcount_[dst] = refcount_[src];
   cached_[dst] = cached_[src];
+  pins_[dst] = pins_[src];
+  pins_[src] = 0;
   ++used_in_chunk_[dst >> options_.chunk_shift];
   refcount_[src] = 0;
   cached_[src] = 0;
@@ -177,6 +195,7 @@ absl::Status BlockPool::Grow() {
   const int32_t n = num_blocks();
   refcount_.resize(n, 0);
   cached_.resize(n, 0);
+  pins_.resize(n, 0);
   free_links_.Resize(n);
   policy_->Resize(n);
   // Push in descending order so the chunk's lowest id is handed out first.
@@ -220,12 +239,17 @@ int64_t BlockPool::NumObtainable() const {
 }
 
 absl::Status BlockPool::CheckInvariants() const {
-  int32_t free = 0, used = 0, cached = 0;
+  int32_t free = 0, used = 0, cached = 0, only_pinned = 0;
   for (int32_t c = 0; c < num_chunks_; ++c) {
     int32_t used_here = 0;
     int32_t free_here = 0;
     for (BlockId b = c << options_.chunk_shift; b < (c + 1) << options_.chunk_shift; ++b) {
       if (refcount_[b] < 0) return absl::InternalError(absl::StrCat("block ", b, " refcount < 0"));
+      if (pins_[b] < 0 || pins_[b] > refcount_[b]) {
+        return absl::InternalError(
+            absl::StrCat("block ", b, " has ", pins_[b], " pins and refcount ", refcount_[b]));
+      }
+      only_pinned += pins_[b] > 0 && pins_[b] == refcount_[b] ? 1 : 0;
       const bool in_free = free_links_.linked(b);
       const bool in_policy = policy_->Contains(b);
       if (refcount_[b] > 0) {
@@ -264,6 +288,10 @@ absl::Status BlockPool::CheckInvariants() const {
     return absl::InternalError(absl::StrFormat("counts: free %d/%d used %d/%d cached %d/%d", free,
                                                num_free_, used, num_used_, cached,
                                                policy_->size()));
+  }
+  if (only_pinned != num_only_pinned_) {
+    return absl::InternalError(absl::StrFormat("blocks held by pins only: %d counted, %d kept",
+                                               only_pinned, num_only_pinned_));
   }
   // Each present block was counted in exactly one state above, so free + used + cached ==
   // num_blocks() follows; what remains is that no list names a block of an absent chunk.

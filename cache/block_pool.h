@@ -25,6 +25,10 @@ namespace kvd {
 //   free    refcount 0 and not keyed: in its chunk's free list
 // so free + used + cached == num_blocks() always.
 //
+// Some of a used block's holders may be pins: references an idle multi-turn session keeps
+// and lets go when the pool needs room. The pool counts them per block so that the blocks
+// held by pins alone (room that releasing sessions would give back) are counted in O(1).
+//
 // Allocate() takes a free block from the lowest chunk that has one (so live blocks
 // gather low and the top chunk can drain), else grows the arena by a chunk while below
 // max_chunks, else evicts the policy's victim (calling on_evict so the owner drops its
@@ -60,15 +64,19 @@ class BlockPool {
   // One more holder. REQUIRES: b is used, or cached (a prefix hit revives it).
   void Acquire(BlockId b);
   // One fewer holder; at 0 the block goes to the eviction list if cached, else to its
-  // chunk's free list. REQUIRES: b is used.
+  // chunk's free list. REQUIRES: b has a holder that is not a pin (Unpin first).
   void Release(BlockId b);
+  // Marks one of b's holders as a pin. REQUIRES: b has a holder that is not a pin.
+  void Pin(BlockId b);
+  // The pin becomes an ordinary holder again. REQUIRES: b has a pin.
+  void Unpin(BlockId b);
   // Records that b now carries a prefix key. REQUIRES: b is used and not cached.
   void MarkCached(BlockId b);
   // Drops the key of a cached, unused block now (on_evict runs); it becomes free.
   void Evict(BlockId b);
-  // Defragmentation: dst takes over src's holders and key; src becomes free. The caller
-  // copies the bytes and rewrites every table naming src. REQUIRES: src used, dst free,
-  // src != dst.
+  // Defragmentation: dst takes over src's holders (pins included) and key; src becomes free. The
+  // caller copies the bytes and rewrites every table naming src. REQUIRES: src used, dst free, src
+  // != dst.
   void Move(BlockId src, BlockId dst);
 
   // Adds a chunk. ResourceExhausted at max_chunks or the arena's error; after an arena
@@ -80,6 +88,9 @@ class BlockPool {
   absl::Status ReleaseTopChunk();
 
   int32_t RefCount(BlockId b) const { return refcount_[b]; }
+  int32_t PinCount(BlockId b) const { return pins_[b]; }
+  // Used blocks whose every holder is a pin.
+  int32_t num_only_pinned() const { return num_only_pinned_; }
   bool IsCached(BlockId b) const { return cached_[b] != 0; }
   bool IsFree(BlockId b) const { return refcount_[b] == 0 && cached_[b] == 0; }
   bool IsPresent(BlockId b) const { return b >= 0 && b < num_blocks(); }
@@ -125,12 +136,14 @@ class BlockPool {
   int32_t growth_limit_ = 0;       // chunks the arena may reach; < max after a failure
   std::vector<int32_t> refcount_;  // [num_blocks]
   std::vector<uint8_t> cached_;    // [num_blocks] 1 when keyed
+  std::vector<int32_t> pins_;      // [num_blocks] holders that are pins, <= refcount
   BlockLinks free_links_;
   std::vector<BlockList> free_by_chunk_;  // [max_chunks]
   std::vector<uint64_t> nonempty_free_;   // bit c set when free_by_chunk_[c] is non-empty
   std::vector<int32_t> used_in_chunk_;    // [max_chunks]
   int32_t num_free_ = 0;
   int32_t num_used_ = 0;
+  int32_t num_only_pinned_ = 0;  // blocks with 0 < pins == refcount
   int64_t num_evictions_ = 0;
   int64_t num_chunks_grown_ = 0;
   int64_t num_chunks_released_ = 0;

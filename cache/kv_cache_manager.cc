@@ -55,7 +55,15 @@ KvCacheManager::KvCacheManager(const KvCacheOptions& options, const KvLayout& la
              layout.Fingerprint() ^ (options.prefix_extra_key * 0x9e3779b97f4a7c15ULL),
              options.prefix_key_secret.has_value() ? *options.prefix_key_secret
                                                    : PrefixIndex::RandomSecret()),
-      sessions_(clock, options.session_idle_timeout) {}
+      // The pool keeps a count of every block's session pins (Create makes it before any
+      // session can pin), so the room idle sessions hold is known without a walk.
+      sessions_(clock, options.session_idle_timeout, [this](BlockId b, int32_t delta) {
+        if (delta > 0) {
+          pool_->Pin(b);
+        } else {
+          pool_->Unpin(b);
+        }
+      }) {}
 
 KvCacheManager::~KvCacheManager() {
   if (pool_ == nullptr) return;  // Create failed half way
@@ -196,7 +204,7 @@ KvCacheManager::PrefixProbe KvCacheManager::ProbePrefixBlocks(absl::Span<const i
   p.matched_blocks = m.session_blocks + static_cast<int32_t>(m.index_blocks.size());
   const auto count = [&](BlockId b) {
     p.evictable_blocks += pool_->RefCount(b) == 0 ? 1 : 0;
-    const int32_t pins = sessions_.PinsOf(b);
+    const int32_t pins = pool_->PinCount(b);
     p.releasable_pinned_blocks += pins > 0 && pool_->RefCount(b) == pins ? 1 : 0;
   };
   for (int32_t i = 0; i < m.session_blocks; ++i) count(session->chain[i]);

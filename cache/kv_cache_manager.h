@@ -159,7 +159,8 @@ class KvCacheManager {
   // Blocks Reserve can obtain now, for admission: free + evictable cached + room to grow +
   // the blocks only idle sessions pin (Reserve releases those sessions, oldest first, when
   // it needs their blocks: pins give way to new work).
-  int64_t NumObtainableBlocks() const { return pool_->NumObtainable() + ReleasablePinnedBlocks(); }
+  // O(1): the pool counts the blocks held by session pins alone.
+  int64_t NumObtainableBlocks() const { return pool_->NumObtainable() + pool_->num_only_pinned(); }
   int32_t num_free_blocks() const { return pool_->num_free(); }
   int32_t block_size() const { return layout_.block_size(); }
   const KvLayout& layout() const { return layout_; }
@@ -233,9 +234,6 @@ class KvCacheManager {
   // Allocates a block MakeAllocatable made room for; it cannot fail.
   BlockId AllocateObtainable();
   int64_t MaxPinnedBlocks() const;
-  // Pinned blocks that releasing every detached session would make obtainable: those held
-  // by sessions only.
-  int64_t ReleasablePinnedBlocks() const;
   bool ShouldShrink() const;
   void DefragStep();
   // What one ApplyMoves did: whether it copied (or tried to), and the moves it applied.

@@ -92,6 +92,11 @@ absl::Status KvCacheManager::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("block ", b, ": refcount ", pool_->RefCount(b),
                                               " but ", holders[b], " holders"));
     }
+    if (pool_->PinCount(b) != sessions_.PinsOf(b)) {
+      return absl::InternalError(absl::StrCat("block ", b, ": ", pool_->PinCount(b),
+                                              " pins in the pool but ", sessions_.PinsOf(b),
+                                              " sessions pin it"));
+    }
     if (pool_->IsCached(b) != index_.HasKey(b)) {
       return absl::InternalError(absl::StrCat("block ", b, ": pool and index disagree on key"));
     }

@@ -56,12 +56,6 @@ void KvCacheManager::Abandon(SeqId id) {
   seqs_.erase(it);
 }
 
-int64_t KvCacheManager::ReleasablePinnedBlocks() const {
-  int64_t n = 0;
-  sessions_.ForEachPin([&](BlockId b, int32_t pins) { n += pool_->RefCount(b) == pins ? 1 : 0; });
-  return n;
-}
-
 void KvCacheManager::FreeForRecompute(SeqId id) {
   auto it = seqs_.find(id);
   KVD_CACHE_CHECK(it != seqs_.end(), "FreeForRecompute: unknown sequence id");

@@ -1,5 +1,7 @@
 #include "cache/session_table.h"
 
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -11,8 +13,8 @@ absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s
 
 }  // namespace
 
-SessionTable::SessionTable(const Clock* clock, absl::Duration idle_timeout)
-    : clock_(clock), idle_timeout_(idle_timeout) {}
+SessionTable::SessionTable(const Clock* clock, absl::Duration idle_timeout, PinCallback on_pin)
+    : clock_(clock), idle_timeout_(idle_timeout), on_pin_(std::move(on_pin)) {}
 
 absl::StatusOr<Session*> SessionTable::Attach(std::string_view id) {
   auto [it, inserted] = sessions_.try_emplace(Key(id));
@@ -50,13 +52,17 @@ bool SessionTable::Detach(std::string_view id, uint64_t serial, std::vector<Bloc
 }
 
 void SessionTable::Pin(const std::vector<BlockId>& chain) {
-  for (BlockId b : chain) ++pins_[b];
+  for (BlockId b : chain) {
+    ++pins_[b];
+    if (on_pin_) on_pin_(b, +1);
+  }
 }
 
 void SessionTable::Unpin(const std::vector<BlockId>& chain) {
   for (BlockId b : chain) {
     auto it = pins_.find(b);
     if (--it->second == 0) pins_.erase(it);
+    if (on_pin_) on_pin_(b, -1);
   }
 }
 

@@ -52,8 +52,13 @@ class SessionTable {
     SessionReleaseReason reason;
   };
 
+  // Told each time a detached session starts (+1) or stops (-1) pinning a block, so the
+  // owner can keep the pool's pin counts (BlockPool::Pin) in step; RemapBlocks tells
+  // nothing (a moved block keeps its pins).
+  using PinCallback = std::function<void(BlockId, int32_t delta)>;
+
   // REQUIRES: clock outlives the table.
-  SessionTable(const Clock* clock, absl::Duration idle_timeout);
+  SessionTable(const Clock* clock, absl::Duration idle_timeout, PinCallback on_pin = nullptr);
 
   // Attaches to session `id`, creating it when unknown, and lends the caller its pinned
   // chain and tokens (moved out; the references go with them). FailedPrecondition when
@@ -90,10 +95,6 @@ class SessionTable {
     auto it = pins_.find(b);
     return it == pins_.end() ? 0 : it->second;
   }
-  // fn(block, how many detached sessions pin it), for every pinned block.
-  void ForEachPin(const std::function<void(BlockId, int32_t)>& fn) const {
-    for (const auto& [b, pins] : pins_) fn(b, pins);
-  }
   // Rewrites pinned chains after defragmentation moved blocks (old id -> new id).
   void RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves);
 
@@ -104,6 +105,7 @@ class SessionTable {
 
   const Clock* const clock_;
   const absl::Duration idle_timeout_;
+  const PinCallback on_pin_;
   uint64_t next_serial_ = 1;
   // Pinned block -> detached sessions whose chain holds it.
   absl::flat_hash_map<BlockId, int32_t> pins_;

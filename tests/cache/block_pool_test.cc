@@ -103,6 +103,67 @@ TEST_F(BlockPoolTest, MoveTransfersHoldersAndKeyToTheDestination) {
   for (BlockId id : {b[0], b[2], b[3]}) p->Release(id);
 }
 
+// A pin is a holder an idle session keeps; the pool counts the blocks held by pins alone
+// (the room releasing sessions would give back) as holders come and go.
+TEST_F(BlockPoolTest, CountsTheBlocksThatOnlyPinsHold) {
+  auto p = Make(1, 1);
+  const BlockId b = *p->Allocate();
+  const BlockId c = *p->Allocate();
+  p->Pin(b);  // the session keeps the allocating sequence's reference
+  EXPECT_EQ(p->PinCount(b), 1);
+  EXPECT_EQ(p->num_only_pinned(), 1);
+  p->Acquire(b);  // a new turn's sequence holds it too
+  EXPECT_EQ(p->num_only_pinned(), 0);
+  ExpectValid(*p);
+  p->Release(b);  // that sequence ends
+  EXPECT_EQ(p->num_only_pinned(), 1);
+  p->Acquire(c);  // c: two sessions pin it
+  p->Pin(c);
+  EXPECT_EQ(p->num_only_pinned(), 1);
+  p->Pin(c);
+  EXPECT_EQ(p->num_only_pinned(), 2);
+  ExpectValid(*p);
+  p->Unpin(c);  // one session lets go: c is held by a holder that is not a pin
+  EXPECT_EQ(p->num_only_pinned(), 1);
+  p->Unpin(b);
+  EXPECT_EQ(p->num_only_pinned(), 0);
+  EXPECT_EQ(p->PinCount(b), 0);
+  ExpectValid(*p);
+  p->Release(b);
+  p->Release(c);
+  p->Unpin(c);
+  p->Release(c);
+  EXPECT_EQ(p->num_free(), 4);
+  ExpectValid(*p);
+}
+
+TEST_F(BlockPoolTest, MoveCarriesPinsToTheDestination) {
+  auto p = Make(2, 2);
+  std::vector<BlockId> b;
+  for (int i = 0; i < 5; ++i) b.push_back(*p->Allocate());
+  p->Pin(b[4]);
+  p->Release(b[1]);
+  p->Move(b[4], b[1]);
+  EXPECT_EQ(p->PinCount(b[1]), 1);
+  EXPECT_EQ(p->PinCount(b[4]), 0);
+  EXPECT_EQ(p->num_only_pinned(), 1);
+  ExpectValid(*p);
+  p->Unpin(b[1]);
+  EXPECT_EQ(p->num_only_pinned(), 0);
+  for (BlockId id : {b[0], b[1], b[2], b[3]}) p->Release(id);
+}
+
+TEST(BlockPoolDeathTest, APinnedReferenceIsNotReleasedAndNotPinnedTwice) {
+  auto p = *BlockPool::Create({2, 1, 1}, *MakeEvictionPolicy("lru", 2), nullptr, nullptr);
+  const BlockId b = *p->Allocate();
+  p->Pin(b);
+  EXPECT_DEATH(p->Release(b), "no holder that is not a pin");
+  EXPECT_DEATH(p->Pin(b), "no holder that is not a pin");
+  p->Unpin(b);
+  EXPECT_DEATH(p->Unpin(b), "no pin");
+  p->Release(b);
+}
+
 TEST_F(BlockPoolTest, ReleasingTheTopChunkEvictsItsCachedBlocks) {
   auto p = Make(1, 2);
   std::vector<BlockId> b;

@@ -1,5 +1,6 @@
 // Multi-turn sessions through KvCacheManager and SessionTable.
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -458,6 +459,28 @@ TEST(SessionTableTest, ABlockPinnedByTwoSessionsCountsOnceUntilBothLetGo) {
   EXPECT_FALSE(t.Release("a", a + 100, SessionReleaseReason::kPressure).has_value());
   EXPECT_TRUE(t.Release("a", a, SessionReleaseReason::kPressure).has_value());
   EXPECT_EQ(t.Find("a"), nullptr);
+}
+
+// The owner hears of every pin a detached session takes or gives up (to keep the pool's
+// counts in step), and of none when defragmentation renames blocks (the pool moves pins).
+TEST(SessionTableTest, TellsTheOwnerOfEveryPinTakenAndGivenUp) {
+  FakeClock clock;
+  std::map<BlockId, int32_t> pins;
+  SessionTable t(&clock, absl::Seconds(30), [&](BlockId b, int32_t delta) {
+    if ((pins[b] += delta) == 0) pins.erase(b);
+  });
+  const uint64_t a = (*t.Attach("a"))->serial;
+  ASSERT_TRUE(t.Detach("a", a, {1, 2}, {0, 0, 0, 0, 0}));
+  const uint64_t b = (*t.Attach("b"))->serial;
+  ASSERT_TRUE(t.Detach("b", b, {1, 3}, {0, 0, 0, 0, 0}));
+  EXPECT_EQ(pins, (std::map<BlockId, int32_t>{{1, 2}, {2, 1}, {3, 1}}));
+  t.RemapBlocks({{3, 9}});
+  EXPECT_EQ(pins, (std::map<BlockId, int32_t>{{1, 2}, {2, 1}, {3, 1}}));
+  pins = {{1, 2}, {2, 1}, {9, 1}};  // as the owner's pool moves block 3's pins to 9
+  ASSERT_TRUE(t.Attach("a").ok());  // its turn takes the chain back
+  EXPECT_EQ(pins, (std::map<BlockId, int32_t>{{1, 1}, {9, 1}}));
+  ASSERT_TRUE(t.Close("b").has_value());
+  EXPECT_TRUE(pins.empty());
 }
 
 TEST(SessionTableTest, PinCapTakesTheLeastRecentlyUsedFirst) {
