@@ -135,8 +135,8 @@ BENCHMARK(BM_ObtainableWithIdleSessions)->Arg(1024)->Arg(25600);
 
 // A pool grown to 4 chunks by 64 sequences drains to 1 when 48 of them finish: the 16
 // survivors' 256 blocks fill exactly one chunk, and defragmentation moves the 192 of them
-// above chunk 0 down, range(0) moves per step (216 moves in all: the planner fills free
-// slots lowest first, some of them in chunks that drain later). Block copies go through the
+// above chunk 0 down, range(0) moves per step, each block once (the planner fills chunk 0,
+// the one the pool shrinks to, before the chunks that drain later). Block copies go through the
 // CPU backend (f32, stories260K-sized and a 1B-class shape). Reports moves per wall-clock
 // second over the Tick() calls that drain the pool (items_per_second: planning included) and
 // over the pauses alone (pause_moves_per_s, from the pauses' own steady-clock times: copies,

@@ -27,11 +27,19 @@ std::vector<BlockMove> Defragmenter::Plan(const DefragSnapshot& snapshot) {
     if (snapshot.state[b] == BlockState::kUsed) sources.push_back(b);
   }
   if (sources.empty()) return moves;
-  // Destinations: free slots lowest first, then cached slots lowest first.
+  // Destinations: in the chunks to keep, then in the rest below the top, free slots lowest
+  // first and then cached ones. A block placed above the kept chunks would move again when
+  // its chunk drains, and the cached blocks there go with it anyway.
+  const int32_t keep = snapshot.keep_chunks > 0
+                           ? std::min(snapshot.keep_chunks, snapshot.num_chunks - 1)
+                           : snapshot.num_chunks - 1;
+  const BlockId keep_end = keep << snapshot.chunk_shift;
   std::vector<BlockId> dests;
-  for (BlockState wanted : {BlockState::kFree, BlockState::kCached}) {
-    for (BlockId b = 0; b < top_begin && dests.size() < sources.size(); ++b) {
-      if (snapshot.state[b] == wanted) dests.push_back(b);
+  for (const auto [begin, end] : {std::pair{0, keep_end}, std::pair{keep_end, top_begin}}) {
+    for (BlockState wanted : {BlockState::kFree, BlockState::kCached}) {
+      for (BlockId b = begin; b < end && dests.size() < sources.size(); ++b) {
+        if (snapshot.state[b] == wanted) dests.push_back(b);
+      }
     }
   }
   if (dests.size() < sources.size()) return moves;  // the top chunk cannot be emptied

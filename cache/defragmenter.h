@@ -36,6 +36,10 @@ struct DefragSnapshot {
   int32_t chunk_shift = 0;
   int32_t num_chunks = 0;
   std::vector<BlockState> state;  // [num_chunks << chunk_shift]
+  // Chunks the pool is expected to shrink to (the lowest ones): the planner fills their
+  // slots first, cached ones included, so that a block moves once and not again as the
+  // chunks above them drain in turn. 0 (or num_chunks or more): the chunks below the top.
+  int32_t keep_chunks = 0;
 };
 
 struct BlockMove {
@@ -62,8 +66,10 @@ struct DefragPauseStats {
 };
 
 // Defragmenter plans how to empty the arena's top chunk: every used block there moves to
-// a slot in a lower chunk, free slots first (lowest ids first), then slots of cached
-// blocks (evicted to make room). Planning runs on its own thread from a snapshot;
+// a slot in a lower chunk: in the chunks the pool is to keep (DefragSnapshot::keep_chunks)
+// free slots, then slots of cached blocks (evicted to make room; they would go with the
+// chunks being drained otherwise), then the same in the chunks above those, lowest ids
+// first each time. Planning runs on its own thread from a snapshot;
 // KvCacheManager applies the plan at step boundaries, at most max_moves_per_step moves
 // each, re-checking every move against the pool's state then (it may have changed), and
 // records each pause here.

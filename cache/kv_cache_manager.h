@@ -234,7 +234,12 @@ class KvCacheManager {
   // Allocates a block MakeAllocatable made room for; it cannot fail.
   BlockId AllocateObtainable();
   int64_t MaxPinnedBlocks() const;
+  // Whether a pool of `chunks` chunks with the blocks used now would give its top one back:
+  // above the initial chunks, with use at or below the low-water mark of the rest.
+  bool MayShrinkFrom(int32_t chunks) const;
   bool ShouldShrink() const;
+  // The chunks the pool would shrink to, one top chunk at a time, with the use of now.
+  int32_t ShrinkTarget() const;
   void DefragStep();
   // What one ApplyMoves did: whether it copied (or tried to), and the moves it applied.
   struct MovesApplied {

@@ -11,10 +11,18 @@
 
 namespace kvd {
 
-bool KvCacheManager::ShouldShrink() const {
-  if (pool_->num_chunks() <= pool_->initial_chunks()) return false;
-  const int64_t below = int64_t{pool_->num_chunks() - 1} * pool_->blocks_per_chunk();
+bool KvCacheManager::MayShrinkFrom(int32_t chunks) const {
+  if (chunks <= pool_->initial_chunks()) return false;
+  const int64_t below = int64_t{chunks - 1} * pool_->blocks_per_chunk();
   return pool_->num_used() <= options_.defrag_low_water * static_cast<double>(below);
+}
+
+bool KvCacheManager::ShouldShrink() const { return MayShrinkFrom(pool_->num_chunks()); }
+
+int32_t KvCacheManager::ShrinkTarget() const {
+  int32_t chunks = pool_->num_chunks();
+  while (MayShrinkFrom(chunks)) --chunks;
+  return chunks;
 }
 
 void KvCacheManager::DefragStep() {
@@ -50,6 +58,7 @@ void KvCacheManager::DefragStep() {
     DefragSnapshot snapshot;
     snapshot.chunk_shift = pool_->chunk_shift();
     snapshot.num_chunks = pool_->num_chunks();
+    snapshot.keep_chunks = ShrinkTarget();
     snapshot.state.resize(pool_->num_blocks());
     for (BlockId b = 0; b < pool_->num_blocks(); ++b) {
       snapshot.state[b] = pool_->RefCount(b) > 0 ? BlockState::kUsed
