@@ -348,7 +348,8 @@ int Main(int argc, char** argv) {
       "context are usage errors, refused before anything is built.");
   flags.AddString("model", "synthetic:<preset> (weights made on the device)",
                   "synthetic:llama3-8b");
-  flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
+  flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible and cuBLAS loads)",
+                  "auto");
   flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",
                   "1x512,1x4096,64x1024,64x4096");
   flags.AddInt("steps", "timed decode steps per case", 32, IntRange{1, kMaxInt32});
@@ -417,11 +418,16 @@ int Main(int argc, char** argv) {
                        spec->max_context_tokens)));
     }
   }
-  auto device = ResolveDevice(flags.GetString("device"));
-  if (!device.ok()) {
-    return fail(Prefixed("--device", device.status()));
+  auto choice = ResolveDevice(flags.GetString("device"));
+  if (!choice.ok()) {
+    return fail(Prefixed("--device", choice.status()));
   }
-  auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
+  if (!choice->fallback_reason.empty()) {
+    std::fprintf(stderr, "kvd_e2e_bench: --device auto runs on the CPU: %s\n",
+                 choice->fallback_reason.c_str());
+  }
+  const Device device = choice->device;
+  auto backend = MakeBackend(device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return fail(backend.status());
   // Graph modes to run per case: only the uncaptured path where the backend cannot record.
   std::vector<bool> graph_modes;
@@ -431,7 +437,7 @@ int Main(int argc, char** argv) {
 
   // The CPU backend keeps fp32 weights in host memory: refuse what would swap the machine.
   constexpr double kMaxCpuWeightBytes = 4e9;
-  if (*device == Device::kCpu && spec->NumParameters() * 4.0 > kMaxCpuWeightBytes) {
+  if (device == Device::kCpu && spec->NumParameters() * 4.0 > kMaxCpuWeightBytes) {
     return fail(absl::ResourceExhaustedError(absl::StrCat(
         spec->name, " needs ", spec->NumParameters() * 4.0 / 1e9,
         " GB of fp32 weights on the CPU; use --device cuda, or --model synthetic:tiny")));
@@ -454,7 +460,7 @@ int Main(int argc, char** argv) {
   std::printf(
       "kvd end-to-end decode, %s on %s: %.3f GB of %s weights read per step "
       "(made in backend memory in %.0f ms), KV %s, block %d\n",
-      spec->name.c_str(), std::string(DeviceName(*device)).c_str(), weight_bytes / 1e9,
+      spec->name.c_str(), std::string(DeviceName(device)).c_str(), weight_bytes / 1e9,
       std::string(DTypeName((*backend)->weight_dtype())).c_str(), init_ms,
       std::string(DTypeName(DefaultKvDtype(**backend))).c_str(), block_size);
   std::printf(
@@ -522,7 +528,7 @@ int Main(int argc, char** argv) {
             "\"weight_gb\": %.4f, \"kv_gb\": %.4f, \"copy_gbps\": %.1f, "
             "\"roofline_ms\": %.4f, \"ratio_to_roofline\": %.4f, \"finite\": %s, "
             "\"replayed_steps\": %d, \"recorded_steps\": %d, \"recorded_step_ms\": %.4f}\n",
-            spec->name.c_str(), std::string(DeviceName(*device)).c_str(), graphs ? "true" : "false",
+            spec->name.c_str(), std::string(DeviceName(device)).c_str(), graphs ? "true" : "false",
             c.batch, c.context, r->step_ms, r->min_step_ms, tokens_per_s, weight_bytes / 1e9,
             r->kv_gb, *copy_gbps, r->roofline_ms, ratio, r->finite ? "true" : "false",
             r->replayed_steps, r->recorded_steps, r->recorded_step_ms);

@@ -87,6 +87,10 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   }
   int threads = config.server.num_threads;
   if (threads <= 0) threads = UsableCpus();
+  if (!setup.device_fallback.empty()) {
+    out << "kvd: " << setup.device_source << " auto runs on the CPU: " << setup.device_fallback
+        << "\n";
+  }
   auto backend = MakeBackend(setup.device, threads);
   if (!backend.ok()) {
     return Prefixed(setup.device_source, backend.status());

@@ -30,6 +30,8 @@ struct ServeSetup {
   InferenceConfig config;
   Device device = Device::kCpu;
   const char* device_source = "model.device";  // or "--device": what device errors name
+  // Why "auto" runs on the CPU although a GPU is visible (DeviceChoice); StartDaemon says it.
+  std::string device_fallback;
 };
 
 // Everything a serving daemon runs on, in construction order (destroyed in reverse).

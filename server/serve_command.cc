@@ -60,7 +60,9 @@ FlagSet MakeFlags() {
   FlagSet f(kUsage);
   f.AddString("config", "inference_config.yaml; default: built-in defaults");
   f.AddString("model", "overrides model.path (llama2.c .bin or synthetic:<preset>)");
-  f.AddString("device", "overrides model.device: auto (cuda when a GPU is visible), cpu, cuda");
+  f.AddString(
+      "device",
+      "overrides model.device: auto (cuda when a GPU is visible and cuBLAS loads), cpu, cuda");
   f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");
   f.AddString("metrics-address", "overrides server.metrics_address; empty = no metrics");
   f.AddString("cuda-graphs", "on or off: replay decode steps as CUDA graphs (cuda only)", "on");
@@ -104,8 +106,9 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags) {
   if (!device.ok()) {
     return Prefixed(device_source, device.status());
   }
-  if (absl::Status st = CheckServable(config, *device); !st.ok()) return st;
-  return ServeSetup{std::move(config), *device, device_source};
+  if (absl::Status st = CheckServable(config, device->device); !st.ok()) return st;
+  return ServeSetup{std::move(config), device->device, device_source,
+                    std::move(device->fallback_reason)};
 }
 
 const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }

@@ -12,7 +12,8 @@ namespace kvd {
 //
 // Loads the config (built-in defaults without --config), applies --set overrides in order,
 // then the dedicated flags, validates, resolves model.device (auto = cuda when this build
-// has CUDA and a GPU is visible), refuses what that device cannot run (KV quantization
+// has CUDA, a GPU is visible and cuBLAS loads; else the CPU, saying why where a GPU is
+// visible), refuses what that device cannot run (KV quantization
 // other than `none` on the CPU; other than `none`/`bf16` on CUDA), loads the model (a
 // synthetic one is generated in backend memory from model.seed, the same weights on every
 // device; on the CPU only if host memory holds them) and its tokenizer

@@ -10,6 +10,7 @@
 #include "kernels/cpu_backend.h"
 #include "tools/cpu_count.h"
 #if defined(KVD_HAVE_CUDA)
+#include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
@@ -63,29 +64,51 @@ bool BuiltWithCuda() {
 #endif
 }
 
-absl::StatusOr<Device> ResolveDevice(std::string_view typed) {
+absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view typed, const CudaProbe& probe) {
   // Any case, as the config's model.device (its names are case-insensitive).
   const std::string name = absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
-  if (name == "cpu") return Device::kCpu;
+  if (name == "cpu") return DeviceChoice{Device::kCpu, ""};
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("'", std::string(typed), "' is not one of cpu, cuda, auto"));
   }
+  const bool is_auto = name == "auto";
+  if (!probe.built) {
+    if (is_auto) return DeviceChoice{Device::kCpu, ""};
+    return absl::FailedPreconditionError(
+        "'cuda': this kvd was built without the CUDA backend (configure with a CUDA toolkit and "
+        "KVD_CUDA=ON)");
+  }
+  if (!probe.devices.ok() || *probe.devices <= 0) {
+    if (is_auto) return DeviceChoice{Device::kCpu, ""};
+    // The runtime's reason, where it gave one: a driver too old for this runtime reads as
+    // "no GPU" otherwise.
+    return absl::UnavailableError(absl::StrCat(
+        "'cuda': no CUDA device is visible (no GPU or no driver)",
+        probe.devices.ok() ? "" : absl::StrCat(": ", probe.devices.status().message())));
+  }
+  if (!probe.cublas.ok()) {
+    if (is_auto) {
+      return DeviceChoice{Device::kCpu,
+                          absl::StrCat("a GPU is visible but the CUDA backend cannot run: ",
+                                       probe.cublas.message())};
+    }
+    return absl::UnavailableError(absl::StrCat("'cuda': ", probe.cublas.message()));
+  }
+  return DeviceChoice{Device::kCuda, ""};
+}
+
+absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view typed) {
+  const std::string name = absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
+  CudaProbe probe;
+  probe.built = BuiltWithCuda();
 #if defined(KVD_HAVE_CUDA)
-  const absl::StatusOr<int> count = CountCudaDevices();
-  if (count.ok() && *count > 0) return Device::kCuda;
-  if (name == "auto") return Device::kCpu;
-  // The runtime's reason, where it gave one: a driver too old for this runtime reads as
-  // "no GPU" otherwise.
-  return absl::UnavailableError(
-      absl::StrCat("'cuda': no CUDA device is visible (no GPU or no driver)",
-                   count.ok() ? "" : absl::StrCat(": ", count.status().message())));
-#else
-  if (name == "auto") return Device::kCpu;
-  return absl::FailedPreconditionError(
-      "'cuda': this kvd was built without the CUDA backend (configure with a CUDA toolkit and "
-      "KVD_CUDA=ON)");
+  if (name == "cuda" || name == "auto") {
+    probe.devices = CountCudaDevices();
+    if (probe.devices.ok() && *probe.devices > 0) probe.cublas = LoadCublas().status();
+  }
 #endif
+  return ChooseDevice(typed, probe);
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads) {

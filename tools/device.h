@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -28,12 +29,33 @@ std::string_view DeviceName(Device device);
 // True when this binary was built with the CUDA backend.
 bool BuiltWithCuda();
 
-// Resolves a device name, in any case (a --device flag or the config's model.device): "cpu"; "cuda"
-// (FailedPrecondition on a build without CUDA, Unavailable when no GPU is visible); "auto"
-// is cuda when the build has CUDA and CudaDeviceCount() > 0, else cpu. InvalidArgument for
-// anything else. Error messages name the value as typed but not where it came from: the caller
-// prefixes the flag or the config key the user set (e.g. "--device: ", "model.device: ").
-absl::StatusOr<Device> ResolveDevice(std::string_view name);
+// What the machine offers the CUDA backend, as ResolveDevice finds it.
+struct CudaProbe {
+  bool built = false;               // this binary has the CUDA backend
+  absl::StatusOr<int> devices = 0;  // GPUs visible, or why the runtime could not count them
+  absl::Status cublas;              // whether the cuBLAS libraries load (asked only with a GPU)
+};
+
+// A resolved device name.
+struct DeviceChoice {
+  Device device = Device::kCpu;
+  // Set when "auto" runs on the CPU although a GPU is visible: why (the CUDA backend cannot
+  // run here), for the command to tell the user; empty otherwise.
+  std::string fallback_reason;
+};
+
+// Pure: what a device name, in any case (a --device flag or the config's model.device),
+// resolves to given `probe`. "cpu"; "cuda" (FailedPrecondition on a build without CUDA,
+// Unavailable when no GPU is visible or the cuBLAS libraries do not load); "auto" is cuda
+// when "cuda" would be, else cpu (with the reason when a GPU is visible). InvalidArgument
+// for anything else. Error messages name the value as typed but not where it came from: the
+// caller prefixes the flag or the config key the user set (e.g. "--device: ",
+// "model.device: ").
+absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view name, const CudaProbe& probe);
+
+// ChooseDevice with this machine's probe: GPUs are counted only for "cuda" and "auto", and
+// the cuBLAS libraries loaded (as the CUDA backend would) only when one is visible.
+absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view name);
 
 // A CpuBackend with `cpu_threads` threads (<= 0: UsableCpus()), or a CudaBackend on GPU 0.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads);

@@ -75,7 +75,7 @@ FlagSet MakeFlags() {
               "sampling seed, as the config's model.seed; the same seed gives the same text", 0);
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
            IntRange{1, 256, /*power_of_two=*/true});
-  f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible)", "auto");
+  f.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible and cuBLAS loads)", "auto");
   f.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
            IntRange{0, kMaxCpuThreads});
   f.AddBool("json", "print one JSON object instead of text");
@@ -167,7 +167,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
   if (!device.ok()) {
     return Prefixed("--device", device.status());
   }
-  auto backend = MakeBackend(*device, static_cast<int>(flags.GetInt("threads")));
+  if (!device->fallback_reason.empty()) {
+    err << "kvd generate: --device auto runs on the CPU: " << device->fallback_reason << "\n";
+  }
+  auto backend = MakeBackend(device->device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return backend.status();
 
   // Synthetic weights are made in backend memory (no host fp32 copy, any size); checkpoints
@@ -203,8 +206,9 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
 
   auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
     if (synthetic) {  // the CPU backend's weights are host memory
-      return CreateRandomModel(spec, flags.GetUint64("seed"), backend->get(),
-                               *device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
+      return CreateRandomModel(
+          spec, flags.GetUint64("seed"), backend->get(),
+          device->device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
     }
     auto weights = LoadModel(model_ref);
     if (!weights.ok()) return weights.status();

@@ -28,11 +28,55 @@ const std::string kModel = std::string(KVD_SHARED_DIR) + "/models/stories260K.bi
 
 TEST(ResolveDeviceTest, ErrorsNameTheValueAndNoSource) {
   EXPECT_EQ(ResolveDevice("tpu").status().message(), "'tpu' is not one of cpu, cuda, auto");
-  EXPECT_EQ(*ResolveDevice("cpu"), Device::kCpu);
+  EXPECT_EQ(ResolveDevice("cpu")->device, Device::kCpu);
   const auto cuda = ResolveDevice("cuda");
   if (cuda.ok()) GTEST_SKIP() << "a GPU is visible: cuda resolves";
   EXPECT_THAT(cuda.status().message(), HasSubstr("'cuda'"));
   EXPECT_THAT(cuda.status().message(), Not(HasSubstr("--device")));
+}
+
+// "auto" is cuda only where cuda would run: built with CUDA, a GPU visible and the cuBLAS
+// libraries loading; otherwise the CPU, saying why when a GPU is visible (a machine with a
+// driver but no cuBLAS serves on the CPU instead of failing to start). "cuda" refuses
+// each of those with its reason.
+TEST(ChooseDeviceTest, AutoIsCudaOnlyWhereCudaWouldRun) {
+  const CudaProbe ready{true, 1, absl::OkStatus()};
+  for (const char* name : {"auto", "AUTO", "cuda", "Cuda"}) {
+    const auto choice = ChooseDevice(name, ready);
+    ASSERT_TRUE(choice.ok()) << name << ": " << choice.status();
+    EXPECT_EQ(choice->device, Device::kCuda) << name;
+    EXPECT_EQ(choice->fallback_reason, "") << name;
+  }
+  EXPECT_EQ(ChooseDevice("cpu", ready)->device, Device::kCpu);
+
+  const CudaProbe not_built{false, 0, absl::OkStatus()};
+  EXPECT_EQ(ChooseDevice("auto", not_built)->device, Device::kCpu);
+  EXPECT_EQ(ChooseDevice("auto", not_built)->fallback_reason, "");
+  EXPECT_EQ(ChooseDevice("cuda", not_built).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  const CudaProbe no_gpu{true, 0, absl::OkStatus()};
+  EXPECT_EQ(ChooseDevice("auto", no_gpu)->device, Device::kCpu);
+  EXPECT_EQ(ChooseDevice("auto", no_gpu)->fallback_reason, "");
+  EXPECT_EQ(ChooseDevice("cuda", no_gpu).status().message(),
+            "'cuda': no CUDA device is visible (no GPU or no driver)");
+  const CudaProbe no_driver{true, absl::UnavailableError("cudaGetDeviceCount: no driver"),
+                            absl::OkStatus()};
+  EXPECT_EQ(ChooseDevice("auto", no_driver)->device, Device::kCpu);
+  EXPECT_EQ(ChooseDevice("cuda", no_driver).status().message(),
+            "'cuda': no CUDA device is visible (no GPU or no driver): cudaGetDeviceCount: no "
+            "driver");
+
+  const CudaProbe no_cublas{true, 2, absl::UnavailableError("cannot load libcublasLt.so.13")};
+  const auto fallback = ChooseDevice("auto", no_cublas);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ(fallback->device, Device::kCpu);
+  EXPECT_EQ(fallback->fallback_reason,
+            "a GPU is visible but the CUDA backend cannot run: cannot load libcublasLt.so.13");
+  const auto cuda = ChooseDevice("cuda", no_cublas);
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cuda.status().message(), "'cuda': cannot load libcublasLt.so.13");
+
+  EXPECT_EQ(ChooseDevice("gpu", ready).status().message(), "'gpu' is not one of cpu, cuda, auto");
 }
 
 #if defined(KVD_HAVE_CUDA)
