@@ -60,7 +60,11 @@ class EngineLoop::Impl {
   bool Step();
   void DrainIngress();
   void ExpireDeadlines();
-  bool Admissible(const Sequence& candidate) const;
+  // Blocks s is still expected to take: TargetBlocks(s) less what it holds (0 if more).
+  int64_t BlocksToCome(const Sequence& s) const;
+  // Whether the candidate fits beside the running sequences, which are still expected to
+  // take `committed` blocks (the sum of their BlocksToCome).
+  bool Admissible(const Sequence& candidate, int64_t committed) const;
   int64_t TargetBlocks(const Sequence& s) const;
   // KV positions `r` can need at most: its prompt and all its output but the last token,
   // within the model's context.

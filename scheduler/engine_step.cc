@@ -85,14 +85,13 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
   return cache_->layout().BlocksForTokens(target);
 }
 
-bool EngineLoop::Impl::Admissible(const Sequence& candidate) const {
+int64_t EngineLoop::Impl::BlocksToCome(const Sequence& s) const {
+  const int64_t held = static_cast<int64_t>(cache_->BlockIds(s.handle).size());
+  return std::max<int64_t>(0, TargetBlocks(s) - held);
+}
+
+bool EngineLoop::Impl::Admissible(const Sequence& candidate, int64_t committed) const {
   if (running_.empty()) return true;  // Submit checked that it fits the pool alone
-  // Blocks the running sequences are still expected to take, plus the candidate's.
-  int64_t committed = 0;
-  for (const SeqPtr& s : running_) {
-    const int64_t held = static_cast<int64_t>(cache_->BlockIds(s->handle).size());
-    committed += std::max<int64_t>(0, TargetBlocks(*s) - held);
-  }
   // The candidate's cached prefix (its session's chain, then the prefix index) takes the
   // place of new blocks; but the evictable and the idly pinned ones among it are counted as
   // obtainable, and holding them takes them out of the obtainable pool. Other sessions'
@@ -212,11 +211,15 @@ bool EngineLoop::Impl::Step() {
   // another turn (running, or preempted and waiting) keeps its place and lets the ones
   // behind it by.
   RemoveFinished();
+  // What the running sequences are still expected to take, summed once; each admission adds
+  // its own (admitting one changes no other sequence's blocks).
+  int64_t committed = 0;
+  for (const SeqPtr& s : running_) committed += BlocksToCome(*s);
   Sequence* does_not_fit = nullptr;
   for (size_t k = 0; k < waiting_.size() && budget > 0 &&
                      static_cast<int32_t>(running_.size()) < options_.max_batch_size;) {
     Sequence& s = *waiting_[k];
-    if (!Admissible(s)) {
+    if (!Admissible(s, committed)) {
       does_not_fit = &s;
       break;
     }
@@ -230,6 +233,7 @@ bool EngineLoop::Impl::Step() {
       does_not_fit = &s;
       break;
     }
+    committed += BlocksToCome(s);
     running_.push_back(std::move(waiting_[k]));
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(k));
     plan.emplace_back(&s, n);
