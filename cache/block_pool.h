@@ -74,9 +74,9 @@ class BlockPool {
   void MarkCached(BlockId b);
   // Drops the key of a cached, unused block now (on_evict runs); it becomes free.
   void Evict(BlockId b);
-  // Defragmentation: dst takes over src's holders (pins included) and key; src becomes free. The
-  // caller copies the bytes and rewrites every table naming src. REQUIRES: src used, dst free, src
-  // != dst.
+  // Defragmentation: dst takes over src's holders (pins included) and key; src becomes
+  // free. The caller copies the bytes and rewrites every table naming src. REQUIRES: src
+  // used, dst free, src != dst.
   void Move(BlockId src, BlockId dst);
 
   // Adds a chunk. ResourceExhausted at max_chunks or the arena's error; after an arena

@@ -67,12 +67,12 @@ struct DefragPauseStats {
 
 // Defragmenter plans how to empty the arena's top chunk: every used block there moves to
 // a slot in a lower chunk: in the chunks the pool is to keep (DefragSnapshot::keep_chunks)
-// free slots, then slots of cached blocks (evicted to make room; they would go with the
-// chunks being drained otherwise), then the same in the chunks above those, lowest ids
-// first each time. Planning runs on its own thread from a snapshot;
-// KvCacheManager applies the plan at step boundaries, at most max_moves_per_step moves
-// each, re-checking every move against the pool's state then (it may have changed), and
-// records each pause here.
+// free slots, then slots of cached blocks (evicted to make room; were the pool to shrink
+// that far, the block would move there in the end anyway), then the same in the chunks
+// above those, lowest ids first each time. Planning runs on its own thread from a
+// snapshot; KvCacheManager applies the plan at step boundaries, at most max_moves_per_step
+// moves each, re-checking every move against the pool's state then (it may have changed),
+// and records each pause here.
 //
 // Thread safety: Submit/TakePlan/busy/WaitForPlan may be called from any one thread (the
 // engine thread) concurrently with the planner thread; RecordPause/pause_stats are engine
