@@ -1,5 +1,6 @@
 #include "cache/block_pool.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <utility>
@@ -196,6 +197,8 @@ absl::Status BlockPool::Grow() {
   refcount_.resize(n, 0);
   cached_.resize(n, 0);
   pins_.resize(n, 0);
+  // A chunk added back after a release starts with no pins, whatever its ids held before.
+  std::fill(pins_.begin() + (c << options_.chunk_shift), pins_.begin() + n, 0);
   free_links_.Resize(n);
   policy_->Resize(n);
   // Push in descending order so the chunk's lowest id is handed out first.
@@ -298,6 +301,12 @@ absl::Status BlockPool::CheckInvariants() const {
   for (int32_t c = num_chunks_; c < options_.max_chunks; ++c) {
     if (free_by_chunk_[c].size != 0 || used_in_chunk_[c] != 0) {
       return absl::InternalError(absl::StrCat("absent chunk ", c, " has blocks"));
+    }
+  }
+  // Nor holders or pins: Move leaves none behind on a chunk that is then released.
+  for (size_t b = num_blocks(); b < pins_.size(); ++b) {
+    if (refcount_[b] != 0 || pins_[b] != 0) {
+      return absl::InternalError(absl::StrCat("block ", b, " of an absent chunk has holders"));
     }
   }
   return absl::OkStatus();

@@ -148,6 +148,9 @@ TEST_F(BlockPoolTest, MoveCarriesPinsToTheDestination) {
   EXPECT_EQ(p->PinCount(b[4]), 0);
   EXPECT_EQ(p->num_only_pinned(), 1);
   ExpectValid(*p);
+  // The source's chunk, emptied, goes back with no pin left behind on its ids.
+  ASSERT_TRUE(p->ReleaseTopChunk().ok());
+  ExpectValid(*p);
   p->Unpin(b[1]);
   EXPECT_EQ(p->num_only_pinned(), 0);
   for (BlockId id : {b[0], b[1], b[2], b[3]}) p->Release(id);

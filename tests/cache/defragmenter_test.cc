@@ -56,6 +56,21 @@ TEST(DefragmenterPlanTest, FillsTheChunksToKeepFirst) {
   EXPECT_EQ(plan[0].dst, 1);
   EXPECT_EQ(plan[1].src, 10);
   EXPECT_EQ(plan[1].dst, 3);
+  // Keeping every chunk, or more than there are, is the plan without keep_chunks.
+  for (const int32_t keep : {2, 3, 9}) {
+    s.keep_chunks = keep;
+    plan = Defragmenter::Plan(s);
+    ASSERT_EQ(plan.size(), 2u) << keep;
+    EXPECT_EQ(plan[0].dst, 4) << keep;
+    EXPECT_EQ(plan[1].dst, 5) << keep;
+  }
+  // Never a slot of the top chunk, however many are to be kept.
+  DefragSnapshot cached_below{2, 3, {U, C, U, C, /**/ U, C, U, C, /**/ U, F, U, F}, 9};
+  plan = Defragmenter::Plan(cached_below);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].dst, 1);
+  EXPECT_EQ(plan[1].dst, 3);
+  s.keep_chunks = 1;
   // Where the kept chunks cannot take them all, the rest go above them as before.
   s.state = {U, C, U, U, /**/ F, F, U, C, /**/ U, F, U, F};
   plan = Defragmenter::Plan(s);
@@ -192,6 +207,37 @@ TEST(DefragManagerLoadTest, ABlockMovesOnceWhileThePoolDrainsToItsLastChunk) {
   EXPECT_EQ(m->stats().num_chunks, 1);
   EXPECT_EQ(m->stats().defrag_moves, 2);
   for (SeqId id : {1, 7}) EXPECT_EQ(CountBadKv(*m, id), 0);
+}
+
+// The same where the pool stops above its initial chunk: at low water 0.75, 6 blocks in use
+// shrink a pool of 4 chunks of 4 to 2 (6 <= 0.75 x 8, not <= 0.75 x 4). The top chunk's two
+// blocks go to chunks 0 and 1, the two kept: the free slot there first, then a cached one;
+// not to the free slots of chunk 2, which drains next, and evicting no more cached blocks
+// than the room takes.
+TEST(DefragManagerLoadTest, ABlockMovesOnceWhileThePoolDrainsToTheChunksItKeeps) {
+  FakeBackend backend;
+  FakeClock clock;
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.defrag_low_water = 0.75;
+  auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
+  for (SeqId id = 0; id < 8; ++id) {  // 8 tokens: two full blocks; 7: one full, one partial
+    const int32_t n = id == 2 || id == 4 || id == 5 ? 7 : 8;
+    ASSERT_TRUE(m->AddSequence(id, Iota(n, 100 * static_cast<int32_t>(id))).ok());
+    ASSERT_TRUE(Step(*m, id, n));
+  }
+  ASSERT_EQ(m->stats().num_chunks, 4);
+  // Survivors 1, 3 and 7 hold blocks 2-3, 6-7 and 14-15. Then chunk 0 has two cached
+  // blocks (0, 1), chunk 1 one cached and one free (4, 5), chunk 2 two of each.
+  for (SeqId id : {0, 2, 4, 5, 6}) m->Free(id);
+  for (int tick = 0; tick < 20; ++tick) {
+    m->Tick();
+    ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+  }
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.num_chunks, 2);
+  EXPECT_EQ(st.defrag_moves, 2);
+  EXPECT_EQ(st.cached_blocks, 2);  // 1 and 4: block 15 took block 0's slot, 14 the free 5
+  for (SeqId id : {1, 3, 7}) EXPECT_EQ(CountBadKv(*m, id), 0);
 }
 
 // Chunk 0 has room for the top chunk's one used block either way; whether it moves there
