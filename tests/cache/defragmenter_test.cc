@@ -183,23 +183,38 @@ TEST_P(DefragManagerTest, GrownPoolShrinksBackAndMovesPreserveKv) {
 
 INSTANTIATE_TEST_SUITE_P(InlineAndThreaded, DefragManagerTest, ::testing::Bool());
 
+// The burst-then-idle state of the shrink tests, with the given options. Sequence i holds
+// blocks 2i and 2i+1 (chunks of 4 blocks): a prompt of 7 tokens (a full, keyed block and a
+// partial one), or of `lengths[i]` (8: two full blocks); all but `survivors` end, leaving
+// their full blocks cached and their partial ones free.
+std::unique_ptr<KvCacheManager> GrownThenIdle(KvCacheOptions o, Backend* backend, Clock* clock,
+                                              std::vector<SeqId> survivors = {7},
+                                              std::vector<int32_t> lengths = {}) {
+  o.defrag_background_planning = false;
+  lengths.resize(8, 7);
+  auto m = *KvCacheManager::Create(o, TinyShape(), backend, clock);
+  for (SeqId id = 0; id < 8; ++id) {
+    EXPECT_TRUE(m->AddSequence(id, Iota(lengths[id], 100 * static_cast<int32_t>(id))).ok());
+    EXPECT_TRUE(Step(*m, id, lengths[id]));
+  }
+  EXPECT_EQ(m->stats().num_chunks, 4);
+  for (SeqId id = 0; id < 8; ++id) {
+    if (std::find(survivors.begin(), survivors.end(), id) == survivors.end()) m->Free(id);
+  }
+  return m;
+}
+
 // A pool of 4 chunks drains to 1 with each survivor's block moved once: the top chunk's
 // blocks go to chunk 0 (a free slot, then a cached one), not to the free slots of chunk 1,
 // which drains next.
 TEST(DefragManagerLoadTest, ABlockMovesOnceWhileThePoolDrainsToItsLastChunk) {
   FakeBackend backend;
   FakeClock clock;
-  KvCacheOptions o = TinyOptions(1, 4);  // chunks of 4 blocks
+  KvCacheOptions o = TinyOptions(1, 4);
   o.defrag_low_water = 1.0;
-  auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
-  for (SeqId id = 0; id < 8; ++id) {  // blocks 2 id (full, keyed) and 2 id + 1 (partial)
-    ASSERT_TRUE(m->AddSequence(id, Iota(7, 100 * static_cast<int32_t>(id))).ok());
-    ASSERT_TRUE(Step(*m, id, 7));
-  }
-  ASSERT_EQ(m->stats().num_chunks, 4);
   // Survivors: 1 (blocks 2, 3 in chunk 0) and 7 (14, 15 in chunk 3). Chunk 0 keeps a free
   // slot and a cached block; chunk 1 has two free slots and two cached blocks.
-  for (SeqId id : {0, 2, 3, 4, 5, 6}) m->Free(id);
+  auto m = GrownThenIdle(o, &backend, &clock, {1, 7});
   for (int tick = 0; tick < 20 && m->stats().num_chunks > 1; ++tick) {
     m->Tick();
     ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
@@ -219,16 +234,9 @@ TEST(DefragManagerLoadTest, ABlockMovesOnceWhileThePoolDrainsToTheChunksItKeeps)
   FakeClock clock;
   KvCacheOptions o = TinyOptions(1, 4);
   o.defrag_low_water = 0.75;
-  auto m = *KvCacheManager::Create(o, TinyShape(), &backend, &clock);
-  for (SeqId id = 0; id < 8; ++id) {  // 8 tokens: two full blocks; 7: one full, one partial
-    const int32_t n = id == 2 || id == 4 || id == 5 ? 7 : 8;
-    ASSERT_TRUE(m->AddSequence(id, Iota(n, 100 * static_cast<int32_t>(id))).ok());
-    ASSERT_TRUE(Step(*m, id, n));
-  }
-  ASSERT_EQ(m->stats().num_chunks, 4);
   // Survivors 1, 3 and 7 hold blocks 2-3, 6-7 and 14-15. Then chunk 0 has two cached
   // blocks (0, 1), chunk 1 one cached and one free (4, 5), chunk 2 two of each.
-  for (SeqId id : {0, 2, 4, 5, 6}) m->Free(id);
+  auto m = GrownThenIdle(o, &backend, &clock, {1, 3, 7}, {8, 8, 7, 8, 7, 7, 8, 8});
   for (int tick = 0; tick < 20; ++tick) {
     m->Tick();
     ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
@@ -302,22 +310,6 @@ TEST(DefragManagerFailureTest, ACopyFailedPartWayEvictsTheCachedBlocksItMayHaveO
   EXPECT_EQ(m->stats().num_chunks, 1);
   EXPECT_EQ(CountBadKv(*m, 7), 0);
   EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
-}
-
-// The burst-then-idle state of the shrink test, with the given options.
-// Sequence i holds blocks 2i and 2i+1 (chunks of 4 blocks); all but `survivors` end.
-std::unique_ptr<KvCacheManager> GrownThenIdle(KvCacheOptions o, Backend* backend, Clock* clock,
-                                              std::vector<SeqId> survivors = {7}) {
-  o.defrag_background_planning = false;
-  auto m = *KvCacheManager::Create(o, TinyShape(), backend, clock);
-  for (SeqId id = 0; id < 8; ++id) {
-    EXPECT_TRUE(m->AddSequence(id, Iota(7, 100 * static_cast<int32_t>(id))).ok());
-    EXPECT_TRUE(Step(*m, id, 7));
-  }
-  for (SeqId id = 0; id < 8; ++id) {
-    if (std::find(survivors.begin(), survivors.end(), id) == survivors.end()) m->Free(id);
-  }
-  return m;
 }
 
 TEST(DefragManagerPacingTest, StepsNoMoreOftenThanTheInterval) {
