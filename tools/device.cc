@@ -17,6 +17,12 @@
 namespace kvd {
 namespace {
 
+// A device name as typed, in lower case: names are case-insensitive, as the config's
+// model.device.
+std::string DeviceKey(std::string_view typed) {
+  return absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
+}
+
 // Host staging per FillRandom round on backends without a fill kernel (4 MiB of f32).
 constexpr size_t kFillChunkElements = size_t{1} << 20;
 
@@ -65,8 +71,7 @@ bool BuiltWithCuda() {
 }
 
 absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view typed, const CudaProbe& probe) {
-  // Any case, as the config's model.device (its names are case-insensitive).
-  const std::string name = absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
+  const std::string name = DeviceKey(typed);
   if (name == "cpu") return DeviceChoice{Device::kCpu, ""};
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(
@@ -99,11 +104,10 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view typed, const CudaProb
 }
 
 absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view typed) {
-  const std::string name = absl::AsciiStrToLower(absl::string_view(typed.data(), typed.size()));
   CudaProbe probe;
   probe.built = BuiltWithCuda();
 #if defined(KVD_HAVE_CUDA)
-  if (name == "cuda" || name == "auto") {
+  if (const std::string name = DeviceKey(typed); name == "cuda" || name == "auto") {
     probe.devices = CountCudaDevices();
     if (probe.devices.ok() && *probe.devices > 0) probe.cublas = LoadCublas().status();
   }
