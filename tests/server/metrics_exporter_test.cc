@@ -6,13 +6,13 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "re2/re2.h"
 #include "server/prometheus_writer.h"
 #include "server/utf8.h"
 
@@ -67,12 +67,13 @@ std::string FamilyOf(const std::string& name, const std::map<std::string, std::s
 }
 
 Scrape Parse(const std::string& text) {
-  static const std::regex kHelp(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) \S.*$)");
-  static const std::regex kType(
-      R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
-  static const std::regex kSample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
-  static const std::regex kLabel(R"(([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)\"(,|$))");
-  static const std::regex kNumber(R"(^([+-]?[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|[+-]Inf|NaN)$)");
+  // RE2 (linear time, no backtracking): FullMatch anchors at both ends, Consume at the start.
+  static const RE2 kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) \S.*)");
+  static const RE2 kType(
+      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
+  static const RE2 kSample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+))");
+  static const RE2 kLabel(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$))re");
+  static const RE2 kNumber(R"([+-]?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|[+-]Inf|NaN)");
   Scrape out;
   std::set<std::string> helped;
   std::istringstream in(text);
@@ -83,32 +84,31 @@ Scrape Parse(const std::string& text) {
   while (std::getline(in, line)) {
     ++line_no;
     const std::string where = "line " + std::to_string(line_no) + ": " + line;
-    std::smatch m;
-    if (std::regex_match(line, m, kHelp)) {
-      if (!helped.insert(m[1]).second) out.errors.push_back("HELP repeated: " + where);
-      last_help = m[1];
-    } else if (std::regex_match(line, m, kType)) {
-      if (m[1] != last_help) out.errors.push_back("TYPE without HELP before it: " + where);
-      if (!out.type.emplace(m[1], m[2]).second) out.errors.push_back("TYPE repeated: " + where);
-      if (m[2] == "counter" && !std::string(m[1]).ends_with("_total")) {
+    std::string name, kind, labels, value;
+    if (RE2::FullMatch(line, kHelp, &name)) {
+      if (!helped.insert(name).second) out.errors.push_back("HELP repeated: " + where);
+      last_help = name;
+    } else if (RE2::FullMatch(line, kType, &name, &kind)) {
+      if (name != last_help) out.errors.push_back("TYPE without HELP before it: " + where);
+      if (!out.type.emplace(name, kind).second) out.errors.push_back("TYPE repeated: " + where);
+      if (kind == "counter" && !name.ends_with("_total")) {
         out.errors.push_back("counter not named _total: " + where);
       }
-    } else if (std::regex_match(line, m, kSample)) {
+    } else if (RE2::FullMatch(line, kSample, &name, &labels, &value)) {
       Sample s;
-      s.name = m[1];
-      const std::string labels = m[3];
-      std::string rest = labels;
-      std::smatch lm;
+      s.name = name;
+      re2::StringPiece rest(labels);
+      std::string key, label_value;
       while (!rest.empty()) {
-        if (!std::regex_search(rest, lm, kLabel) || lm.position(0) != 0) {
+        if (!RE2::Consume(&rest, kLabel, &key, &label_value)) {
           out.errors.push_back("bad labels: " + where);
           break;
         }
-        if (!s.labels.emplace(lm[1], lm[2]).second) out.errors.push_back("dup label: " + where);
-        rest = lm.suffix();
+        if (!s.labels.emplace(key, label_value).second) {
+          out.errors.push_back("dup label: " + where);
+        }
       }
-      const std::string value = m[4];
-      if (!std::regex_match(value, kNumber)) {
+      if (!RE2::FullMatch(value, kNumber)) {
         out.errors.push_back("bad value: " + where);
         continue;
       }
@@ -198,6 +198,36 @@ MetricsInfo Info() {
   info.block_size = 16;
   info.num_blocks = 1000;
   return info;
+}
+
+// The reader above is what the exporter's tests trust: it accepts the format's escapes and
+// names each kind of mistake.
+TEST(ExpositionReaderTest, AcceptsEscapesAndNamesEachMistake) {
+  const std::string head = "# HELP kvd_x_total Help.\n# TYPE kvd_x_total counter\n";
+  const Scrape good =
+      Parse(head + "kvd_x_total{a=\"q\\\"x\\\\\",b=\"\"} 3\nkvd_x_total 1.5e+2\nkvd_x_total +Inf\n");
+  EXPECT_THAT(good.errors, ::testing::IsEmpty());
+  ASSERT_EQ(good.samples.size(), 3u);
+  EXPECT_EQ(good.samples[0].labels.at("a"), "q\\\"x\\\\");
+  EXPECT_EQ(good.samples[0].labels.at("b"), "");
+  EXPECT_EQ(good.samples[0].value, 3);
+  EXPECT_EQ(good.samples[1].value, 150);
+  EXPECT_TRUE(good.samples[1].labels.empty());
+
+  auto first_error = [](const std::string& text) {
+    const Scrape s = Parse(text);
+    return s.errors.empty() ? std::string("(none)") : s.errors.front();
+  };
+  EXPECT_THAT(first_error(head + "kvd_x_total{a=q} 1\n"), HasSubstr("bad labels"));
+  EXPECT_THAT(first_error(head + "kvd_x_total{a=\"1\"b=\"2\"} 1\n"), HasSubstr("bad labels"));
+  EXPECT_THAT(first_error(head + "kvd_x_total{a=\"1\",a=\"2\"} 1\n"), HasSubstr("dup label"));
+  EXPECT_THAT(first_error(head + "kvd_x_total 1,5\n"), HasSubstr("bad value"));
+  EXPECT_THAT(first_error(head + "kvd_y 1\n"), HasSubstr("undeclared family"));
+  EXPECT_THAT(first_error("# TYPE kvd_x_total counter\n"), HasSubstr("TYPE without HELP"));
+  EXPECT_THAT(first_error("# HELP kvd_x Help.\n# TYPE kvd_x counter\n"),
+              HasSubstr("counter not named _total"));
+  EXPECT_THAT(first_error(head + "kvd_x_total 1"), HasSubstr("newline"));
+  EXPECT_THAT(first_error(head + "kvd_x_total  1\n"), HasSubstr("malformed"));
 }
 
 TEST(MetricsExporterTest, OutputIsWellFormedExposition) {
@@ -323,7 +353,7 @@ TEST(PrometheusWriterTest, HistogramBoundsAreSpelledShortest) {
   }
   // And so is every bucket of the real exporter.
   const std::string scrape = MetricsExporter::Render(BusyStats(), Info());
-  EXPECT_FALSE(std::regex_search(scrape, std::regex("le=\"[^\"]*[0-9]{12}")))
+  EXPECT_FALSE(RE2::PartialMatch(scrape, R"re(le="[^"]*[0-9]{12})re"))
       << "an le label with 12+ digits in a row";
 }
 
