@@ -33,7 +33,13 @@
 // measured slower. What bounds it is L2 throughput (ncu: 94% of peak, DRAM 91%): cp.async
 // makes three L2 requests per 128-byte line, a TMA box one (kv_row_map.cc: with no L2
 // promotion). Short batches are bound by fixed costs instead: at 8 x 4k the kernel with its
-// math removed read 0.81 back to back.
+// math removed read 0.81 back to back. All K/V is read after the wait for the preceding
+// kernel (launch.cuh): issuing the first copies of the keys that kernel cannot be writing
+// (all but the newest) before the wait gained nothing in the engine (H200, kvd_e2e_bench
+// graphs on, two rounds alternating: 1 x 4k step 4.485/4.512 ms vs 4.479/4.483 without,
+// 64 x 4k 13.02/13.07 vs 13.02/12.95) and 1-2% back to back (gpu_bench sweep, 8 x 4k
+// auto: 0.888/0.891 of copy vs 0.873/0.880), too little to tie the kernel to what the
+// kernel before it writes.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
