@@ -71,6 +71,14 @@
 // from L2) and the producer's instructions ~4%. Clusters of two CTAs that gather half of
 // each tile and copy it into the other's shared memory measured +3% at 1 x 16k and 2-4%
 // slower at 1 x 4k and 8 x 2k: each refill then waits on the other CTA's consumers too.
+// K/V as TMA boxes through the backend's view (kv_row_map.h: 16 rows of 64 dims a box, the
+// most a 16-token block allows; 16 boxes a tile issued by the producer's first warp, the runs
+// that key_end or the view cut by cp.async) measured slower than this gather in the same
+// build (H200, gpu_bench prefill, two runs: 1 x 16k 489 TFLOP/s against 527-530, 8 x 2k
+// 396-402 against 438-451, 1 x 512 / 4096 0.094-0.100 ms against 0.075-0.077). (Its first
+// form, one lane expecting every box's bytes behind a __syncwarp in that warp's branch, made
+// ptxas turn each shuffle of the copy rounds into a collective sequence: twice the code, and
+// the gather itself 20% slower.)
 
 #include <cuda_bf16.h>
 
