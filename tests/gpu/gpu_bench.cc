@@ -471,9 +471,9 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name,
   }
 }
 
-// Decode matmuls (m <= 8 rows) of Llama-3-8B: the skinny GEMM kernel against the current
-// Matmul path (input to bf16, then cuBLASLt), both as GB/s of weight read and its ratio to
-// the copy ceiling. Consecutive calls cycle through enough weight copies (>= 256 MiB in
+// Decode matmuls of Llama-3-8B: the skinny GEMM kernel (m <= 8 rows) against the current
+// Matmul path (input to bf16, then cuBLASLt; the only one for 16 and 64 rows, as batch-64
+// decode steps run them), both as GB/s of weight read and its ratio to the copy ceiling. Consecutive calls cycle through enough weight copies (>= 256 MiB in
 // all, >= 2) that L2 (50 MB) never holds the next call's weight.
 void SkinnyGemmRates(Bench& bench, double copy_gbps) {
   struct Shape {
@@ -485,11 +485,13 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
   constexpr int kMaxN = 128256;
   cudaStream_t stream = bench.gpu().stream();
   std::unique_ptr<BlasGemm> blas = Must(BlasGemm::Create(stream));
-  DeviceBuffer in = Must(bench.gpu().Allocate(size_t{8} * kMaxK * 4));
-  DeviceBuffer in_bf16 = Must(bench.gpu().Allocate(size_t{8} * kMaxK * 2));
-  DeviceBuffer out = Must(bench.gpu().Allocate(size_t{8} * kMaxN * 4));
+  // Up to 64 rows: the engine's batch-64 decode steps run these products on cuBLAS.
+  constexpr int kMaxM = 64;
+  DeviceBuffer in = Must(bench.gpu().Allocate(size_t{kMaxM} * kMaxK * 4));
+  DeviceBuffer in_bf16 = Must(bench.gpu().Allocate(size_t{kMaxM} * kMaxK * 2));
+  DeviceBuffer out = Must(bench.gpu().Allocate(size_t{kMaxM} * kMaxN * 4));
   BENCH_CHECK(
-      bench.gpu().FillRandom(in.data(), DType::kF32, size_t{8} * kMaxK, RandomFill{7, 1, 0}));
+      bench.gpu().FillRandom(in.data(), DType::kF32, size_t{kMaxM} * kMaxK, RandomFill{7, 1, 0}));
   for (const Shape& shape :
        {Shape{"qkv", 6144, 4096}, Shape{"o", 4096, 4096}, Shape{"gate_up", 28672, 4096},
         Shape{"down", 4096, 14336}, Shape{"lm_head", 128256, 4096}}) {
@@ -505,8 +507,10 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
     const double call_ms_at_copy = weight_bytes / (copy_gbps * 1e6);
     const int rounds = std::max(1, static_cast<int>(5.0 / (call_ms_at_copy * copies)));
     const int reps = rounds * copies;
-    for (const int m : {1, 2, 4, 8}) {
-      const double skinny_ms = TimePerCallMs(bench, reps, [&](int rep) {
+    for (const int m : {1, 2, 4, 8, 16, 64}) {
+      // The skinny kernel takes up to kMaxSkinnyRows rows; past that only cuBLAS runs.
+      const bool skinny = m <= cuda::kMaxSkinnyRows;
+      const double skinny_ms = !skinny ? -1 : TimePerCallMs(bench, reps, [&](int rep) {
         CudaCheck(cuda::LaunchSkinnyGemm(out.as<float>(), in.as<float>(), weight(rep), m, shape.n,
                                          shape.k, false, stream),
                   "LaunchSkinnyGemm");
@@ -521,7 +525,7 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
       // The same calls replayed from one CUDA graph, as the engine runs decode steps.
       double skinny_graph_ms = -1;
       double blas_graph_ms = -1;
-      if (m == 1 || m == 8) {
+      if (skinny && (m == 1 || m == 8)) {
         skinny_graph_ms = GraphTimeMs(bench, [&] {
           for (int rep = 0; rep < reps; ++rep) {
             if (cudaError_t err =
@@ -533,6 +537,8 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
           }
           return absl::OkStatus();
         });
+      }
+      if (m == 1 || m == 8 || m == 64) {
         blas_graph_ms = GraphTimeMs(bench, [&] {
           for (int rep = 0; rep < reps; ++rep) {
             if (cudaError_t err = cuda::LaunchF32ToBf16(in_bf16.data(), in.as<float>(),
