@@ -1,5 +1,6 @@
 #include "kernels/cuda/blas_gemm.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -113,16 +114,19 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
     status = api_->cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i],
                                                         sizeof(aligns[i]));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int kMaxRank = 16;
+  cublasLtMatmulHeuristicResult_t results[kMaxRank] = {};
+  const int wanted = std::min(heuristic_rank_, kMaxRank - 1) + 1;
   int num_results = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = api_->cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c,
-                                                  plan->c, pref, 1, &result, &num_results);
+                                                  plan->c, pref, wanted, results, &num_results);
   }
   api_->cublasLtMatmulPreferenceDestroy(pref);
-  if (status == CUBLAS_STATUS_SUCCESS && num_results > 0) {
+  heuristic_results_ = num_results;
+  if (status == CUBLAS_STATUS_SUCCESS && num_results >= wanted) {
     plan->use_lt = true;
-    plan->algo = result.algo;
+    plan->algo = results[wanted - 1].algo;
   } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
     return CublasStatus(status, kOp);
   }
@@ -135,6 +139,12 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
   uses_.push_front(key);
   plans_.emplace(key, CachedPlan{std::move(plan), uses_.begin()});
   return raw;
+}
+
+void BlasGemm::UseHeuristicRank(int rank) {
+  heuristic_rank_ = std::max(0, rank);
+  plans_.clear();
+  uses_.clear();
 }
 
 absl::Status BlasGemm::Run(float* out, const void* in, const void* weight, int m, int n, int k,

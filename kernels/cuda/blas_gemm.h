@@ -48,6 +48,13 @@ class BlasGemm {
   static constexpr size_t kMaxPlans = 4096;
   size_t num_plans() const { return plans_.size(); }
 
+  // Benchmark only (gpu_bench): plans made from now on take the cuBLASLt heuristic's
+  // algorithm of rank `rank` (0, the default, is its first choice; the cached plans are
+  // dropped). A plan whose heuristic offers no algorithm of that rank runs cublasGemmEx, and
+  // heuristic_results() then says how many it offered for the last plan made.
+  void UseHeuristicRank(int rank);
+  int heuristic_results() const { return heuristic_results_; }
+
  private:
   struct Plan;
   // (m, n, k, accumulate, alignment of in, weight and out in bytes, up to 256)
@@ -68,6 +75,8 @@ class BlasGemm {
   };
   std::map<PlanKey, CachedPlan> plans_;
   std::list<PlanKey> uses_;  // the keys of plans_, most recently used first
+  int heuristic_rank_ = 0;
+  int heuristic_results_ = 0;
 };
 
 }  // namespace kvd

@@ -588,6 +588,33 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
         bench.Row(absl::StrCat("gemv ", path, " ", name), ms, gbps, tflop / (ms * 1e-3),
                   gbps / copy_gbps, "copy");
       }
+      // 64 rows under each of the cuBLASLt heuristic's first eight algorithms
+      // (BlasGemm::UseHeuristicRank), from a graph: how far its first choice is from the best
+      // it offers.
+      if (m == 64) {
+        for (int rank = 0; rank < 8; ++rank) {
+          blas->UseHeuristicRank(rank);
+          BENCH_CHECK(blas->Run(out.as<float>(), in_bf16.data(), weight(0), m, shape.n, shape.k,
+                                false));  // makes the plan, outside the capture
+          if (blas->heuristic_results() <= rank) break;
+          const double graph_ms = GraphTimeMs(bench, [&] {
+            for (int rep = 0; rep < reps; ++rep) {
+              if (absl::Status status = blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m,
+                                                  shape.n, shape.k, false);
+                  !status.ok()) {
+                return status;
+              }
+            }
+            return absl::OkStatus();
+          });
+          if (graph_ms <= 0) continue;
+          const double ms = graph_ms / reps;
+          const double gbps = weight_bytes / (ms * 1e6);
+          bench.Row(absl::StrCat("gemv cublas rank ", rank, " graph ", name), ms, gbps,
+                    tflop / (ms * 1e-3), gbps / copy_gbps, "copy");
+        }
+        blas->UseHeuristicRank(0);
+      }
     }
   }
 }
