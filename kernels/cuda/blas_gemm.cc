@@ -114,9 +114,8 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
     status = api_->cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i],
                                                         sizeof(aligns[i]));
   }
-  constexpr int kMaxRank = 16;
-  cublasLtMatmulHeuristicResult_t results[kMaxRank] = {};
-  const int wanted = std::min(heuristic_rank_, kMaxRank - 1) + 1;
+  cublasLtMatmulHeuristicResult_t results[kMaxHeuristicRank + 1] = {};
+  const int wanted = heuristic_rank_ + 1;
   int num_results = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = api_->cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c,
@@ -142,7 +141,7 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
 }
 
 void BlasGemm::UseHeuristicRank(int rank) {
-  heuristic_rank_ = std::max(0, rank);
+  heuristic_rank_ = std::clamp(rank, 0, kMaxHeuristicRank);
   plans_.clear();
   uses_.clear();
 }

@@ -49,9 +49,11 @@ class BlasGemm {
   size_t num_plans() const { return plans_.size(); }
 
   // Benchmark only (gpu_bench): plans made from now on take the cuBLASLt heuristic's
-  // algorithm of rank `rank` (0, the default, is its first choice; the cached plans are
-  // dropped). A plan whose heuristic offers no algorithm of that rank runs cublasGemmEx, and
-  // heuristic_results() then says how many it offered for the last plan made.
+  // algorithm of rank `rank` (0, the default, is its first choice; ranks past
+  // kMaxHeuristicRank are taken as it; the cached plans are dropped). A plan whose heuristic
+  // offers no algorithm of that rank runs cublasGemmEx; heuristic_results() says how many it
+  // offered for the last plan made (at most rank + 1).
+  static constexpr int kMaxHeuristicRank = 15;
   void UseHeuristicRank(int rank);
   int heuristic_results() const { return heuristic_results_; }
 

@@ -71,9 +71,8 @@ TEST_F(BlasGemmTest, EveryHeuristicRankComputesTheSameProduct) {
   };
   const std::vector<float> product = run(false);
   ASSERT_GE(blas->heuristic_results(), 1);
-  // Up to one past the ranks offered (BlasGemm looks at most 16 deep): that plan runs
-  // cublasGemmEx.
-  for (int rank = 1; rank < 16; ++rank) {
+  // Up to one past the ranks offered: that plan runs cublasGemmEx.
+  for (int rank = 1; rank <= BlasGemm::kMaxHeuristicRank; ++rank) {
     blas->UseHeuristicRank(rank);
     const std::vector<float> plain = run(false);
     const bool offered = blas->heuristic_results() > rank;

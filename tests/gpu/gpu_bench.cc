@@ -473,8 +473,9 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name,
 
 // Decode matmuls of Llama-3-8B: the skinny GEMM kernel (m <= 8 rows) against the current
 // Matmul path (input to bf16, then cuBLASLt; the only one for 16 and 64 rows, as batch-64
-// decode steps run them), both as GB/s of weight read and its ratio to the copy ceiling. Consecutive calls cycle through enough weight copies (>= 256 MiB in
-// all, >= 2) that L2 (50 MB) never holds the next call's weight.
+// decode steps run them), both as GB/s of weight read and its ratio to the copy ceiling.
+// Consecutive calls cycle through enough weight copies (>= 256 MiB in all, >= 2) that L2
+// (50 MB) never holds the next call's weight.
 void SkinnyGemmRates(Bench& bench, double copy_gbps) {
   struct Shape {
     const char* name;
@@ -522,6 +523,24 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
         BENCH_CHECK(
             blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m, shape.n, shape.k, false));
       });
+      // The cuBLAS path's calls for one graph: the input's conversion to bf16 (as Matmul does
+      // it) unless `convert` is false, then the product.
+      auto blas_calls = [&](bool convert) {
+        for (int rep = 0; rep < reps; ++rep) {
+          if (cudaError_t err = convert ? cuda::LaunchF32ToBf16(in_bf16.data(), in.as<float>(),
+                                                                int64_t{m} * shape.k, stream)
+                                        : cudaSuccess;
+              err != cudaSuccess) {
+            return absl::InternalError(cudaGetErrorString(err));
+          }
+          if (absl::Status status = blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m,
+                                              shape.n, shape.k, false);
+              !status.ok()) {
+            return status;
+          }
+        }
+        return absl::OkStatus();
+      };
       // The same calls replayed from one CUDA graph, as the engine runs decode steps.
       double skinny_graph_ms = -1;
       double blas_graph_ms = -1;
@@ -539,21 +558,7 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
         });
       }
       if (m == 1 || m == 8 || m == 64) {
-        blas_graph_ms = GraphTimeMs(bench, [&] {
-          for (int rep = 0; rep < reps; ++rep) {
-            if (cudaError_t err = cuda::LaunchF32ToBf16(in_bf16.data(), in.as<float>(),
-                                                        int64_t{m} * shape.k, stream);
-                err != cudaSuccess) {
-              return absl::InternalError(cudaGetErrorString(err));
-            }
-            if (absl::Status status = blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m,
-                                                shape.n, shape.k, false);
-                !status.ok()) {
-              return status;
-            }
-          }
-          return absl::OkStatus();
-        });
+        blas_graph_ms = GraphTimeMs(bench, [&] { return blas_calls(/*convert=*/true); });
       }
       // m = 1 under each tile count per CTA (the launcher picks one by n).
       if (m == 1) {
@@ -589,24 +594,15 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
                   gbps / copy_gbps, "copy");
       }
       // 64 rows under each of the cuBLASLt heuristic's first eight algorithms
-      // (BlasGemm::UseHeuristicRank), from a graph: how far its first choice is from the best
-      // it offers.
+      // (BlasGemm::UseHeuristicRank), from a graph, without the conversion: how far its first
+      // choice is from the best it offers.
       if (m == 64) {
         for (int rank = 0; rank < 8; ++rank) {
           blas->UseHeuristicRank(rank);
           BENCH_CHECK(blas->Run(out.as<float>(), in_bf16.data(), weight(0), m, shape.n, shape.k,
                                 false));  // makes the plan, outside the capture
           if (blas->heuristic_results() <= rank) break;
-          const double graph_ms = GraphTimeMs(bench, [&] {
-            for (int rep = 0; rep < reps; ++rep) {
-              if (absl::Status status = blas->Run(out.as<float>(), in_bf16.data(), weight(rep), m,
-                                                  shape.n, shape.k, false);
-                  !status.ok()) {
-                return status;
-              }
-            }
-            return absl::OkStatus();
-          });
+          const double graph_ms = GraphTimeMs(bench, [&] { return blas_calls(/*convert=*/false); });
           if (graph_ms <= 0) continue;
           const double ms = graph_ms / reps;
           const double gbps = weight_bytes / (ms * 1e6);

@@ -204,8 +204,8 @@ MetricsInfo Info() {
 // names each kind of mistake.
 TEST(ExpositionReaderTest, AcceptsEscapesAndNamesEachMistake) {
   const std::string head = "# HELP kvd_x_total Help.\n# TYPE kvd_x_total counter\n";
-  const Scrape good =
-      Parse(head + "kvd_x_total{a=\"q\\\"x\\\\\",b=\"\"} 3\nkvd_x_total 1.5e+2\nkvd_x_total +Inf\n");
+  const Scrape good = Parse(
+      head + "kvd_x_total{a=\"q\\\"x\\\\\",b=\"\"} 3\nkvd_x_total 1.5e+2\nkvd_x_total +Inf\n");
   EXPECT_THAT(good.errors, ::testing::IsEmpty());
   ASSERT_EQ(good.samples.size(), 3u);
   EXPECT_EQ(good.samples[0].labels.at("a"), "q\\\"x\\\\");
