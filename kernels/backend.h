@@ -68,6 +68,10 @@ class Backend {
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  // Whether Matmul with this many rows reads MatmulParams::in_bf16 when given (so a model
+  // should have the op before it write the copy: RmsNorm's or SiluMul's out_bf16), rather
+  // than ignoring it.
+  virtual bool ReadsBf16MatmulInput(int32_t /*m*/) const { return false; }
   // Every backend checks ValidateRope (below) before anything is written.
   virtual absl::Status Rope(const RopeParams& p) = 0;
   // Every backend checks ValidateSiluMul (below).

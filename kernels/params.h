@@ -56,6 +56,9 @@ struct RmsNormParams {
   int32_t num_rows = 0;
   int32_t dim = 0;
   float eps = 1e-5f;
+  // Optional: out's rows again rounded to bf16 (nearest even), [num_rows][dim], for a
+  // Matmul that reads its input in bf16 (MatmulParams::in_bf16). Overlaps nothing else.
+  void* out_bf16 = nullptr;
 };
 
 // out[m][n] = in[m][:] . weight[n][:]  (+ out[m][n] when accumulate: residual add).
@@ -69,6 +72,11 @@ struct MatmulParams {
   int32_t n = 0;
   int32_t k = 0;
   bool accumulate = false;
+  // Optional: in's values rounded to bf16 (nearest even), [m][k], as RmsNorm and SiluMul
+  // write them (out_bf16). A backend that rounds the input to bf16 anyway may read these
+  // instead of `in` and skip its own rounding (Backend::ReadsBf16MatmulInput says for which m
+  // it does); `in` must be given all the same.
+  const void* in_bf16 = nullptr;
 };
 
 enum class RopeStyle : int32_t {
@@ -115,6 +123,9 @@ struct SiluMulParams {
   int32_t dim = 0;
   int32_t gate_stride = 0;
   int32_t up_stride = 0;
+  // Optional: out's rows again rounded to bf16 (nearest even), [num_rows][dim] (as
+  // RmsNormParams::out_bf16). Overlaps nothing else.
+  void* out_bf16 = nullptr;
 };
 
 // out[t][:] = table[token_ids[t]][:]

@@ -130,6 +130,9 @@ class CudaBackend final : public Backend {
   absl::Status RmsNorm(const RmsNormParams& p) override;
   // REQUIRES: weight_dtype is kBF16.
   absl::Status Matmul(const MatmulParams& p) override;
+  // Past kMaxSkinnyRows rows (the cuBLAS path, which otherwise rounds `in` to bf16 in a
+  // launch of its own).
+  bool ReadsBf16MatmulInput(int32_t m) const override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status AppendKv(const AppendKvParams& p) override;

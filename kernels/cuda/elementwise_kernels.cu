@@ -70,8 +70,11 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
   sum_sq = BlockSum(sum_sq, scratch);
   const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
   const T* weight = static_cast<const T*>(p.weight);
+  __nv_bfloat16* out_bf16 = static_cast<__nv_bfloat16*>(p.out_bf16);
   for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    out[i] = in[i] * inv_rms * ToFloat(weight[i]);
+    const float y = in[i] * inv_rms * ToFloat(weight[i]);
+    out[i] = y;
+    if (out_bf16 != nullptr) out_bf16[int64_t{blockIdx.x} * p.dim + i] = __float2bfloat16_rn(y);
   }
 }
 
@@ -85,10 +88,20 @@ __device__ __forceinline__ float4 LoadWeight4(const __nv_bfloat16* w) {
                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
 }
 
+// Four floats rounded to bf16 (nearest even), as one 8-byte store. REQUIRES: dst 8-byte aligned.
+__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
 // RmsNormKernel for rows of up to kRowThreads * 4 * kVecs floats held in registers: every
 // load of the row is issued before any is used (a decode step's single row is otherwise a
 // chain of dependent round trips), and the row is read once.
-// REQUIRES: dim % 4 == 0; in, out 16-byte and weight 4-element aligned rows.
+// REQUIRES: dim % 4 == 0; in, out 16-byte, out_bf16 8-byte and weight 4-element aligned rows.
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p) {
   const int n4 = p.dim / 4;
@@ -106,6 +119,8 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
   __shared__ float scratch[kRowThreads / 32];
   const float4* in = reinterpret_cast<const float4*>(p.in + int64_t{blockIdx.x} * p.dim);
   float4* out = reinterpret_cast<float4*>(p.out + int64_t{blockIdx.x} * p.dim);
+  __nv_bfloat16* out_bf16 = static_cast<__nv_bfloat16*>(p.out_bf16);
+  if (out_bf16 != nullptr) out_bf16 += int64_t{blockIdx.x} * p.dim;
   float4 x[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -123,8 +138,10 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
   for (int j = 0; j < kVecs; ++j) {
     const int i = threadIdx.x + j * kRowThreads;
     if (i < n4) {
-      out[i] = make_float4(x[j].x * inv_rms * w[j].x, x[j].y * inv_rms * w[j].y,
-                           x[j].z * inv_rms * w[j].z, x[j].w * inv_rms * w[j].w);
+      const float4 y = make_float4(x[j].x * inv_rms * w[j].x, x[j].y * inv_rms * w[j].y,
+                                   x[j].z * inv_rms * w[j].z, x[j].w * inv_rms * w[j].w);
+      out[i] = y;
+      if (out_bf16 != nullptr) StoreBf16x4(out_bf16 + 4 * i, y);
     }
   }
 }
@@ -192,9 +209,14 @@ __global__ void SiluMulKernel(SiluMulParams p) {
     const float* gate = p.gate + int64_t{r} * p.gate_stride;
     const float* up = p.up + int64_t{r} * p.up_stride;
     float* out = p.out + int64_t{r} * p.dim;
+    __nv_bfloat16* out_bf16 = p.out_bf16 == nullptr
+                                  ? nullptr
+                                  : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t{r} * p.dim;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.dim; i += gridDim.x * blockDim.x) {
       const float g = gate[i];
-      out[i] = g / (1.0f + expf(-g)) * up[i];
+      const float y = g / (1.0f + expf(-g)) * up[i];
+      out[i] = y;
+      if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
     }
   }
 }
@@ -223,7 +245,8 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   };
   return KVD_DISPATCH_STORAGE_DTYPE(p.weight_dtype, T, [&] {
     const bool vec = p.dim % 4 == 0 && p.dim <= kRowThreads * 4 * kMaxVecs && aligned(p.in, 16) &&
-                     aligned(p.out, 16) && aligned(p.weight, 4 * sizeof(T));
+                     aligned(p.out, 16) && aligned(p.out_bf16, 8) &&
+                     aligned(p.weight, 4 * sizeof(T));
     if (vec && p.dim <= kRowThreads * 4) {
       return LaunchDependent(RmsNormVecKernel<T, 1>, p.num_rows, kRowThreads, 0, stream, p);
     }

@@ -2,9 +2,11 @@
 // reference on bf16-rounded inputs.
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -82,6 +84,45 @@ TEST_F(MatmulTest, OddShapesTakeAFallbackAndStayCorrect) {
        {MatmulShape{5, 33, 17}, MatmulShape{3, 7, 301}, MatmulShape{1, 1, 1}}) {
     Check(s, /*accumulate=*/false);
     Check(s, /*accumulate=*/true);
+  }
+}
+
+// Past the skinny kernel's rows the backend reads a bf16 copy of the input when given one
+// (MatmulParams::in_bf16, which RmsNorm and SiluMul write) instead of rounding `in` itself;
+// up to them it reads `in`. The copy given here holds twice `in` (exact in bf16), so the
+// product shows which one was read.
+TEST_F(MatmulTest, ReadsABf16CopyOfItsInputWhereItSaysItDoes) {
+  const int n = 512, k = 1024;
+  for (const int m : {1, 8, 9, 64}) {
+    SCOPED_TRACE(testing::Message() << "m " << m);
+    const bool reads_copy = m > 8;
+    EXPECT_EQ(gpu().ReadsBf16MatmulInput(m), reads_copy);
+    const std::vector<float> in = RoundBf16(RandomFloats(size_t(m) * k, m + 5));
+    std::vector<uint16_t> twice(in.size());
+    for (size_t i = 0; i < in.size(); ++i) twice[i] = Bf16Bits(2.0f * in[i]);
+    const std::vector<float> weight = RoundBf16(RandomFloats(size_t(n) * k, 77));
+    const size_t out_count = size_t(m) * n;
+
+    DeviceBuffer cpu_in = Upload(cpu(), in);
+    DeviceBuffer cpu_w = Upload(cpu(), weight);
+    DeviceBuffer cpu_out = Poisoned(cpu(), out_count * 4);
+    MatmulParams p{cpu_out.as<float>(), cpu_in.as<float>(), cpu_w.data(), DType::kF32, m, n, k};
+    ASSERT_TRUE(cpu().Matmul(p).ok());
+    std::vector<float> expected = DownloadFloats(cpu(), cpu_out.data(), out_count);
+    if (reads_copy) {
+      for (float& x : expected) x *= 2.0f;
+    }
+
+    DeviceBuffer gpu_in = Upload(gpu(), in);
+    DeviceBuffer gpu_copy = Upload(gpu(), twice);
+    DeviceBuffer gpu_w = OrDie(gpu().UploadWeights(weight.data(), weight.size()), "upload");
+    DeviceBuffer gpu_out = Poisoned(gpu(), out_count * 4);
+    p = {gpu_out.as<float>(), gpu_in.as<float>(), gpu_w.data(), DType::kBF16, m, n, k};
+    p.in_bf16 = gpu_copy.data();
+    const absl::Status status = gpu().Matmul(p);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_TRUE(AllClose(DownloadFloats(gpu(), gpu_out.data(), out_count), expected, 1e-4,
+                         6e-4 * std::sqrt(double(k))));
   }
 }
 
