@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -75,7 +77,8 @@ BlasGemm::~BlasGemm() {
   api_->cublasLtDestroy(lt_);
 }
 
-absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
+absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key, const void* in,
+                                                        const void* weight) {
   if (auto it = plans_.find(key); it != plans_.end()) {
     uses_.splice(uses_.begin(), uses_, it->second.use);
     return it->second.plan.get();
@@ -114,8 +117,13 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
     status = api_->cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i],
                                                         sizeof(aligns[i]));
   }
+  static_assert(kTunedCandidates <= kMaxHeuristicRank + 1);
   cublasLtMatmulHeuristicResult_t results[kMaxHeuristicRank + 1] = {};
-  const int wanted = heuristic_rank_ + 1;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const bool tune = heuristic_rank_ == 0 && m <= tune_rows_ &&
+                    cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
+                    capture == cudaStreamCaptureStatusNone;
+  const int wanted = tune ? kTunedCandidates : heuristic_rank_ + 1;
   int num_results = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = api_->cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c,
@@ -123,9 +131,17 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
   }
   api_->cublasLtMatmulPreferenceDestroy(pref);
   heuristic_results_ = num_results;
-  if (status == CUBLAS_STATUS_SUCCESS && num_results >= wanted) {
+  last_plan_rank_ = -1;
+  if (status == CUBLAS_STATUS_SUCCESS && num_results >= (tune ? 1 : wanted)) {
+    int rank = wanted - 1;
+    if (tune) {
+      absl::StatusOr<int> fastest = FastestCandidate(key, *plan, results, num_results, in, weight);
+      if (!fastest.ok()) return fastest.status();
+      rank = *fastest;
+    }
     plan->use_lt = true;
-    plan->algo = results[wanted - 1].algo;
+    plan->algo = results[rank].algo;
+    last_plan_rank_ = rank;
   } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
     return CublasStatus(status, kOp);
   }
@@ -140,6 +156,77 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key) {
   return raw;
 }
 
+absl::StatusOr<int> BlasGemm::FastestCandidate(const PlanKey& key, const Plan& plan,
+                                               const cublasLtMatmulHeuristicResult_t* results,
+                                               int count, const void* in, const void* weight) {
+  if (count < 2) return 0;
+  const auto [m, n, k, accumulate, align_in, align_weight, align_out] = key;
+  constexpr const char* kOp = "Matmul: timing cuBLASLt algorithms";
+  // A weight that fits in the L2 twice over is left to its first choice: timed again and
+  // again it would be read from the L2 (a decode step reads it from DRAM), and writing over
+  // the L2 before each run leaves dirty lines whose write-back slows the run timed.
+  int device = 0;
+  int l2_bytes = 0;
+  KVD_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), kOp);
+  KVD_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), kOp);
+  if (size_t(n) * k * 2 < 2 * size_t(l2_bytes)) return 0;
+  // The output goes to scratch for the time of this call; a device too full for it keeps the
+  // first choice.
+  const size_t out_bytes = size_t(m) * n * sizeof(float);
+  void* scratch = nullptr;
+  if (cudaMalloc(&scratch, out_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the device is only full
+    return 0;
+  }
+  constexpr int kEvents = 2 * kTunedCandidates * kTunedRuns;
+  cudaEvent_t events[kEvents] = {};
+  absl::Cleanup release = [&] {
+    for (cudaEvent_t e : events) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    cudaFree(scratch);
+  };
+  for (cudaEvent_t& e : events) KVD_RETURN_IF_CUDA_ERROR(cudaEventCreate(&e), kOp);
+  float* out = static_cast<float*>(scratch);
+  KVD_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out, 0, out_bytes, stream_), kOp);
+
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  auto launch = [&](int c) {
+    return api_->cublasLtMatmul(lt_, plan.desc, &alpha, weight, plan.a, in, plan.b, &beta, out,
+                                plan.c, out, plan.c, &results[c].algo, workspace_, kWorkspaceBytes,
+                                stream_) == CUBLAS_STATUS_SUCCESS;
+  };
+  bool ran[kTunedCandidates] = {};
+  for (int c = 0; c < count; ++c) {
+    ran[c] = launch(c);  // once untimed: first-use costs out of the timing
+    for (int r = 0; ran[c] && r < kTunedRuns; ++r) {
+      cudaEvent_t* pair = &events[2 * (c * kTunedRuns + r)];
+      KVD_RETURN_IF_CUDA_ERROR(cudaEventRecord(pair[0], stream_), kOp);
+      ran[c] = launch(c);
+      KVD_RETURN_IF_CUDA_ERROR(cudaEventRecord(pair[1], stream_), kOp);
+    }
+  }
+  KVD_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), kOp);
+
+  float fastest_ms[kTunedCandidates] = {};
+  int best = -1;
+  for (int c = 0; c < count; ++c) {
+    if (!ran[c]) continue;
+    fastest_ms[c] = std::numeric_limits<float>::infinity();
+    for (int r = 0; r < kTunedRuns; ++r) {
+      float ms = 0;
+      const cudaEvent_t* pair = &events[2 * (c * kTunedRuns + r)];
+      KVD_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, pair[0], pair[1]), kOp);
+      fastest_ms[c] = std::min(fastest_ms[c], ms);
+    }
+    if (best < 0 || fastest_ms[c] < fastest_ms[best]) best = c;
+  }
+  if (best < 0) return 0;  // none ran: the Run reports the first one's error
+  if (ran[0] && fastest_ms[best] * (1.0 + kTuneMargin) >= fastest_ms[0]) return 0;
+  return best;
+}
+
 void BlasGemm::UseHeuristicRank(int rank) {
   heuristic_rank_ = std::clamp(rank, 0, kMaxHeuristicRank);
   plans_.clear();
@@ -150,7 +237,7 @@ absl::Status BlasGemm::Run(float* out, const void* in, const void* weight, int m
                            bool accumulate) {
   if (m == 0) return absl::OkStatus();
   const PlanKey key{m, n, k, accumulate, Alignment(in), Alignment(weight), Alignment(out)};
-  absl::StatusOr<const Plan*> plan = GetPlan(key);
+  absl::StatusOr<const Plan*> plan = GetPlan(key, in, weight);
   if (!plan.ok()) return plan.status();
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;

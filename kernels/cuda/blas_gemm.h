@@ -27,6 +27,11 @@ struct CublasApi;
 // accumulate flag and pointer alignment, the kMaxPlans used last; where cuBLASLt offers no
 // algorithm (odd shapes or alignments) the call falls back to cublasGemmEx.
 //
+// Products of few rows (decode batches) are bound by reading the weight, and there the
+// heuristic's first algorithm is often not its fastest (H200, 64 rows, from graphs: it reads
+// 0.70-0.89 of copy bandwidth, the best of its first eight up to 9% more); TuneUpTo has such
+// plans chosen by timing instead.
+//
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
 // Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
 // the libraries are missing.
@@ -57,6 +62,25 @@ class BlasGemm {
   void UseHeuristicRank(int rank);
   int heuristic_results() const { return heuristic_results_; }
 
+  // Plans made from now on for products of 1 to `rows` rows (0, the default: none) whose
+  // weight is at least twice the L2's size take the fastest of the heuristic's first
+  // kTunedCandidates algorithms, timed on the operands of the Run that makes the plan: each
+  // candidate runs once, then kTunedRuns times into a scratch output (`out` is written once,
+  // by the chosen algorithm), and its fastest run counts; the first choice stays unless
+  // another is faster by kTuneMargin. Smaller weights keep the first choice (timed repeatedly
+  // they would be read from the L2). That Run synchronizes the stream and allocates the
+  // scratch for the time of it; a plan made while the stream captures a graph, or when the
+  // scratch cannot be had, takes the first choice untimed. Timings vary, so two processes may
+  // choose differently, and their sums then differ in fp32 rounding; a process keeps each
+  // plan's choice while the plan is cached. Ignored while UseHeuristicRank names a rank
+  // other than 0.
+  static constexpr int kTunedCandidates = 8;
+  static constexpr int kTunedRuns = 3;
+  static constexpr double kTuneMargin = 0.02;
+  void TuneUpTo(int rows) { tune_rows_ = rows; }
+  // The heuristic rank of the algorithm the last plan made runs (-1: cublasGemmEx).
+  int last_plan_rank() const { return last_plan_rank_; }
+
  private:
   struct Plan;
   // (m, n, k, accumulate, alignment of in, weight and out in bytes, up to 256)
@@ -64,7 +88,13 @@ class BlasGemm {
 
   BlasGemm(const CublasApi* api, cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas,
            void* workspace);
-  absl::StatusOr<const Plan*> GetPlan(const PlanKey& key);
+  // The plan for `key`, made on first use (timing candidates on these operands, TuneUpTo).
+  absl::StatusOr<const Plan*> GetPlan(const PlanKey& key, const void* in, const void* weight);
+  // The index in [0, count) of the fastest of `results` (first-choice margin applied), timed
+  // as TuneUpTo says; 0 when there is no scratch to time with.
+  absl::StatusOr<int> FastestCandidate(const PlanKey& key, const Plan& plan,
+                                       const cublasLtMatmulHeuristicResult_t* results, int count,
+                                       const void* in, const void* weight);
 
   const CublasApi* api_;  // LoadCublas's
   cudaStream_t stream_;
@@ -79,6 +109,8 @@ class BlasGemm {
   std::list<PlanKey> uses_;  // the keys of plans_, most recently used first
   int heuristic_rank_ = 0;
   int heuristic_results_ = 0;
+  int tune_rows_ = 0;
+  int last_plan_rank_ = -1;
 };
 
 }  // namespace kvd

@@ -1,9 +1,11 @@
 // BlasGemm keeps the plans it used last, at most kMaxPlans: m takes every batch token count,
 // so a long run must not grow the cache without bound, and a product whose plan was dropped
 // is computed as before. Every algorithm the benchmark may pick by heuristic rank
-// (UseHeuristicRank) computes the same product.
+// (UseHeuristicRank) computes the same product, and so do plans chosen by timing (TuneUpTo).
 
 #include "kernels/cuda/blas_gemm.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <memory>
@@ -86,6 +88,76 @@ TEST_F(BlasGemmTest, EveryHeuristicRankComputesTheSameProduct) {
     }
     if (!offered) break;
   }
+}
+
+// Plans for few rows (TuneUpTo) over a weight of twice the L2 or more time the heuristic's
+// candidates on the call's operands and run the fastest: the same product, `out` written once
+// (accumulating onto ones gives the product plus one, not the timing runs' sum). Plans for
+// more rows, over smaller weights, and plans made while a graph is captured (where timing
+// would synchronize and allocate) take the first choice.
+TEST_F(BlasGemmTest, TunedPlansComputeTheSameProductAndNeverTimeInACapture) {
+  int l2_bytes = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  constexpr int kM = 64, kK = 1024;
+  const int n = (2 * l2_bytes / (2 * kK) + 255) / 256 * 256;  // bf16 weight >= 2 x L2
+  const size_t weight_count = size_t(n) * kK;
+  DeviceBuffer weight = OrDie(gpu().Allocate(weight_count * 2), "Allocate");
+  OrDie(gpu().FillRandom(weight.data(), DType::kBF16, weight_count, RandomFill{41, 1, 0}),
+        "FillRandom");
+  DeviceBuffer in = OrDie(gpu().Allocate(size_t{kM + 1} * kK * 2), "Allocate");
+  OrDie(gpu().FillRandom(in.data(), DType::kBF16, size_t{kM + 1} * kK, RandomFill{42, 1, 0}),
+        "FillRandom");
+  DeviceBuffer out = Poisoned(gpu(), size_t{kM + 1} * n * 4);
+  std::unique_ptr<BlasGemm> reference = OrDie(BlasGemm::Create(gpu().stream()), "BlasGemm");
+  std::unique_ptr<BlasGemm> tuned = OrDie(BlasGemm::Create(gpu().stream()), "BlasGemm");
+  tuned->TuneUpTo(kM);
+  const std::vector<float> ones(size_t{kM + 1} * n, 1.0f);
+  auto run = [&](BlasGemm& blas, int m, int cols, bool accumulate) {
+    OrDie(gpu().CopyToDevice(out.data(), ones.data(), ones.size() * 4), "CopyToDevice");
+    const absl::Status s =
+        blas.Run(out.as<float>(), in.data(), weight.data(), m, cols, kK, accumulate);
+    EXPECT_TRUE(s.ok()) << s;
+    return DownloadFloats(gpu(), out.data(), size_t(m) * cols);
+  };
+  auto expect_near = [](const std::vector<float>& got, const std::vector<float>& want, float offset,
+                        const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float tolerance = 1e-4f * (1.0f + std::fabs(want[i])) * 32;
+      ASSERT_NEAR(got[i], want[i] + offset, tolerance) << what << ", element " << i;
+    }
+  };
+  const std::vector<float> product = run(*reference, kM, n, false);
+  expect_near(run(*tuned, kM, n, true), product, 1.0f, "tuned, accumulating");
+  ASSERT_GE(tuned->heuristic_results(), 2) << "nothing to choose between";
+  EXPECT_GE(tuned->last_plan_rank(), 0);
+  EXPECT_LT(tuned->last_plan_rank(), tuned->heuristic_results());
+  expect_near(run(*tuned, kM, n, false), product, 0.0f, "tuned");
+  // One row more than tuned, and a weight of 256 rows: the first choice, untimed.
+  run(*tuned, kM + 1, n, false);
+  EXPECT_EQ(tuned->last_plan_rank(), 0);
+  run(*tuned, kM, 256, false);
+  EXPECT_EQ(tuned->last_plan_rank(), 0);
+
+  // A plan first made inside a capture: no timing (which would end the capture in an error).
+  cudaStream_t stream = gpu().stream();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status in_capture =
+      tuned->Run(out.as<float>(), in.data(), weight.data(), kM / 2, n, kK, false);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(in_capture.ok()) << in_capture;
+  ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
+  EXPECT_EQ(tuned->last_plan_rank(), 0);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  OrDie(gpu().CopyToDevice(out.data(), ones.data(), ones.size() * 4), "CopyToDevice");
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  const std::vector<float> half = DownloadFloats(gpu(), out.data(), size_t{kM / 2} * n);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  expect_near(half, std::vector<float>(product.begin(), product.begin() + half.size()), 0.0f,
+              "made in a capture");
 }
 
 }  // namespace

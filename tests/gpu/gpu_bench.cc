@@ -611,6 +611,23 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
         }
         blas->UseHeuristicRank(0);
       }
+      // The engine's choice past the skinny kernel (BlasGemm::TuneUpTo): the fastest of the
+      // first candidates, timed when the plan is made.
+      if (m == 16 || m == 64) {
+        blas->TuneUpTo(m);
+        BENCH_CHECK(blas->Run(out.as<float>(), in_bf16.data(), weight(0), m, shape.n, shape.k,
+                              false));  // makes (and times) the plan, outside the capture
+        const int rank = blas->last_plan_rank();
+        const double graph_ms = GraphTimeMs(bench, [&] { return blas_calls(/*convert=*/false); });
+        if (graph_ms > 0) {
+          const double ms = graph_ms / reps;
+          const double gbps = weight_bytes / (ms * 1e6);
+          bench.Row(absl::StrCat("gemv cublas tuned (rank ", rank, ") graph ", name), ms, gbps,
+                    tflop / (ms * 1e-3), gbps / copy_gbps, "copy");
+        }
+        blas->TuneUpTo(0);
+        blas->UseHeuristicRank(0);  // drops the tuned plan
+      }
     }
   }
 }
