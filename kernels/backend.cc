@@ -111,6 +111,30 @@ bool Overlap(FloatSpan a, FloatSpan b) { return a.begin < b.end && b.begin < a.e
 
 }  // namespace
 
+absl::Status ValidateMatmulPrologue(const MatmulParams& p) {
+  auto invalid = [](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("Matmul: ", what...));
+  };
+  if (p.in == nullptr) return invalid("in is null");
+  if (p.in_stride != 0 && p.in_stride < p.k) {
+    return invalid("in_stride ", p.in_stride, " < k (", p.k, "); 0 means k");
+  }
+  const bool norm = p.prologue == MatmulPrologue::kRmsNorm;
+  const bool silu = p.prologue == MatmulPrologue::kSiluMul;
+  if (!norm && !silu && p.prologue != MatmulPrologue::kNone) {
+    return invalid("unknown prologue ", static_cast<int32_t>(p.prologue));
+  }
+  if (norm && p.norm_weight == nullptr) return invalid("prologue kRmsNorm without norm_weight");
+  if (norm && !(p.norm_eps >= 0.0f)) return invalid("norm_eps ", p.norm_eps, " < 0");
+  if (!norm && p.norm_weight != nullptr) return invalid("norm_weight given without kRmsNorm");
+  if (silu && p.up == nullptr) return invalid("prologue kSiluMul without up");
+  if (!silu && p.up != nullptr) return invalid("up given without kSiluMul");
+  if (p.up_stride != 0 && p.up_stride < p.k) {
+    return invalid("up_stride ", p.up_stride, " < k (", p.k, "); 0 means k");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSiluMul(const SiluMulParams& p) {
   if (p.out == nullptr) return absl::InvalidArgumentError("SiluMul: out is null");
   if (p.gate == nullptr) return absl::InvalidArgumentError("SiluMul: gate is null");

@@ -67,11 +67,8 @@ class Backend {
   // --- ops ---
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  // Every backend checks ValidateMatmulPrologue (below) when there are rows.
   virtual absl::Status Matmul(const MatmulParams& p) = 0;
-  // Whether Matmul with this many rows reads MatmulParams::in_bf16 when given (so a model
-  // should have the op before it write the copy: RmsNorm's or SiluMul's out_bf16), rather
-  // than ignoring it.
-  virtual bool ReadsBf16MatmulInput(int32_t /*m*/) const { return false; }
   // Every backend checks ValidateRope (below) before anything is written.
   virtual absl::Status Rope(const RopeParams& p) = 0;
   // Every backend checks ValidateSiluMul (below).
@@ -121,6 +118,15 @@ absl::Status ValidateRopeAppend(const RopeParams& p);
 // slots are in device memory, skips a token with any negative slot
 // (kernels/cuda/kv_cache_kernels.h) and cannot check the others.
 absl::Status ValidateAppendKvRows(const AppendKvParams& p);
+
+// The backend-neutral checks of a Matmul's input and prologue, for m > 0 and k > 0 (each
+// backend checks the shape and the other pointers first): in given, a known prologue,
+// in_stride 0 or at least k; kRmsNorm: norm_weight given, norm_eps not negative; kSiluMul:
+// up given, up_stride 0 or at least k; no prologue fields set that the prologue does not
+// read (a norm weight or up rows left over from another prologue would be ignored).
+// InvalidArgument naming "Matmul" and the field otherwise. The norm's dtype is each
+// backend's to check.
+absl::Status ValidateMatmulPrologue(const MatmulParams& p);
 
 // The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend
 // checks those first): out, gate and up are given, the strides are at least dim, and out

@@ -48,12 +48,6 @@ absl::Status RequireNonNegativeRows(absl::string_view op, absl::string_view fiel
   return Invalid(op, absl::StrCat(field, " must be >= 0, got ", rows));
 }
 
-// Row r of a [rows][dim] bf16 copy (RmsNormParams::out_bf16, SiluMulParams::out_bf16): the
-// finished fp32 row, rounded.
-void WriteBf16Row(void* copy, int64_t r, const float* row, int32_t dim) {
-  uint16_t* dst = static_cast<uint16_t*>(copy) + r * dim;
-  for (int32_t i = 0; i < dim; ++i) dst[i] = Bf16Bits(row[i]);
-}
 
 }  // namespace
 
@@ -103,7 +97,6 @@ absl::Status CpuRmsNorm(const RmsNormParams& p, ThreadPool& pool) {
       ss += p.eps;
       ss = 1.0f / std::sqrt(ss);
       for (int32_t i = 0; i < p.dim; ++i) o[i] = weight[i] * (ss * x[i]);
-      if (p.out_bf16 != nullptr) WriteBf16Row(p.out_bf16, r, o, p.dim);
     }
   });
   return absl::OkStatus();
@@ -177,7 +170,6 @@ absl::Status CpuSiluMul(const SiluMulParams& p, ThreadPool& pool) {
         val *= 1.0f / (1.0f + std::exp(-val));
         o[i] = val * u[i];
       }
-      if (p.out_bf16 != nullptr) WriteBf16Row(p.out_bf16, r, o, p.dim);
     }
   });
   return absl::OkStatus();

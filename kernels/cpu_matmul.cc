@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_elementwise.h"
 #include "kernels/dtype.h"
 
 namespace kvd {
@@ -35,17 +38,18 @@ inline float ReduceLanes(const Vec& v) {
 }
 
 struct GemmArgs {
-  const float* in;  // [m][k]
+  const float* in;  // [m][in_stride]
   const float* w;   // [n][k]
   float* out;       // [m][n]
   int64_t m, n, k;
   bool accumulate;
+  int64_t in_stride;
 };
 
 // out[r0 + i][c0 + j] for i < R, j < C.
 template <int R, int C>
 __attribute__((always_inline)) inline void DotTile(const GemmArgs& a, int64_t r0, int64_t c0) {
-  const float* in = a.in + r0 * a.k;
+  const float* in = a.in + r0 * a.in_stride;
   const float* w = a.w + c0 * a.k;
   Vec acc[R][C];
   for (int i = 0; i < R; ++i) {
@@ -54,7 +58,7 @@ __attribute__((always_inline)) inline void DotTile(const GemmArgs& a, int64_t r0
   const int64_t k_main = a.k - a.k % kLanes;
   for (int64_t kk = 0; kk < k_main; kk += kLanes) {
     Vec x[R];
-    for (int i = 0; i < R; ++i) LoadVec(in + i * a.k + kk, &x[i]);
+    for (int i = 0; i < R; ++i) LoadVec(in + i * a.in_stride + kk, &x[i]);
     for (int j = 0; j < C; ++j) {
       Vec y;
       LoadVec(w + j * a.k + kk, &y);
@@ -64,7 +68,9 @@ __attribute__((always_inline)) inline void DotTile(const GemmArgs& a, int64_t r0
   for (int i = 0; i < R; ++i) {
     for (int j = 0; j < C; ++j) {
       float tail = 0.0f;
-      for (int64_t kk = k_main; kk < a.k; ++kk) tail += in[i * a.k + kk] * w[j * a.k + kk];
+      for (int64_t kk = k_main; kk < a.k; ++kk) {
+        tail += in[i * a.in_stride + kk] * w[j * a.k + kk];
+      }
       const float dot = ReduceLanes(acc[i][j]) + tail;
       float& o = a.out[(r0 + i) * a.n + c0 + j];
       o = a.accumulate ? o + dot : dot;
@@ -133,12 +139,47 @@ absl::Status Validate(const MatmulParams& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Matmul: m must be >= 0 and n, k positive, got m=", p.m, " n=", p.n, " k=", p.k));
   }
-  if (p.m > 0 && (p.out == nullptr || p.in == nullptr || p.weight == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat("Matmul: ",
-                                                   p.out == nullptr  ? "out"
-                                                   : p.in == nullptr ? "in"
-                                                                     : "weight",
-                                                   " is null"));
+  if (p.m == 0) return absl::OkStatus();
+  if (p.out == nullptr || p.weight == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Matmul: ", p.out == nullptr ? "out" : "weight", " is null"));
+  }
+  if (absl::Status s = ValidateMatmulPrologue(p); !s.ok()) return s;
+  if (p.prologue == MatmulPrologue::kRmsNorm && p.norm_dtype != DType::kF32) {
+    return absl::UnimplementedError(
+        absl::StrCat("Matmul: norm_dtype ", std::string(DTypeName(p.norm_dtype)),
+                     " is not supported by the CPU backend (f32 only)"));
+  }
+  return absl::OkStatus();
+}
+
+// The prologue's rows, [m][k], computed by the CPU backend's own RmsNorm or SiluMul: a fused
+// product gives the bits of the two ops run one after the other.
+absl::Status RunPrologue(const MatmulParams& p, int64_t in_stride, ThreadPool& pool,
+                         std::vector<float>& x) {
+  x.resize(static_cast<size_t>(int64_t{p.m} * p.k));
+  if (p.prologue == MatmulPrologue::kSiluMul) {
+    return CpuSiluMul({.out = x.data(),
+                       .gate = p.in,
+                       .up = p.up,
+                       .num_rows = p.m,
+                       .dim = p.k,
+                       .gate_stride = static_cast<int32_t>(in_stride),
+                       .up_stride = p.up_stride == 0 ? p.k : p.up_stride},
+                      pool);
+  }
+  // RmsNormParams rows are dense: a strided `in` goes a row at a time.
+  const bool dense = in_stride == p.k;
+  for (int64_t r = 0; r < (dense ? 1 : p.m); ++r) {
+    const absl::Status s = CpuRmsNorm({.out = x.data() + r * p.k,
+                                       .in = p.in + r * in_stride,
+                                       .weight = p.norm_weight,
+                                       .weight_dtype = p.norm_dtype,
+                                       .num_rows = dense ? p.m : 1,
+                                       .dim = p.k,
+                                       .eps = p.norm_eps},
+                                      pool);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -151,7 +192,16 @@ absl::Status CpuMatmul(const MatmulParams& p, ThreadPool& pool) {
   // A pure function of the CPU's features, so every call and thread uses the same kernel.
   const GemmBlockFn gemm_block = PickGemmBlock();
 
-  const GemmArgs a{p.in, static_cast<const float*>(p.weight), p.out, p.m, p.n, p.k, p.accumulate};
+  int64_t in_stride = p.in_stride == 0 ? p.k : p.in_stride;
+  const float* in = p.in;
+  std::vector<float> prologue_rows;
+  if (p.prologue != MatmulPrologue::kNone) {
+    if (absl::Status s = RunPrologue(p, in_stride, pool, prologue_rows); !s.ok()) return s;
+    in = prologue_rows.data();
+    in_stride = p.k;
+  }
+  const GemmArgs a{
+      in, static_cast<const float*>(p.weight), p.out, p.m, p.n, p.k, p.accumulate, in_stride};
   const int64_t row_blocks = (a.m + kBlockRows - 1) / kBlockRows;
   const int64_t col_blocks = (a.n + kBlockCols - 1) / kBlockCols;
   const int64_t block_macs = std::min(a.m, kBlockRows) * kBlockCols * a.k;

@@ -17,8 +17,12 @@ namespace kvd {
 // On x86-64 CPUs with AVX2 and FMA a faster instantiation of the same kernel is chosen
 // once per process; results then differ from other CPUs in the last bits.
 //
-// Returns InvalidArgument for null pointers or non-positive n or k (m == 0 is a no-op),
-// Unimplemented for a weight_dtype other than f32. Thread safe if `pool` is.
+// A prologue (MatmulParams::prologue) runs first, as CpuRmsNorm or CpuSiluMul into a
+// scratch [m][k], so a fused product gives the bits of the two ops run one after the other.
+//
+// Returns InvalidArgument for null pointers, non-positive n or k or what
+// ValidateMatmulPrologue refuses (m == 0 is a no-op), Unimplemented for a weight_dtype or
+// norm_dtype other than f32. Thread safe if `pool` is.
 absl::Status CpuMatmul(const MatmulParams& p, ThreadPool& pool);
 
 }  // namespace kvd

@@ -56,27 +56,42 @@ struct RmsNormParams {
   int32_t num_rows = 0;
   int32_t dim = 0;
   float eps = 1e-5f;
-  // Optional: out's rows again rounded to bf16 (nearest even), [num_rows][dim], for a
-  // Matmul that reads its input in bf16 (MatmulParams::in_bf16). Overlaps nothing else.
-  void* out_bf16 = nullptr;
 };
 
-// out[m][n] = in[m][:] . weight[n][:]  (+ out[m][n] when accumulate: residual add).
-// Weight rows are output features, as in llama2.c and PyTorch's nn.Linear.
+// What a Matmul multiplies: `in` itself, or a row-wise op of `in` that the backend runs as
+// part of the product (the op a model would otherwise run just before it). Its rows are never
+// the caller's to read, so a backend writes them as its product wants them (the CUDA
+// backend: in bf16 for cuBLAS) or not at all.
+enum class MatmulPrologue : int32_t {
+  kNone = 0,
+  // RmsNorm of in's rows: RmsNormParams{.in = in, .weight = norm_weight, .weight_dtype =
+  // norm_dtype, .dim = k, .eps = norm_eps}.
+  kRmsNorm = 1,
+  // SiluMul of gate = in and up: SiluMulParams{.gate = in, .up = up, .dim = k,
+  // .gate_stride = in_stride, .up_stride = up_stride}.
+  kSiluMul = 2,
+};
+
+// out[m][n] = x[m][:] . weight[n][:]  (+ out[m][n] when accumulate: residual add), where
+// x = prologue(in). Weight rows are output features, as in llama2.c and PyTorch's nn.Linear.
 struct MatmulParams {
-  float* out = nullptr;          // [m][n]
-  const float* in = nullptr;     // [m][k]
+  float* out = nullptr;          // [m][n]; overlaps none of the inputs
+  const float* in = nullptr;     // [m][in_stride]
   const void* weight = nullptr;  // [n][k] of weight_dtype
   DType weight_dtype = DType::kF32;
   int32_t m = 0;
   int32_t n = 0;
   int32_t k = 0;
   bool accumulate = false;
-  // Optional: in's values rounded to bf16 (nearest even), [m][k], as RmsNorm and SiluMul
-  // write them (out_bf16). A backend that rounds the input to bf16 anyway may read these
-  // instead of `in` and skip its own rounding (Backend::ReadsBf16MatmulInput says for which m
-  // it does); `in` must be given all the same.
-  const void* in_bf16 = nullptr;
+  MatmulPrologue prologue = MatmulPrologue::kNone;
+  int32_t in_stride = 0;  // elements from one row of `in` to the next; 0 means k
+  // kRmsNorm: the norm's weight ([k] of norm_dtype) and epsilon.
+  const void* norm_weight = nullptr;
+  DType norm_dtype = DType::kF32;
+  float norm_eps = 1e-5f;
+  // kSiluMul: up's rows ([m][up_stride]; 0 means k).
+  const float* up = nullptr;
+  int32_t up_stride = 0;
 };
 
 enum class RopeStyle : int32_t {
@@ -123,9 +138,6 @@ struct SiluMulParams {
   int32_t dim = 0;
   int32_t gate_stride = 0;
   int32_t up_stride = 0;
-  // Optional: out's rows again rounded to bf16 (nearest even), [num_rows][dim] (as
-  // RmsNormParams::out_bf16). Overlaps nothing else.
-  void* out_bf16 = nullptr;
 };
 
 // out[t][:] = table[token_ids[t]][:]

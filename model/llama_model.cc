@@ -156,42 +156,26 @@ absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_row
   const int64_t qkv_dim = q_dim + 2 * int64_t{s.num_kv_heads} * s.head_dim;
   // The epoch moves with each buffer, not once all are replaced: a later allocation may
   // fail, and a decode graph must not be replayed with a buffer freed before that.
-  auto alloc_bytes = [&](DeviceBuffer* buf, int64_t bytes) -> absl::Status {
-    auto b = backend_->Allocate(static_cast<size_t>(bytes));
+  auto alloc = [&](DeviceBuffer* buf, int64_t floats) -> absl::Status {
+    auto b = backend_->Allocate(static_cast<size_t>(floats) * sizeof(float));
     if (!b.ok()) return b.status();
     *buf = std::move(*b);
     ++scratch_epoch_;
     return absl::OkStatus();
   };
-  auto alloc = [&](DeviceBuffer* buf, int64_t floats) {
-    return alloc_bytes(buf, floats * int64_t{sizeof(float)});
-  };
-  constexpr int64_t kBf16Bytes = 2;
   if (num_tokens > scratch_tokens_) {
     const int64_t t = num_tokens;
     KVD_RETURN_IF_ERROR(alloc(&x_, t * s.dim));
-    KVD_RETURN_IF_ERROR(alloc(&xb_, t * s.dim));
     KVD_RETURN_IF_ERROR(alloc(&qkv_, t * qkv_dim));
     KVD_RETURN_IF_ERROR(alloc(&attn_, t * q_dim));
     KVD_RETURN_IF_ERROR(alloc(&h13_, t * 2 * s.hidden_dim));
-    KVD_RETURN_IF_ERROR(alloc(&h_, t * s.hidden_dim));
     scratch_tokens_ = num_tokens;
   }
   if (num_logit_rows > scratch_logit_rows_) {
     const int64_t r = num_logit_rows;
-    KVD_RETURN_IF_ERROR(alloc(&logit_in_, 2 * r * s.dim));
+    KVD_RETURN_IF_ERROR(alloc(&logit_in_, r * s.dim));
     KVD_RETURN_IF_ERROR(alloc(&logits_, r * s.vocab_size));
     scratch_logit_rows_ = num_logit_rows;
-  }
-  if (num_tokens > bf16_tokens_ && backend_->ReadsBf16MatmulInput(num_tokens)) {
-    const int64_t t = num_tokens;
-    KVD_RETURN_IF_ERROR(alloc_bytes(&xb_bf16_, t * s.dim * kBf16Bytes));
-    KVD_RETURN_IF_ERROR(alloc_bytes(&h_bf16_, t * s.hidden_dim * kBf16Bytes));
-    bf16_tokens_ = num_tokens;
-  }
-  if (num_logit_rows > bf16_logit_rows_ && backend_->ReadsBf16MatmulInput(num_logit_rows)) {
-    KVD_RETURN_IF_ERROR(alloc_bytes(&normed_bf16_, int64_t{num_logit_rows} * s.dim * kBf16Bytes));
-    bf16_logit_rows_ = num_logit_rows;
   }
   return absl::OkStatus();
 }
@@ -343,11 +327,9 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
   const int32_t kv_dim = s.num_kv_heads * s.head_dim;
   const int32_t qkv_dim = q_dim + 2 * kv_dim;
   float* x = x_.as<float>();
-  float* xb = xb_.as<float>();
   float* qkv = qkv_.as<float>();
   float* attn = attn_.as<float>();
   float* h13 = h13_.as<float>();
-  float* h = h_.as<float>();
   // Prefill rows over a bf16 cache read Q in bf16 where the backend can: RoPE writes it.
   void* q_bf16 = nullptr;
   if (b.max_q_len > 1 && !layers.empty() && layers[0].dtype == DType::kBF16 &&
@@ -360,19 +342,6 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
     }
     q_bf16 = q_bf16_.data();
   }
-  // Matmul inputs in bf16 where the backend reads them: the ops before them write the copies
-  // (EnsureScratch sized them, for t tokens and rows logit rows, where the backend reads them
-  // at those counts). The attention output has none (the o projection rounds its own).
-  void* xb_bf16 = nullptr;
-  void* h_bf16 = nullptr;
-  if (t <= bf16_tokens_ && backend_->ReadsBf16MatmulInput(t)) {
-    xb_bf16 = xb_bf16_.data();
-    h_bf16 = h_bf16_.data();
-  }
-  void* normed_bf16 = nullptr;
-  if (rows <= bf16_logit_rows_ && backend_->ReadsBf16MatmulInput(rows)) {
-    normed_bf16 = normed_bf16_.data();
-  }
 
   KVD_RETURN_IF_ERROR(backend_->Embedding({.out = x,
                                            .table = token_embedding_.data(),
@@ -383,22 +352,18 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                            .vocab_size = s.vocab_size}));
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const Layer& w = layers_[l];
-    KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = xb,
-                                           .in = x,
-                                           .weight = w.attn_norm.data(),
-                                           .weight_dtype = weight_dtype_,
-                                           .num_rows = t,
-                                           .dim = s.dim,
-                                           .eps = s.norm_eps,
-                                           .out_bf16 = xb_bf16}));
+    // The norms and SiLU ride on the products after them (MatmulPrologue).
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = qkv,
-                                          .in = xb,
+                                          .in = x,
                                           .weight = w.wqkv.data(),
                                           .weight_dtype = weight_dtype_,
                                           .m = t,
                                           .n = qkv_dim,
                                           .k = s.dim,
-                                          .in_bf16 = xb_bf16}));
+                                          .prologue = MatmulPrologue::kRmsNorm,
+                                          .norm_weight = w.attn_norm.data(),
+                                          .norm_dtype = weight_dtype_,
+                                          .norm_eps = s.norm_eps}));
     float* q = qkv;
     float* k = qkv + q_dim;
     float* v = qkv + q_dim + kv_dim;
@@ -447,45 +412,34 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                           .n = s.dim,
                                           .k = q_dim,
                                           .accumulate = true}));
-    KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = xb,
-                                           .in = x,
-                                           .weight = w.ffn_norm.data(),
-                                           .weight_dtype = weight_dtype_,
-                                           .num_rows = t,
-                                           .dim = s.dim,
-                                           .eps = s.norm_eps,
-                                           .out_bf16 = xb_bf16}));
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = h13,
-                                          .in = xb,
+                                          .in = x,
                                           .weight = w.w13.data(),
                                           .weight_dtype = weight_dtype_,
                                           .m = t,
                                           .n = 2 * s.hidden_dim,
                                           .k = s.dim,
-                                          .in_bf16 = xb_bf16}));
-    KVD_RETURN_IF_ERROR(backend_->SiluMul({.out = h,
-                                           .gate = h13,
-                                           .up = h13 + s.hidden_dim,
-                                           .num_rows = t,
-                                           .dim = s.hidden_dim,
-                                           .gate_stride = 2 * s.hidden_dim,
-                                           .up_stride = 2 * s.hidden_dim,
-                                           .out_bf16 = h_bf16}));
+                                          .prologue = MatmulPrologue::kRmsNorm,
+                                          .norm_weight = w.ffn_norm.data(),
+                                          .norm_dtype = weight_dtype_,
+                                          .norm_eps = s.norm_eps}));
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
-                                          .in = h,
+                                          .in = h13,  // gate | up halves of each row
                                           .weight = w.w2.data(),
                                           .weight_dtype = weight_dtype_,
                                           .m = t,
                                           .n = s.dim,
                                           .k = s.hidden_dim,
                                           .accumulate = true,
-                                          .in_bf16 = h_bf16}));
+                                          .prologue = MatmulPrologue::kSiluMul,
+                                          .in_stride = 2 * s.hidden_dim,
+                                          .up = h13 + s.hidden_dim,
+                                          .up_stride = 2 * s.hidden_dim}));
   }
   if (rows == 0) return absl::OkStatus();
 
   // Only the sampled rows go through the final norm and the classifier.
   float* gathered = logit_in_.as<float>();
-  float* normed = gathered + static_cast<int64_t>(rows) * s.dim;
   KVD_RETURN_IF_ERROR(backend_->Embedding({.out = gathered,
                                            .table = x,
                                            .table_dtype = DType::kF32,
@@ -493,23 +447,18 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                            .num_tokens = rows,
                                            .dim = s.dim,
                                            .vocab_size = t}));
-  KVD_RETURN_IF_ERROR(backend_->RmsNorm({.out = normed,
-                                         .in = gathered,
-                                         .weight = final_norm_.data(),
-                                         .weight_dtype = weight_dtype_,
-                                         .num_rows = rows,
-                                         .dim = s.dim,
-                                         .eps = s.norm_eps,
-                                         .out_bf16 = normed_bf16}));
   const DeviceBuffer& cls = s.shared_classifier ? token_embedding_ : classifier_;
   KVD_RETURN_IF_ERROR(backend_->Matmul({.out = logits_.as<float>(),
-                                        .in = normed,
+                                        .in = gathered,
                                         .weight = cls.data(),
                                         .weight_dtype = weight_dtype_,
                                         .m = rows,
                                         .n = s.vocab_size,
                                         .k = s.dim,
-                                        .in_bf16 = normed_bf16}));
+                                        .prologue = MatmulPrologue::kRmsNorm,
+                                        .norm_weight = final_norm_.data(),
+                                        .norm_dtype = weight_dtype_,
+                                        .norm_eps = s.norm_eps}));
   return absl::OkStatus();
 }
 }  // namespace kvd

@@ -162,13 +162,7 @@ class LlamaModel {
   // Scratch, sized for scratch_tokens_ rows.
   int32_t scratch_tokens_ = 0;
   int32_t scratch_logit_rows_ = 0;
-  DeviceBuffer x_, xb_, qkv_, attn_, h13_, h_, logit_in_, logits_;
-  // bf16 copies of the matmul inputs xb_, h_ and the normed logit rows, where the backend
-  // reads them (Backend::ReadsBf16MatmulInput), for bf16_tokens_ tokens and
-  // bf16_logit_rows_ rows; empty until a batch needs them.
-  DeviceBuffer xb_bf16_, h_bf16_, normed_bf16_;
-  int32_t bf16_tokens_ = 0;
-  int32_t bf16_logit_rows_ = 0;
+  DeviceBuffer x_, qkv_, attn_, h13_, logit_in_, logits_;
   // Q rows in bf16 for prefill attention over a bf16 cache, where the backend reads them
   // (Backend::ReadsBf16Q), for q_bf16_tokens_ tokens; empty until a prefill needs it. Never
   // read by decode graphs.

@@ -159,6 +159,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   gemm_.reset();
   cudaFree(matmul_input_.data);
+  cudaFree(prologue_rows_.data);
   cudaFree(attention_.data);
   cudaFree(decode_arrivals_.data);
   for (void* data : frees_after_capture_) cudaFree(data);
@@ -387,27 +388,77 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
         kOp, absl::StrCat("m ", p.m, ", n ", p.n, ", k ", p.k, ": m must be >= 0, n and k > 0"));
   }
   if (p.m == 0) return absl::OkStatus();
+  KVD_RETURN_IF_ERROR(ValidateMatmulPrologue(p));
+  if (p.prologue == MatmulPrologue::kRmsNorm && !IsStorageDtype(p.norm_dtype)) {
+    return Unsupported(kOp, "norm dtype", p.norm_dtype);
+  }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
-  // Decode batches: one memory-bound kernel that also rounds the input to bf16.
-  if (p.m <= cuda::kMaxSkinnyRows &&
-      cuda::SkinnyGemmSupports(p.out, p.in, p.weight, p.m, p.n, p.k)) {
+  const float* in = p.in;
+  int64_t in_stride = p.in_stride == 0 ? p.k : p.in_stride;
+  MatmulPrologue prologue = p.prologue;
+  const int64_t input_count = int64_t{p.m} * p.k;
+  // Decode batches: the prologue's kernel writes fp32 rows, which the skinny kernel rounds
+  // to bf16 as it loads them. (The prologue computed inside the skinny kernel, as it loads
+  // the input, measured slower: H200, kvd_e2e_bench 1 x 512 uncaptured, its matmuls 5.92 ms
+  // a step against 4.37 for the two kernels; the prologue's loads want registers that the
+  // weight loads in flight hold.)
+  if (p.m <= cuda::kMaxSkinnyRows && prologue != MatmulPrologue::kNone) {
+    KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 4, kOp));
+    float* rows = static_cast<float*>(prologue_rows_.data);
+    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, in_stride, rows, /*bf16=*/false),
+                             "Matmul: prologue");
+    in = rows;
+    in_stride = p.k;
+    prologue = MatmulPrologue::kNone;
+  }
+  if (p.m <= cuda::kMaxSkinnyRows && in_stride == p.k &&
+      cuda::SkinnyGemmSupports(p.out, in, p.weight, p.m, p.n, p.k)) {
     OpTimer timer(this, "Matmul skinny");
     return CudaStatus(
-        cuda::LaunchSkinnyGemm(p.out, p.in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
+        cuda::LaunchSkinnyGemm(p.out, in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
         "Matmul: skinny gemm");
   }
   OpTimer timer(this, "Matmul cublas");
-  // The input already in bf16 (written by the op before, as ReadsBf16MatmulInput asks).
-  if (p.in_bf16 != nullptr) {
-    return gemm_->Run(p.out, p.in_bf16, p.weight, p.m, p.n, p.k, p.accumulate);
-  }
-  const int64_t input_count = int64_t{p.m} * p.k;
-  if (absl::Status s = Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp); !s.ok()) {
-    return s;
-  }
-  KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchF32ToBf16(matmul_input_.data, p.in, input_count, stream_),
+  // cuBLAS reads the input in bf16: the prologue's kernel (or a plain conversion) writes it.
+  KVD_RETURN_IF_ERROR(Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp));
+  MatmulParams rest = p;
+  rest.in = in;
+  rest.prologue = prologue;
+  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(rest, in_stride, matmul_input_.data, /*bf16=*/true),
                            "Matmul: input to bf16");
   return gemm_->Run(p.out, matmul_input_.data, p.weight, p.m, p.n, p.k, p.accumulate);
+}
+
+cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, int64_t in_stride, void* out,
+                                        bool bf16) {
+  switch (p.prologue) {
+    case MatmulPrologue::kNone:
+      return bf16 ? cuda::LaunchF32ToBf16Rows(out, p.in, p.m, p.k, in_stride, stream_)
+                  : cudaErrorInvalidValue;  // nothing to do: the caller reads `in`
+    case MatmulPrologue::kRmsNorm: {
+      const RmsNormParams norm{.out = static_cast<float*>(out),
+                               .in = p.in,
+                               .weight = p.norm_weight,
+                               .weight_dtype = p.norm_dtype,
+                               .num_rows = p.m,
+                               .dim = p.k,
+                               .eps = p.norm_eps};
+      return bf16 ? cuda::LaunchRmsNormToBf16(norm, in_stride, out, stream_)
+                  : cuda::LaunchRmsNorm(norm, in_stride, stream_);
+    }
+    case MatmulPrologue::kSiluMul: {
+      const SiluMulParams silu{.out = static_cast<float*>(out),
+                               .gate = p.in,
+                               .up = p.up,
+                               .num_rows = p.m,
+                               .dim = p.k,
+                               .gate_stride = static_cast<int32_t>(in_stride),
+                               .up_stride = p.up_stride == 0 ? p.k : p.up_stride};
+      return bf16 ? cuda::LaunchSiluMulToBf16(silu, out, stream_)
+                  : cuda::LaunchSiluMul(silu, stream_);
+    }
+  }
+  return cudaErrorInvalidValue;
 }
 
 absl::Status CudaBackend::Rope(const RopeParams& p) {
@@ -419,11 +470,6 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
-}
-
-bool CudaBackend::ReadsBf16MatmulInput(int32_t m) const {
-  // Up to kMaxSkinnyRows rows the skinny kernel rounds the fp32 input as it loads it.
-  return m > cuda::kMaxSkinnyRows;
 }
 
 bool CudaBackend::ReadsBf16Q(int32_t head_dim) const {

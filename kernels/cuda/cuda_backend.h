@@ -128,11 +128,10 @@ class CudaBackend final : public Backend {
   // Unimplemented without launching anything.
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
-  // REQUIRES: weight_dtype is kBF16.
+  // REQUIRES: weight_dtype is kBF16. Up to kMaxSkinnyRows rows the prologue's kernel writes
+  // fp32 rows for the skinny kernel (gemv_kernels.h); past them it writes the input in bf16
+  // for cuBLAS.
   absl::Status Matmul(const MatmulParams& p) override;
-  // Past kMaxSkinnyRows rows (the cuBLAS path, which otherwise rounds `in` to bf16 in a
-  // launch of its own).
-  bool ReadsBf16MatmulInput(int32_t m) const override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status SiluMul(const SiluMulParams& p) override;
   absl::Status AppendKv(const AppendKvParams& p) override;
@@ -208,6 +207,9 @@ class CudaBackend final : public Backend {
   // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
   absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
+  // Enqueues p's prologue over rows in_stride floats apart into `out`: [m][k] bf16 (`bf16`;
+  // kNone then converts `in`) or fp32 (kNone: cudaErrorInvalidValue, nothing to do).
+  cudaError_t LaunchPrologue(const MatmulParams& p, int64_t in_stride, void* out, bool bf16);
   // An event for OpTimer (reused from spare_events_), or null if none can be made.
   cudaEvent_t TakeEvent();
 
@@ -224,7 +226,8 @@ class CudaBackend final : public Backend {
   const bool hopper_prefill_;  // cuda::HopperPrefillSupported() for this device
   cudaStream_t stream_;
   std::unique_ptr<BlasGemm> gemm_;
-  Scratch matmul_input_;     // bf16 copy of Matmul's input
+  Scratch matmul_input_;     // Matmul's input in bf16 for cuBLAS (its prologue's rows)
+  Scratch prologue_rows_;    // a decode batch's Matmul prologue rows, fp32
   Scratch attention_;        // decode split partials and the prefill tile plan
   Scratch decode_arrivals_;  // decode merge counters, kept zero between launches
   bool capturing_ = false;

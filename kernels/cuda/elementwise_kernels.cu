@@ -58,23 +58,41 @@ __device__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kRowThreads) RmsNormKernel(RmsNormParams p) {
+// One output value: fp32 as is, or rounded to bf16 (nearest even).
+__device__ __forceinline__ void StoreOut(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void StoreOut(__nv_bfloat16* dst, float v) {
+  *dst = __float2bfloat16_rn(v);
+}
+// Four consecutive output values as one store. REQUIRES: dst aligned to four of them.
+__device__ __forceinline__ void StoreOut4(float* dst, float4 v) {
+  *reinterpret_cast<float4*>(dst) = v;
+}
+__device__ __forceinline__ void StoreOut4(__nv_bfloat16* dst, float4 v) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
+// The row-wise kernels write `out` ([rows][dim] of OutT), not p.out: p.out itself, or the
+// bf16 input of a product (LaunchRmsNormToBf16, LaunchSiluMulToBf16).
+template <typename T, typename OutT>
+__global__ void __launch_bounds__(kRowThreads)
+    RmsNormKernel(RmsNormParams p, int64_t in_stride, OutT* out_rows) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   __shared__ float scratch[kRowThreads / 32];
-  const float* in = p.in + int64_t{blockIdx.x} * p.dim;
-  float* out = p.out + int64_t{blockIdx.x} * p.dim;
+  const float* in = p.in + blockIdx.x * in_stride;
+  OutT* out = out_rows + int64_t{blockIdx.x} * p.dim;
   float sum_sq = 0.0f;
   for (int i = threadIdx.x; i < p.dim; i += blockDim.x) sum_sq += in[i] * in[i];
   sum_sq = BlockSum(sum_sq, scratch);
   const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.dim) + p.eps);
   const T* weight = static_cast<const T*>(p.weight);
-  __nv_bfloat16* out_bf16 = static_cast<__nv_bfloat16*>(p.out_bf16);
   for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
-    const float y = in[i] * inv_rms * ToFloat(weight[i]);
-    out[i] = y;
-    if (out_bf16 != nullptr) out_bf16[int64_t{blockIdx.x} * p.dim + i] = __float2bfloat16_rn(y);
+    StoreOut(out + i, in[i] * inv_rms * ToFloat(weight[i]));
   }
 }
 
@@ -88,22 +106,13 @@ __device__ __forceinline__ float4 LoadWeight4(const __nv_bfloat16* w) {
                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
 }
 
-// Four floats rounded to bf16 (nearest even), as one 8-byte store. REQUIRES: dst 8-byte aligned.
-__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-}
-
 // RmsNormKernel for rows of up to kRowThreads * 4 * kVecs floats held in registers: every
 // load of the row is issued before any is used (a decode step's single row is otherwise a
 // chain of dependent round trips), and the row is read once.
-// REQUIRES: dim % 4 == 0; in, out 16-byte, out_bf16 8-byte and weight 4-element aligned rows.
-template <typename T, int kVecs>
-__global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p) {
+// REQUIRES: dim % 4 == 0; in 16-byte, out 4-element and weight 4-element aligned rows.
+template <typename T, typename OutT, int kVecs>
+__global__ void __launch_bounds__(kRowThreads)
+    RmsNormVecKernel(RmsNormParams p, int64_t in_stride, OutT* out_rows) {
   const int n4 = p.dim / 4;
   // The weight is read before the wait (launch.cuh: no kernel writes weights), while the
   // kernel before ends.
@@ -117,10 +126,8 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
   WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write
   AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   __shared__ float scratch[kRowThreads / 32];
-  const float4* in = reinterpret_cast<const float4*>(p.in + int64_t{blockIdx.x} * p.dim);
-  float4* out = reinterpret_cast<float4*>(p.out + int64_t{blockIdx.x} * p.dim);
-  __nv_bfloat16* out_bf16 = static_cast<__nv_bfloat16*>(p.out_bf16);
-  if (out_bf16 != nullptr) out_bf16 += int64_t{blockIdx.x} * p.dim;
+  const float4* in = reinterpret_cast<const float4*>(p.in + blockIdx.x * in_stride);
+  OutT* out = out_rows + int64_t{blockIdx.x} * p.dim;
   float4 x[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -138,10 +145,8 @@ __global__ void __launch_bounds__(kRowThreads) RmsNormVecKernel(RmsNormParams p)
   for (int j = 0; j < kVecs; ++j) {
     const int i = threadIdx.x + j * kRowThreads;
     if (i < n4) {
-      const float4 y = make_float4(x[j].x * inv_rms * w[j].x, x[j].y * inv_rms * w[j].y,
-                                   x[j].z * inv_rms * w[j].z, x[j].w * inv_rms * w[j].w);
-      out[i] = y;
-      if (out_bf16 != nullptr) StoreBf16x4(out_bf16 + 4 * i, y);
+      StoreOut4(out + 4 * i, make_float4(x[j].x * inv_rms * w[j].x, x[j].y * inv_rms * w[j].y,
+                                         x[j].z * inv_rms * w[j].z, x[j].w * inv_rms * w[j].w));
     }
   }
 }
@@ -202,29 +207,31 @@ __global__ void __launch_bounds__(kRowThreads) RopeKernel(RopeParams p) {
   }
 }
 
-__global__ void SiluMulKernel(SiluMulParams p) {
+template <typename OutT>
+__global__ void SiluMulKernel(SiluMulParams p, OutT* out_rows) {
   WaitForPrecedingGrid();  // launch.cuh: first, before any global access
   AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   for (int r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
     const float* gate = p.gate + int64_t{r} * p.gate_stride;
     const float* up = p.up + int64_t{r} * p.up_stride;
-    float* out = p.out + int64_t{r} * p.dim;
-    __nv_bfloat16* out_bf16 = p.out_bf16 == nullptr
-                                  ? nullptr
-                                  : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t{r} * p.dim;
+    OutT* out = out_rows + int64_t{r} * p.dim;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.dim; i += gridDim.x * blockDim.x) {
       const float g = gate[i];
-      const float y = g / (1.0f + expf(-g)) * up[i];
-      out[i] = y;
-      if (out_bf16 != nullptr) out_bf16[i] = __float2bfloat16_rn(y);
+      StoreOut(out + i, g / (1.0f + expf(-g)) * up[i]);
     }
   }
 }
 
-__global__ void F32ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t count) {
+// out[r][c] = bf16(in[r * in_stride + c]) for r < rows, c < cols; out dense.
+__global__ void F32ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t rows, int64_t cols,
+                                int64_t in_stride) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  AllowDependentLaunch();  // short: the next kernel's reads before its wait overlap this one
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t count = rows * cols;
+  const bool dense = in_stride == cols;  // no 64-bit division per element then
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride) {
-    out[i] = __float2bfloat16_rn(in[i]);
+    out[i] = __float2bfloat16_rn(in[dense ? i : i / cols * in_stride + i % cols]);
   }
 }
 
@@ -237,7 +244,11 @@ cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
   }());
 }
 
-cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
+namespace {
+
+template <typename OutT>
+cudaError_t LaunchRmsNormInto(const RmsNormParams& p, int64_t in_stride, OutT* out,
+                              cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   constexpr int kMaxVecs = 4;  // rows up to 4096 floats in registers
   auto aligned = [](const void* ptr, uintptr_t bytes) {
@@ -245,16 +256,41 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   };
   return KVD_DISPATCH_STORAGE_DTYPE(p.weight_dtype, T, [&] {
     const bool vec = p.dim % 4 == 0 && p.dim <= kRowThreads * 4 * kMaxVecs && aligned(p.in, 16) &&
-                     aligned(p.out, 16) && aligned(p.out_bf16, 8) &&
+                     in_stride % 4 == 0 && aligned(out, 4 * sizeof(OutT)) &&
                      aligned(p.weight, 4 * sizeof(T));
     if (vec && p.dim <= kRowThreads * 4) {
-      return LaunchDependent(RmsNormVecKernel<T, 1>, p.num_rows, kRowThreads, 0, stream, p);
+      return LaunchDependent(RmsNormVecKernel<T, OutT, 1>, p.num_rows, kRowThreads, 0, stream, p,
+                             in_stride, out);
     }
     if (vec) {
-      return LaunchDependent(RmsNormVecKernel<T, kMaxVecs>, p.num_rows, kRowThreads, 0, stream, p);
+      return LaunchDependent(RmsNormVecKernel<T, OutT, kMaxVecs>, p.num_rows, kRowThreads, 0,
+                             stream, p, in_stride, out);
     }
-    return LaunchDependent(RmsNormKernel<T>, p.num_rows, kRowThreads, 0, stream, p);
+    return LaunchDependent(RmsNormKernel<T, OutT>, p.num_rows, kRowThreads, 0, stream, p, in_stride,
+                           out);
   }());
+}
+
+template <typename OutT>
+cudaError_t LaunchSiluMulInto(const SiluMulParams& p, OutT* out, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  const dim3 grid((p.dim + kRowThreads - 1) / kRowThreads, std::min(p.num_rows, 65535));
+  return LaunchDependent(SiluMulKernel<OutT>, grid, kRowThreads, 0, stream, p, out);
+}
+
+}  // namespace
+
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
+  return LaunchRmsNormInto(p, p.dim, p.out, stream);
+}
+
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, int64_t in_stride, cudaStream_t stream) {
+  return LaunchRmsNormInto(p, in_stride, p.out, stream);
+}
+
+cudaError_t LaunchRmsNormToBf16(const RmsNormParams& p, int64_t in_stride, void* out,
+                                cudaStream_t stream) {
+  return LaunchRmsNormInto(p, in_stride, static_cast<__nv_bfloat16*>(out), stream);
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
@@ -269,17 +305,24 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
-  if (p.num_rows == 0) return cudaSuccess;
-  const dim3 grid((p.dim + kRowThreads - 1) / kRowThreads, std::min(p.num_rows, 65535));
-  return LaunchDependent(SiluMulKernel, grid, kRowThreads, 0, stream, p);
+  return LaunchSiluMulInto(p, p.out, stream);
+}
+
+cudaError_t LaunchSiluMulToBf16(const SiluMulParams& p, void* out, cudaStream_t stream) {
+  return LaunchSiluMulInto(p, static_cast<__nv_bfloat16*>(out), stream);
+}
+
+cudaError_t LaunchF32ToBf16Rows(void* out, const float* in, int64_t rows, int64_t cols,
+                                int64_t in_stride, cudaStream_t stream) {
+  const int64_t count = rows * cols;
+  if (count == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((count + kRowThreads - 1) / kRowThreads, 65536);
+  return LaunchDependent(F32ToBf16Kernel, static_cast<int>(blocks), kRowThreads, 0, stream,
+                         static_cast<__nv_bfloat16*>(out), in, rows, cols, in_stride);
 }
 
 cudaError_t LaunchF32ToBf16(void* out, const float* in, int64_t count, cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>((count + kRowThreads - 1) / kRowThreads, 65536);
-  F32ToBf16Kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
-      static_cast<__nv_bfloat16*>(out), in, count);
-  return cudaGetLastError();
+  return LaunchF32ToBf16Rows(out, in, 1, count, count, stream);
 }
 
 }  // namespace kvd::cuda

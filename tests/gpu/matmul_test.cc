@@ -1,12 +1,11 @@
-// CUDA Matmul (bf16 weights and input in cuBLASLt, fp32 accumulate) against the CPU
-// reference on bf16-rounded inputs.
+// CUDA Matmul (bf16 weights and input in cuBLASLt or the skinny kernel, fp32 accumulate)
+// against the CPU reference on bf16-rounded inputs, with and without prologues.
 
+#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "kernels/params.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -87,42 +86,139 @@ TEST_F(MatmulTest, OddShapesTakeAFallbackAndStayCorrect) {
   }
 }
 
-// Past the skinny kernel's rows the backend reads a bf16 copy of the input when given one
-// (MatmulParams::in_bf16, which RmsNorm and SiluMul write) instead of rounding `in` itself;
-// up to them it reads `in`. The copy given here holds twice `in` (exact in bf16), so the
-// product shows which one was read.
-TEST_F(MatmulTest, ReadsABf16CopyOfItsInputWhereItSaysItDoes) {
-  const int n = 512, k = 1024;
-  for (const int m : {1, 8, 9, 64}) {
-    SCOPED_TRACE(testing::Message() << "m " << m);
-    const bool reads_copy = m > 8;
-    EXPECT_EQ(gpu().ReadsBf16MatmulInput(m), reads_copy);
-    const std::vector<float> in = RoundBf16(RandomFloats(size_t(m) * k, m + 5));
-    std::vector<uint16_t> twice(in.size());
-    for (size_t i = 0; i < in.size(); ++i) twice[i] = Bf16Bits(2.0f * in[i]);
-    const std::vector<float> weight = RoundBf16(RandomFloats(size_t(n) * k, 77));
-    const size_t out_count = size_t(m) * n;
+// A Matmul with a prologue against the CPU backend's (which runs RmsNorm or SiluMul into a
+// buffer, then the product, all in fp32). Up to 8 rows the prologue's kernel writes fp32
+// rows for the skinny kernel; past them (or where the skinny kernel cannot run) it writes
+// the bf16 input for cuBLAS.
+struct PrologueCase {
+  int m, n, k;
+  MatmulPrologue prologue;
+  int in_stride;  // 0: k (kSiluMul: up follows each gate row, rows in_stride apart)
+  bool accumulate;
+};
 
+class MatmulPrologueTest : public GpuVsCpuTest {
+ protected:
+  void Check(const PrologueCase& c) {
+    const bool silu = c.prologue == MatmulPrologue::kSiluMul;
+    const int stride = c.in_stride == 0 ? c.k : c.in_stride;
+    SCOPED_TRACE(testing::Message()
+                 << "m " << c.m << " n " << c.n << " k " << c.k << (silu ? " silu" : " rmsnorm")
+                 << " stride " << stride << (c.accumulate ? " accumulate" : ""));
+    // Rows of [in | up] for SiLU, of in (rms about 2.3) for the norm; the norm weight and
+    // the matrix in bf16 for both backends.
+    const std::vector<float> in = RandomFloats(size_t(c.m) * stride, c.m * 7 + c.k, -4, 4);
+    const std::vector<float> norm = RoundBf16(RandomFloats(c.k, c.k + 3, 0.5f, 1.5f));
+    const std::vector<float> weight = RoundBf16(RandomFloats(size_t(c.n) * c.k, c.n + 5));
+    const size_t out_count = size_t(c.m) * c.n;
+    const std::vector<float> residual = RandomFloats(out_count, 98, -4, 4);
+
+    auto run = [&](Backend& b, DeviceBuffer& in_buf, DeviceBuffer& norm_buf, DeviceBuffer& w,
+                   DeviceBuffer& out, DType dtype) {
+      MatmulParams p{out.as<float>(), in_buf.as<float>(), w.data(), dtype, c.m, c.n, c.k,
+                     c.accumulate};
+      p.prologue = c.prologue;
+      p.in_stride = c.in_stride;
+      if (silu) {
+        p.up = in_buf.as<float>() + c.k;
+        p.up_stride = stride;
+      } else {
+        p.norm_weight = norm_buf.data();
+        p.norm_dtype = dtype;
+        p.norm_eps = 1e-5f;
+      }
+      return b.Matmul(p);
+    };
     DeviceBuffer cpu_in = Upload(cpu(), in);
+    DeviceBuffer cpu_norm = Upload(cpu(), norm);
     DeviceBuffer cpu_w = Upload(cpu(), weight);
-    DeviceBuffer cpu_out = Poisoned(cpu(), out_count * 4);
-    MatmulParams p{cpu_out.as<float>(), cpu_in.as<float>(), cpu_w.data(), DType::kF32, m, n, k};
-    ASSERT_TRUE(cpu().Matmul(p).ok());
-    std::vector<float> expected = DownloadFloats(cpu(), cpu_out.data(), out_count);
-    if (reads_copy) {
-      for (float& x : expected) x *= 2.0f;
-    }
-
+    DeviceBuffer cpu_out = c.accumulate ? Upload(cpu(), residual) : Poisoned(cpu(), out_count * 4);
+    ASSERT_TRUE(run(cpu(), cpu_in, cpu_norm, cpu_w, cpu_out, DType::kF32).ok());
     DeviceBuffer gpu_in = Upload(gpu(), in);
-    DeviceBuffer gpu_copy = Upload(gpu(), twice);
+    DeviceBuffer gpu_norm = OrDie(gpu().UploadWeights(norm.data(), norm.size()), "upload");
     DeviceBuffer gpu_w = OrDie(gpu().UploadWeights(weight.data(), weight.size()), "upload");
-    DeviceBuffer gpu_out = Poisoned(gpu(), out_count * 4);
-    p = {gpu_out.as<float>(), gpu_in.as<float>(), gpu_w.data(), DType::kBF16, m, n, k};
-    p.in_bf16 = gpu_copy.data();
-    const absl::Status status = gpu().Matmul(p);
+    DeviceBuffer gpu_out = c.accumulate ? Upload(gpu(), residual) : Poisoned(gpu(), out_count * 4);
+    const absl::Status status = run(gpu(), gpu_in, gpu_norm, gpu_w, gpu_out, DType::kBF16);
     ASSERT_TRUE(status.ok()) << status;
-    EXPECT_TRUE(AllClose(DownloadFloats(gpu(), gpu_out.data(), out_count), expected, 1e-4,
-                         6e-4 * std::sqrt(double(k))));
+    // The GPU multiplies the prologue's rows x rounded to bf16: up to 2^-9 of each term, at
+    // random signs, so with weights uniform on [-1, 1] the error's spread is about
+    // 2^-9 / 3 * |x|; allow six times that for the largest row. A missing 1 / rms, a wrong
+    // norm weight or no SiLU errs by O(|x| / 2).
+    double max_sq = 0;
+    for (int r = 0; r < c.m; ++r) {
+      const float* row = in.data() + size_t(r) * stride;
+      double sq = 0, ms = 0;
+      for (int i = 0; i < c.k; ++i) ms += double{row[i]} * row[i] / c.k;
+      for (int i = 0; i < c.k; ++i) {
+        const double g = row[i];
+        const double x =
+            silu ? g / (1 + std::exp(-g)) * row[c.k + i] : g / std::sqrt(ms + 1e-5) * norm[i];
+        sq += x * x;
+      }
+      max_sq = std::max(max_sq, sq);
+    }
+    const double atol = std::sqrt(max_sq) / 256;
+    EXPECT_TRUE(AllClose(DownloadFloats(gpu(), gpu_out.data(), out_count),
+                         DownloadFloats(cpu(), cpu_out.data(), out_count), 1e-2, atol));
+  }
+};
+
+TEST_F(MatmulPrologueTest, RmsNormBeforeTheProduct) {
+  for (const PrologueCase& c : {
+           PrologueCase{1, 512, 1024, MatmulPrologue::kRmsNorm, 0, false},
+           PrologueCase{1, 20000, 4104, MatmulPrologue::kRmsNorm, 0, true},
+           PrologueCase{5, 6144, 1024, MatmulPrologue::kRmsNorm, 1028, false},
+           PrologueCase{8, 20000, 1024, MatmulPrologue::kRmsNorm, 0, true},
+           PrologueCase{3, 512, 1024, MatmulPrologue::kRmsNorm, 1026, false},
+           PrologueCase{9, 512, 1024, MatmulPrologue::kRmsNorm, 0, false},
+           PrologueCase{64, 2048, 4096, MatmulPrologue::kRmsNorm, 4100, true},
+       }) {
+    Check(c);
+  }
+}
+
+TEST_F(MatmulPrologueTest, SiluMulBeforeTheProduct) {
+  for (const PrologueCase& c : {
+           PrologueCase{1, 512, 1024, MatmulPrologue::kSiluMul, 2048, false},
+           PrologueCase{1, 4096, 4104, MatmulPrologue::kSiluMul, 8208, true},
+           PrologueCase{7, 6144, 1024, MatmulPrologue::kSiluMul, 2048, true},
+           PrologueCase{8, 20000, 512, MatmulPrologue::kSiluMul, 1024, false},
+           PrologueCase{2, 500, 1020, MatmulPrologue::kSiluMul, 2050, false},  // k % 8: cuBLAS
+           PrologueCase{17, 512, 1024, MatmulPrologue::kSiluMul, 2048, false},
+           PrologueCase{64, 4096, 2048, MatmulPrologue::kSiluMul, 4096, true},
+       }) {
+    Check(c);
+  }
+}
+
+// A strided input without a prologue: the product of its rows packed densely (up to fp32
+// summation order: strided rows take the cuBLAS path at any m).
+TEST_F(MatmulTest, StridedInputOnBothPaths) {
+  const int n = 512, k = 1024, stride = 1100;
+  for (const int m : {3, 40}) {
+    SCOPED_TRACE(testing::Message() << "m " << m);
+    const std::vector<float> wide = RoundBf16(RandomFloats(size_t(m) * stride, m + 60));
+    std::vector<float> dense(size_t(m) * k);
+    for (int r = 0; r < m; ++r) {
+      std::copy_n(wide.begin() + size_t(r) * stride, k, dense.begin() + size_t(r) * k);
+    }
+    const std::vector<float> weight = RoundBf16(RandomFloats(size_t(n) * k, 61));
+    DeviceBuffer w = OrDie(gpu().UploadWeights(weight.data(), weight.size()), "upload");
+    DeviceBuffer wide_in = Upload(gpu(), wide);
+    DeviceBuffer dense_in = Upload(gpu(), dense);
+    DeviceBuffer want = Poisoned(gpu(), size_t(m) * n * 4);
+    DeviceBuffer got = Poisoned(gpu(), size_t(m) * n * 4);
+    ASSERT_TRUE(
+        gpu()
+            .Matmul({want.as<float>(), dense_in.as<float>(), w.data(), DType::kBF16, m, n, k})
+            .ok());
+    MatmulParams p{got.as<float>(), wide_in.as<float>(), w.data(), DType::kBF16, m, n, k};
+    p.in_stride = stride;
+    const absl::Status s = gpu().Matmul(p);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(AllClose(DownloadFloats(gpu(), got.data(), size_t(m) * n),
+                         DownloadFloats(gpu(), want.data(), size_t(m) * n), 1e-4,
+                         3e-4 * std::sqrt(double(k))));
   }
 }
 

@@ -2,7 +2,6 @@
 // each against a naive float64 reference written here, on seeded random inputs of several
 // shapes, within kMaxRelError under MaxRowRelError (kernel_test_util.h).
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +11,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_backend.h"
-#include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace kvd {
@@ -201,51 +199,6 @@ TEST(SiluMulTest, MatchesFloat64ReferenceWithStrides) {
     }
     EXPECT_LT(MaxRowRelError(out.data(), ref.data(), rows, dim), kMaxRelError);
   }
-}
-
-// RmsNorm and SiluMul write their output again in bf16 when given out_bf16 (for a Matmul
-// that reads its input so: MatmulParams::in_bf16): each element the fp32 output's, rounded to
-// nearest even, in a dense [num_rows][dim] copy; nothing past it; the fp32 output as without.
-TEST(ElementwiseOpsTest, Bf16CopiesOfRmsNormAndSiluMulAreTheirOutputsRounded) {
-  CpuBackend backend(2);
-  const int rows = 5, dim = 37;
-  constexpr uint16_t kGuard = 0xabcd;
-  auto expect_copy_of = [&](const std::vector<uint16_t>& copy, const std::vector<float>& out) {
-    for (int i = 0; i < rows * dim; ++i) ASSERT_EQ(copy[i], Bf16Bits(out[i])) << "element " << i;
-    for (int i = rows * dim; i < static_cast<int>(copy.size()); ++i) ASSERT_EQ(copy[i], kGuard);
-  };
-
-  const std::vector<float> in = RandomFloats(rows * dim, 31, -3.0f, 3.0f);
-  const std::vector<float> w = RandomFloats(dim, 32, 0.5f, 1.5f);
-  std::vector<float> plain(rows * dim), out(rows * dim);
-  std::vector<uint16_t> copy(rows * dim + 8, kGuard);
-  RmsNormParams norm{plain.data(), in.data(), w.data(), DType::kF32, rows, dim, 1e-5f};
-  ASSERT_TRUE(backend.RmsNorm(norm).ok());
-  norm.out = out.data();
-  norm.out_bf16 = copy.data();
-  ASSERT_TRUE(backend.RmsNorm(norm).ok());
-  EXPECT_EQ(out, plain);
-  expect_copy_of(copy, out);
-
-  // SiluMul in place (out is gate, of stride dim) with up strided: the copy is of the result.
-  const std::vector<float> gate = RandomFloats(rows * dim, 33, -6.0f, 6.0f);
-  const std::vector<float> up = RandomFloats(rows * 2 * dim, 34, -2.0f, 2.0f);
-  std::vector<float> silu_plain(rows * dim), silu_out = gate;
-  std::fill(copy.begin(), copy.end(), kGuard);
-  SiluMulParams silu{silu_plain.data(), gate.data(), up.data(), rows, dim, dim, 2 * dim};
-  ASSERT_TRUE(backend.SiluMul(silu).ok());
-  silu.out = silu_out.data();
-  silu.gate = silu_out.data();
-  silu.out_bf16 = copy.data();
-  ASSERT_TRUE(backend.SiluMul(silu).ok());
-  EXPECT_EQ(silu_out, silu_plain);
-  expect_copy_of(copy, silu_out);
-}
-
-// The CPU backend multiplies fp32 inputs: it never reads a bf16 copy of one.
-TEST(ElementwiseOpsTest, CpuMatmulNeverReadsABf16Input) {
-  CpuBackend backend(1);
-  for (int32_t m : {1, 8, 9, 64, 4096}) EXPECT_FALSE(backend.ReadsBf16MatmulInput(m)) << m;
 }
 
 TEST(ElementwiseOpsTest, ZeroRowsIsANoOp) {

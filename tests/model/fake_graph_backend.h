@@ -9,19 +9,13 @@
 //   - memory the model frees is kept (quarantined), so that a graph that still holds its
 //     address is caught: Launch fails naming the op instead of touching freed memory;
 //   - FailAllocation(n) makes the n-th next Allocate fail with ResourceExhausted, as a full
-//     device would;
-//   - ReadBf16MatmulInputFrom(rows) makes it claim to read Matmul inputs in bf16 from that
-//     many rows on (Backend::ReadsBf16MatmulInput), as the CUDA backend does: each Matmul
-//     given MatmulParams::in_bf16 checks, when it runs, that the copy holds `in` rounded
-//     (FailedPrecondition naming the first element that does not) and counts it
-//     (bf16_matmuls), then multiplies `in` as the CPU backend does.
+//     device would.
 // Not thread safe, as every Backend. Buffers must be freed (the model destroyed) before it.
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
-#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,7 +28,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
-#include "kernels/dtype.h"
 #include "model/llama_model.h"
 
 namespace kvd::test {
@@ -53,10 +46,6 @@ class FakeGraphBackend final : public Backend {
   // The allocation `n` calls from now (0: the next one) fails once.
   void FailAllocation(int64_t n) { fail_at_ = num_allocations_ + n; }
   int64_t num_allocations() const { return num_allocations_; }
-
-  void ReadBf16MatmulInputFrom(int32_t rows) { bf16_from_rows_ = rows; }
-  // Matmuls run (recorded ones as they replay) with a bf16 copy of their input, all checked.
-  int64_t bf16_matmuls() const { return bf16_matmuls_; }
 
   // Whether `p` lies in memory Allocate gave out and that is not freed yet.
   bool IsLive(const void* p) const {
@@ -129,25 +118,16 @@ class FakeGraphBackend final : public Backend {
     return Op("Embedding", &CpuBackend::Embedding, p, {p.out, p.table, p.token_ids});
   }
   absl::Status RmsNorm(const RmsNormParams& p) override {
-    return Op("RmsNorm", &CpuBackend::RmsNorm, p, {p.out, p.in, p.weight, p.out_bf16});
+    return Op("RmsNorm", &CpuBackend::RmsNorm, p, {p.out, p.in, p.weight});
   }
   absl::Status Matmul(const MatmulParams& p) override {
-    return Run("Matmul",
-               [this, p] {
-                 if (p.in_bf16 != nullptr) {
-                   if (absl::Status s = CheckBf16Copy(p); !s.ok()) return s;
-                   ++bf16_matmuls_;
-                 }
-                 return inner_.Matmul(p);
-               },
-               {p.out, p.in, p.weight, p.in_bf16});
+    return Op("Matmul", &CpuBackend::Matmul, p, {p.out, p.in, p.weight, p.norm_weight, p.up});
   }
-  bool ReadsBf16MatmulInput(int32_t m) const override { return m >= bf16_from_rows_; }
   absl::Status Rope(const RopeParams& p) override {
     return Op("Rope", &CpuBackend::Rope, p, {p.q, p.k, p.positions, p.v, p.slot_mapping});
   }
   absl::Status SiluMul(const SiluMulParams& p) override {
-    return Op("SiluMul", &CpuBackend::SiluMul, p, {p.out, p.gate, p.up, p.out_bf16});
+    return Op("SiluMul", &CpuBackend::SiluMul, p, {p.out, p.gate, p.up});
   }
   absl::Status AppendKv(const AppendKvParams& p) override {
     return Op("AppendKv", &CpuBackend::AppendKv, p, {p.k, p.v, p.slot_mapping});
@@ -175,28 +155,11 @@ class FakeGraphBackend final : public Backend {
   };
 
   // Runs the op, or records it while capturing.
-  absl::Status Run(const char* name, std::function<absl::Status()> run,
-                   std::initializer_list<const void*> pointers) {
-    if (!capturing_) return run();
-    recorded_.push_back({name, std::move(run), pointers});
-    return absl::OkStatus();
-  }
   template <typename Params>
   absl::Status Op(const char* name, absl::Status (CpuBackend::*op)(const Params&), const Params& p,
                   std::initializer_list<const void*> pointers) {
-    return Run(
-        name, [this, op, p] { return (inner_.*op)(p); }, pointers);
-  }
-
-  static absl::Status CheckBf16Copy(const MatmulParams& p) {
-    const uint16_t* copy = static_cast<const uint16_t*>(p.in_bf16);
-    for (int64_t i = 0; i < int64_t{p.m} * p.k; ++i) {
-      if (copy[i] != Bf16Bits(p.in[i])) {
-        return absl::FailedPreconditionError(absl::StrCat("Matmul: in_bf16[", i, "] is ", copy[i],
-                                                          ", not in[", i, "] rounded (",
-                                                          Bf16Bits(p.in[i]), ")"));
-      }
-    }
+    if (!capturing_) return (inner_.*op)(p);
+    recorded_.push_back({name, [this, op, p] { return (inner_.*op)(p); }, pointers});
     return absl::OkStatus();
   }
 
@@ -204,8 +167,6 @@ class FakeGraphBackend final : public Backend {
   std::map<uintptr_t, Block> blocks_;
   int64_t num_allocations_ = 0;
   int64_t fail_at_ = -1;
-  int32_t bf16_from_rows_ = std::numeric_limits<int32_t>::max();
-  int64_t bf16_matmuls_ = 0;
   bool capturing_ = false;
   std::vector<RecordedOp> recorded_;
 };

@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <vector>
 
@@ -85,24 +84,18 @@ ForwardBatch Prefill(int32_t tokens, const std::vector<int32_t>& first_blocks) {
   return batch;
 }
 
-// FakeGraphBackend's setting: Matmul inputs in bf16 never read, or read from this many rows.
-constexpr int32_t kNoBf16Input = std::numeric_limits<int32_t>::max();
-
 // A model with decode graphs on FakeGraphBackend beside the same model without them on the
 // plain CPU backend, each over its own arena.
 class GraphedAndReference {
  public:
-  GraphedAndReference(int32_t max_batch_size, int32_t chunk_shift,
-                      int32_t bf16_input_rows = kNoBf16Input)
+  GraphedAndReference(int32_t max_batch_size, int32_t chunk_shift)
       : spec_(*SyntheticSpec("tiny")),
         graphed_(*LlamaModel::Create(*MakeSyntheticWeights(spec_, 11), &fake_)),
         reference_(*LlamaModel::Create(*MakeSyntheticWeights(spec_, 11), &cpu_)),
         graphed_kv_(&fake_, spec_, chunk_shift),
         reference_kv_(&cpu_, spec_, chunk_shift) {
-    fake_.ReadBf16MatmulInputFrom(bf16_input_rows);  // read from the first forward on
     graphed_->SetDecodeGraphs(std::make_unique<FakeGraphRecorder>(&fake_), max_batch_size);
   }
-  const ModelSpec& spec() const { return spec_; }
   FakeGraphBackend& fake() { return fake_; }
   LlamaModel& graphed() { return *graphed_; }
   const DecodeGraphStats& stats() const { return graphed_->decode_graph_stats(); }
@@ -158,33 +151,11 @@ TEST(LlamaModelGraphsTest, BatchesPaddedToTheirBucketEqualUncapturedSteps) {
   EXPECT_EQ(models.stats().capture_failures, 0);
 }
 
-// A backend that reads Matmul inputs in bf16 from two rows on gets them from the ops before
-// (the norms' and SiLU's copies, checked by the fake as each Matmul runs, replays included):
-// the QKV, gate-up and down projections of every layer, and the classifier where two or more
-// rows want logits; the attention output projection and one-row products read fp32 only.
-TEST(LlamaModelGraphsTest, Bf16MatmulInputsComeFromTheOpsBeforeWhereTheBackendReadsThem) {
-  GraphedAndReference models(/*max_batch_size=*/2, /*chunk_shift=*/6, /*bf16_input_rows=*/2);
-  const int64_t per_layer = 3 * models.spec().num_layers;
-  auto copies_in = [&](const ForwardBatch& batch) {
-    const int64_t before = models.fake().bf16_matmuls();
-    models.ExpectSameLogits(batch);
-    return models.fake().bf16_matmuls() - before;
-  };
-  EXPECT_EQ(copies_in(Prefill(20, {20})), per_layer);               // 20 tokens, one logit row
-  EXPECT_EQ(copies_in(Prefill(9, {30, 40})), per_layer + 1);        // 18 tokens, two logit rows
-  EXPECT_EQ(copies_in(Decode({20, 40}, {20, 10})), per_layer + 1);  // recorded
-  EXPECT_EQ(copies_in(Decode({21, 41}, {20, 10})), per_layer + 1);  // replayed
-  EXPECT_EQ(copies_in(Decode({22}, {20})), 0);                      // one row: none
-  EXPECT_EQ(models.stats().replays, 1);
-  EXPECT_EQ(models.stats().captures, 2);
-}
-
 // Runs `warmup` and two decode steps (recorded, replayed) on both models, then `prefill` on
 // the graphed one with its allocation `fail` failing, then two more decode steps.
 void DecodeAroundAFailedPrefill(const std::vector<ForwardBatch>& warmup,
-                                const ForwardBatch& prefill, int64_t fail,
-                                int32_t bf16_input_rows) {
-  GraphedAndReference models(/*max_batch_size=*/2, /*chunk_shift=*/6, bf16_input_rows);
+                                const ForwardBatch& prefill, int64_t fail) {
+  GraphedAndReference models(/*max_batch_size=*/2, /*chunk_shift=*/6);
   for (const ForwardBatch& batch : warmup) models.ExpectSameLogits(batch);
   models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
   models.ExpectSameLogits(Decode({21, 41}, {0, 10}));
@@ -207,30 +178,24 @@ void DecodeAroundAFailedPrefill(const std::vector<ForwardBatch>& warmup,
 TEST(LlamaModelGraphsTest, AScratchGrowthFailingPartWayLeavesNoGraphOverFreedMemory) {
   // Three 70-token prompts: more tokens and logit rows than the decode bucket's scratch
   // holds; after a 210-token prompt with one logit row, more logit rows only.
-  // With bf16 Matmul inputs read from two rows, their copies are more buffers to grow.
   const ForwardBatch prefill = Prefill(70, {20, 30, 40});
   const std::vector<std::vector<ForwardBatch>> warmups = {{}, {Prefill(210, {50})}};
-  for (const int32_t bf16_input_rows : {kNoBf16Input, 2}) {
-    for (const std::vector<ForwardBatch>& warmup : warmups) {
-      SCOPED_TRACE(testing::Message() << warmup.size() << " warm-up prefills, bf16 inputs from "
-                                      << bf16_input_rows << " rows");
-      int64_t allocations = 0;  // the prefill's, when none fails
-      {
-        GraphedAndReference models(2, 6, bf16_input_rows);
-        for (const ForwardBatch& batch : warmup) models.ExpectSameLogits(batch);
-        models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
-        const int64_t before = models.fake().num_allocations();
-        models.ExpectSameLogits(prefill);
-        allocations = models.fake().num_allocations() - before;
-      }
-      // Token-row buffers then logit-row buffers, or the logit-row buffers alone (and their
-      // bf16 copies).
-      const int64_t copies = bf16_input_rows == kNoBf16Input ? 0 : warmup.empty() ? 3 : 1;
-      ASSERT_GE(allocations, (warmup.empty() ? 8 : 2) + copies);
-      for (int64_t fail = 0; fail < allocations; ++fail) {
-        SCOPED_TRACE(testing::Message() << "allocation " << fail << " of the prefill fails");
-        DecodeAroundAFailedPrefill(warmup, prefill, fail, bf16_input_rows);
-      }
+  for (const std::vector<ForwardBatch>& warmup : warmups) {
+    SCOPED_TRACE(testing::Message() << warmup.size() << " warm-up prefills");
+    int64_t allocations = 0;  // the prefill's, when none fails
+    {
+      GraphedAndReference models(2, 6);
+      for (const ForwardBatch& batch : warmup) models.ExpectSameLogits(batch);
+      models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
+      const int64_t before = models.fake().num_allocations();
+      models.ExpectSameLogits(prefill);
+      allocations = models.fake().num_allocations() - before;
+    }
+    // Token-row buffers then logit-row buffers, or the logit-row buffers alone.
+    ASSERT_GE(allocations, warmup.empty() ? 6 : 2);
+    for (int64_t fail = 0; fail < allocations; ++fail) {
+      SCOPED_TRACE(testing::Message() << "allocation " << fail << " of the prefill fails");
+      DecodeAroundAFailedPrefill(warmup, prefill, fail);
     }
   }
 }
