@@ -135,6 +135,26 @@ absl::Status ValidateMatmulPrologue(const MatmulParams& p) {
   return absl::OkStatus();
 }
 
+RmsNormParams MatmulPrologueRmsNorm(const MatmulParams& p, float* out) {
+  return {.out = out,
+          .in = p.in,
+          .weight = p.norm_weight,
+          .weight_dtype = p.norm_dtype,
+          .num_rows = p.m,
+          .dim = p.k,
+          .eps = p.norm_eps};
+}
+
+SiluMulParams MatmulPrologueSiluMul(const MatmulParams& p, float* out) {
+  return {.out = out,
+          .gate = p.in,
+          .up = p.up,
+          .num_rows = p.m,
+          .dim = p.k,
+          .gate_stride = p.in_stride == 0 ? p.k : p.in_stride,
+          .up_stride = p.up_stride == 0 ? p.k : p.up_stride};
+}
+
 absl::Status ValidateSiluMul(const SiluMulParams& p) {
   if (p.out == nullptr) return absl::InvalidArgumentError("SiluMul: out is null");
   if (p.gate == nullptr) return absl::InvalidArgumentError("SiluMul: gate is null");

@@ -128,6 +128,12 @@ absl::Status ValidateAppendKvRows(const AppendKvParams& p);
 // backend's to check.
 absl::Status ValidateMatmulPrologue(const MatmulParams& p);
 
+// The op a Matmul's prologue stands for, writing its rows to `out` ([m][k]): a kRmsNorm's
+// RmsNorm (whose params take in's rows as dense: a backend honours in_stride itself) and a
+// kSiluMul's SiluMul (gate = in, rows in_stride apart).
+RmsNormParams MatmulPrologueRmsNorm(const MatmulParams& p, float* out);
+SiluMulParams MatmulPrologueSiluMul(const MatmulParams& p, float* out);
+
 // The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend
 // checks those first): out, gate and up are given, the strides are at least dim, and out
 // overlaps an input only as that input itself with stride dim, so that each row is read

@@ -159,27 +159,16 @@ absl::Status RunPrologue(const MatmulParams& p, int64_t in_stride, ThreadPool& p
                          std::vector<float>& x) {
   x.resize(static_cast<size_t>(int64_t{p.m} * p.k));
   if (p.prologue == MatmulPrologue::kSiluMul) {
-    return CpuSiluMul({.out = x.data(),
-                       .gate = p.in,
-                       .up = p.up,
-                       .num_rows = p.m,
-                       .dim = p.k,
-                       .gate_stride = static_cast<int32_t>(in_stride),
-                       .up_stride = p.up_stride == 0 ? p.k : p.up_stride},
-                      pool);
+    return CpuSiluMul(MatmulPrologueSiluMul(p, x.data()), pool);
   }
   // RmsNormParams rows are dense: a strided `in` goes a row at a time.
-  const bool dense = in_stride == p.k;
-  for (int64_t r = 0; r < (dense ? 1 : p.m); ++r) {
-    const absl::Status s = CpuRmsNorm({.out = x.data() + r * p.k,
-                                       .in = p.in + r * in_stride,
-                                       .weight = p.norm_weight,
-                                       .weight_dtype = p.norm_dtype,
-                                       .num_rows = dense ? p.m : 1,
-                                       .dim = p.k,
-                                       .eps = p.norm_eps},
-                                      pool);
-    if (!s.ok()) return s;
+  RmsNormParams norm = MatmulPrologueRmsNorm(p, x.data());
+  if (in_stride == p.k) return CpuRmsNorm(norm, pool);
+  norm.num_rows = 1;
+  for (int64_t r = 0; r < p.m; ++r) {
+    norm.out = x.data() + r * p.k;
+    norm.in = p.in + r * in_stride;
+    if (absl::Status s = CpuRmsNorm(norm, pool); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

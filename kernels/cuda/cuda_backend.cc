@@ -436,24 +436,12 @@ cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, int64_t in_stride
       return bf16 ? cuda::LaunchF32ToBf16Rows(out, p.in, p.m, p.k, in_stride, stream_)
                   : cudaErrorInvalidValue;  // nothing to do: the caller reads `in`
     case MatmulPrologue::kRmsNorm: {
-      const RmsNormParams norm{.out = static_cast<float*>(out),
-                               .in = p.in,
-                               .weight = p.norm_weight,
-                               .weight_dtype = p.norm_dtype,
-                               .num_rows = p.m,
-                               .dim = p.k,
-                               .eps = p.norm_eps};
+      const RmsNormParams norm = MatmulPrologueRmsNorm(p, static_cast<float*>(out));
       return bf16 ? cuda::LaunchRmsNormToBf16(norm, in_stride, out, stream_)
                   : cuda::LaunchRmsNorm(norm, in_stride, stream_);
     }
     case MatmulPrologue::kSiluMul: {
-      const SiluMulParams silu{.out = static_cast<float*>(out),
-                               .gate = p.in,
-                               .up = p.up,
-                               .num_rows = p.m,
-                               .dim = p.k,
-                               .gate_stride = static_cast<int32_t>(in_stride),
-                               .up_stride = p.up_stride == 0 ? p.k : p.up_stride};
+      const SiluMulParams silu = MatmulPrologueSiluMul(p, static_cast<float*>(out));
       return bf16 ? cuda::LaunchSiluMulToBf16(silu, out, stream_)
                   : cuda::LaunchSiluMul(silu, stream_);
     }
