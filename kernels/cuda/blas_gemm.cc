@@ -53,8 +53,15 @@ absl::StatusOr<std::unique_ptr<BlasGemm>> BlasGemm::Create(cudaStream_t stream) 
     api->cublasLtDestroy(lt);
     return s;
   }
+  int device = 0;
+  int l2_bytes = 0;
+  absl::Status s = CudaStatus(cudaGetDevice(&device), "BlasGemm: cudaGetDevice");
+  if (s.ok()) {
+    s = CudaStatus(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
+                   "BlasGemm: L2 size");
+  }
   void* workspace = nullptr;
-  absl::Status s = CudaStatus(cudaMalloc(&workspace, kWorkspaceBytes), "BlasGemm: workspace");
+  if (s.ok()) s = CudaStatus(cudaMalloc(&workspace, kWorkspaceBytes), "BlasGemm: workspace");
   if (s.ok()) s = CublasStatus(api->cublasSetStream(blas, stream), "BlasGemm: cublasSetStream");
   if (!s.ok()) {
     if (workspace != nullptr) cudaFree(workspace);
@@ -62,12 +69,17 @@ absl::StatusOr<std::unique_ptr<BlasGemm>> BlasGemm::Create(cudaStream_t stream) 
     api->cublasLtDestroy(lt);
     return s;
   }
-  return std::unique_ptr<BlasGemm>(new BlasGemm(api, stream, lt, blas, workspace));
+  return std::unique_ptr<BlasGemm>(new BlasGemm(api, stream, lt, blas, workspace, l2_bytes));
 }
 
 BlasGemm::BlasGemm(const CublasApi* api, cudaStream_t stream, cublasLtHandle_t lt,
-                   cublasHandle_t blas, void* workspace)
-    : api_(api), stream_(stream), lt_(lt), blas_(blas), workspace_(workspace) {}
+                   cublasHandle_t blas, void* workspace, int l2_bytes)
+    : api_(api),
+      stream_(stream),
+      lt_(lt),
+      blas_(blas),
+      workspace_(workspace),
+      l2_bytes_(static_cast<size_t>(l2_bytes)) {}
 
 BlasGemm::~BlasGemm() {
   plans_.clear();
@@ -119,8 +131,11 @@ absl::StatusOr<const BlasGemm::Plan*> BlasGemm::GetPlan(const PlanKey& key, cons
   }
   static_assert(kTunedCandidates <= kMaxHeuristicRank + 1);
   cublasLtMatmulHeuristicResult_t results[kMaxHeuristicRank + 1] = {};
+  // A weight that fits in the L2 twice over is left to its first choice: timed again and
+  // again it would be read from the L2 (a decode step reads it from DRAM), and writing over
+  // the L2 before each run leaves dirty lines whose write-back slows the run timed.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const bool tune = heuristic_rank_ == 0 && m <= tune_rows_ &&
+  const bool tune = heuristic_rank_ == 0 && m <= tune_rows_ && size_t(n) * k * 2 >= 2 * l2_bytes_ &&
                     cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
                     capture == cudaStreamCaptureStatusNone;
   const int wanted = tune ? kTunedCandidates : heuristic_rank_ + 1;
@@ -162,14 +177,6 @@ absl::StatusOr<int> BlasGemm::FastestCandidate(const PlanKey& key, const Plan& p
   if (count < 2) return 0;
   const auto [m, n, k, accumulate, align_in, align_weight, align_out] = key;
   constexpr const char* kOp = "Matmul: timing cuBLASLt algorithms";
-  // A weight that fits in the L2 twice over is left to its first choice: timed again and
-  // again it would be read from the L2 (a decode step reads it from DRAM), and writing over
-  // the L2 before each run leaves dirty lines whose write-back slows the run timed.
-  int device = 0;
-  int l2_bytes = 0;
-  KVD_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), kOp);
-  KVD_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), kOp);
-  if (size_t(n) * k * 2 < 2 * size_t(l2_bytes)) return 0;
   // The output goes to scratch for the time of this call; a device too full for it keeps the
   // first choice.
   const size_t out_bytes = size_t(m) * n * sizeof(float);

@@ -87,11 +87,12 @@ class BlasGemm {
   using PlanKey = std::tuple<int, int, int, bool, int, int, int>;
 
   BlasGemm(const CublasApi* api, cudaStream_t stream, cublasLtHandle_t lt, cublasHandle_t blas,
-           void* workspace);
+           void* workspace, int l2_bytes);
   // The plan for `key`, made on first use (timing candidates on these operands, TuneUpTo).
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& key, const void* in, const void* weight);
   // The index in [0, count) of the fastest of `results` (first-choice margin applied), timed
-  // as TuneUpTo says; 0 when there is no scratch to time with.
+  // as TuneUpTo says for a plan GetPlan found worth timing; 0 when there is no scratch to time
+  // with.
   absl::StatusOr<int> FastestCandidate(const PlanKey& key, const Plan& plan,
                                        const cublasLtMatmulHeuristicResult_t* results, int count,
                                        const void* in, const void* weight);
@@ -101,6 +102,7 @@ class BlasGemm {
   cublasLtHandle_t lt_;
   cublasHandle_t blas_;
   void* workspace_;
+  size_t l2_bytes_;  // the device's L2 size (TuneUpTo times weights of twice this or more)
   struct CachedPlan {
     std::unique_ptr<Plan> plan;
     std::list<PlanKey>::iterator use;  // its place in uses_

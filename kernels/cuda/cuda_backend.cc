@@ -393,44 +393,40 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
     return Unsupported(kOp, "norm dtype", p.norm_dtype);
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
-  const float* in = p.in;
-  int64_t in_stride = p.in_stride == 0 ? p.k : p.in_stride;
-  MatmulPrologue prologue = p.prologue;
+  // What is left to do to the input before a product reads it.
+  MatmulParams input = p;
   const int64_t input_count = int64_t{p.m} * p.k;
   // Decode batches: the prologue's kernel writes fp32 rows, which the skinny kernel rounds
   // to bf16 as it loads them. (The prologue computed inside the skinny kernel, as it loads
   // the input, measured slower: H200, kvd_e2e_bench 1 x 512 uncaptured, its matmuls 5.92 ms
   // a step against 4.37 for the two kernels; the prologue's loads want registers that the
   // weight loads in flight hold.)
-  if (p.m <= cuda::kMaxSkinnyRows && prologue != MatmulPrologue::kNone) {
+  if (p.m <= cuda::kMaxSkinnyRows && p.prologue != MatmulPrologue::kNone) {
     KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 4, kOp));
     float* rows = static_cast<float*>(prologue_rows_.data);
-    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, in_stride, rows, /*bf16=*/false),
-                             "Matmul: prologue");
-    in = rows;
-    in_stride = p.k;
-    prologue = MatmulPrologue::kNone;
+    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows, /*bf16=*/false), "Matmul: prologue");
+    input.in = rows;
+    input.in_stride = p.k;
+    input.prologue = MatmulPrologue::kNone;
   }
-  if (p.m <= cuda::kMaxSkinnyRows && in_stride == p.k &&
-      cuda::SkinnyGemmSupports(p.out, in, p.weight, p.m, p.n, p.k)) {
+  const bool dense = input.in_stride == 0 || input.in_stride == p.k;
+  if (p.m <= cuda::kMaxSkinnyRows && dense &&
+      cuda::SkinnyGemmSupports(p.out, input.in, p.weight, p.m, p.n, p.k)) {
     OpTimer timer(this, "Matmul skinny");
     return CudaStatus(
-        cuda::LaunchSkinnyGemm(p.out, in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
+        cuda::LaunchSkinnyGemm(p.out, input.in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
         "Matmul: skinny gemm");
   }
   OpTimer timer(this, "Matmul cublas");
   // cuBLAS reads the input in bf16: the prologue's kernel (or a plain conversion) writes it.
   KVD_RETURN_IF_ERROR(Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp));
-  MatmulParams rest = p;
-  rest.in = in;
-  rest.prologue = prologue;
-  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(rest, in_stride, matmul_input_.data, /*bf16=*/true),
+  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(input, matmul_input_.data, /*bf16=*/true),
                            "Matmul: input to bf16");
   return gemm_->Run(p.out, matmul_input_.data, p.weight, p.m, p.n, p.k, p.accumulate);
 }
 
-cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, int64_t in_stride, void* out,
-                                        bool bf16) {
+cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, void* out, bool bf16) {
+  const int64_t in_stride = p.in_stride == 0 ? p.k : p.in_stride;
   switch (p.prologue) {
     case MatmulPrologue::kNone:
       return bf16 ? cuda::LaunchF32ToBf16Rows(out, p.in, p.m, p.k, in_stride, stream_)

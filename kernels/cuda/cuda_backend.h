@@ -207,10 +207,9 @@ class CudaBackend final : public Backend {
   // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
   absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
-  // Enqueues p's prologue over rows of `in` in_stride floats apart (p's own stride, or k)
-  // into `out`: [m][k] bf16 (`bf16`; kNone then converts `in`) or fp32 (kNone:
-  // cudaErrorInvalidValue, there is nothing to do).
-  cudaError_t LaunchPrologue(const MatmulParams& p, int64_t in_stride, void* out, bool bf16);
+  // Enqueues p's prologue into `out`: [m][k] bf16 (`bf16`; kNone then converts `in`) or fp32
+  // (kNone: cudaErrorInvalidValue, there is nothing to do).
+  cudaError_t LaunchPrologue(const MatmulParams& p, void* out, bool bf16);
   // An event for OpTimer (reused from spare_events_), or null if none can be made.
   cudaEvent_t TakeEvent();
 
