@@ -74,6 +74,10 @@ struct AttentionCase {
   // came through the view. (Otherwise: the backend's view of all its memory.)
   enum class DecodeView { kBackend, kNone, kFirstChunk, kFirstChunkCopy };
   DecodeView decode_view = DecodeView::kBackend;
+  // That direct launch's split slices (DecodeWorkspace::max_splits), with the workspace they
+  // need. With more than one, the kernel runs three times back to back (the outputs compared
+  // are the last run's) and must leave every counter zero.
+  int decode_splits = 1;
 };
 
 // Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
@@ -240,11 +244,37 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
         }
       }
       cuda::DecodeWorkspace ws;
-      ws.max_splits = 1;
-      const cudaError_t err = cuda::LaunchDecodeAttention(
-          p, ws, gpu().stream(),
-          c.decode_view == AttentionCase::DecodeView::kNone ? nullptr : &first_chunk);
-      if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
+      ws.max_splits = c.decode_splits;
+      DeviceBuffer partial_out, partial_lse, counters;
+      const size_t counter_count = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, c.group);
+      if (c.decode_splits > 1) {
+        partial_out =
+            Poisoned(b, sizeof(float) * cuda::DecodePartialOutSize(num_seqs, c.decode_splits,
+                                                                   num_q_heads, c.head_dim));
+        partial_lse = Poisoned(
+            b, sizeof(float) * cuda::DecodePartialLseSize(num_seqs, c.decode_splits, num_q_heads));
+        counters = Upload(b, std::vector<int32_t>(counter_count, 0));
+        ws.partial_out = partial_out.as<float>();
+        ws.partial_lse = partial_lse.as<float>();
+        ws.arrivals = counters.as<int32_t>();
+      }
+      for (int run = 0; run < (c.decode_splits > 1 ? 3 : 1); ++run) {
+        const cudaError_t err = cuda::LaunchDecodeAttention(
+            p, ws, gpu().stream(),
+            c.decode_view == AttentionCase::DecodeView::kNone ? nullptr : &first_chunk);
+        if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
+      }
+      if (c.decode_splits > 1) {
+        std::vector<int32_t> left(counter_count);
+        if (absl::Status s = b.CopyToHost(left.data(), counters.data(), left.size() * 4); !s.ok()) {
+          return s;
+        }
+        for (size_t i = 0; i < left.size(); ++i) {
+          if (left[i] != 0) {
+            return absl::InternalError(absl::StrCat("counter ", i, " left at ", left[i]));
+          }
+        }
+      }
       return b.Synchronize();  // before `copy` is freed
     }
     if ((c.bf16_qp || c.split_qp) && &b == &gpu()) {
@@ -497,6 +527,24 @@ std::vector<AttentionCase> Cases() {
           DType::kBF16, 128, block_size, 2, 4);
       cases.back().decode_view = AttentionCase::DecodeView::kFirstChunkCopy;
     }
+  }
+  // Contexts split and merged in the kernel at split-slice counts the backend picks for
+  // various batches (2 to 8; 17, of which a 4k context takes one merge batch, 16), on CUDA
+  // cores and tensor cores (cp.async, and TMA boxes with head subgroups): contexts too short
+  // for more than one split, and 1029 and 4100 keys, whose last splits end inside an
+  // iteration.
+  for (const int splits : {2, 3, 5, 8, 17}) {
+    add(absl::StrCat("decode_f32_d64_bs16_g8_splits", splits), decodes, DType::kF32, 64, 16, 2, 8);
+    cases.back().decode_view = AttentionCase::DecodeView::kNone;
+    cases.back().decode_splits = splits;
+    add(absl::StrCat("decode_bf16_d128_bs16_g4_splits", splits, "_cp_async"), decodes, DType::kBF16,
+        128, 16, 2, 4);
+    cases.back().decode_view = AttentionCase::DecodeView::kNone;
+    cases.back().decode_splits = splits;
+    add(absl::StrCat("decode_bf16_d128_bs1_g12_splits", splits, "_first_chunk_view"), decodes,
+        DType::kBF16, 128, 1, 1, 12);
+    cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
+    cases.back().decode_splits = splits;
   }
   return cases;
 }
