@@ -51,6 +51,24 @@
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
 // writes `out` directly.
+// Where a short split batch's time goes (H200, 8 x 4k in 4 splits, one launch from a graph,
+// each CTA's phases read from %globaltimer in an instrumented build; 36-38 us from the first
+// CTA's start to the last CTA's end, against 31 us for its bytes at the rate the kernel
+// reaches at 64 x 4k): the first K/V lands 3.2-6.3 us in (the sequence metadata and then the
+// block table each take a round trip to memory, 0.9 us apiece, before the first copy); the
+// key loops, equal in work, end anywhere from 26 to 35 us; after the last one, the combine and
+// the partial's stores take 0.9 us, the arrival's atomic 0.7 and the merge 1.2. Measured and
+// not kept (gpu_bench decode, builds alternating in one run, 16 calls back to back in a graph):
+// the splits of a context as one thread block cluster merging through each other's shared
+// memory (the device holds only 62 four-CTA clusters at two CTAs per SM, so 8 x 4k could not
+// be placed in one wave; allowed three per SM it was, unevenly: 0.733 of copy against 0.871,
+// and 64 x 4k 0.943 against 1.045; the cluster's barrier waits for the slowest split as the
+// counter does, and the merge over shared memory took 1.4 us); splits claiming 16-key
+// iterations from a shared counter past a few fixed ones, so that faster CTAs take more (0.81
+// against 0.86 at 8 x 4k, 0.89 against 1.01 at 16 x 16k, 0.34 against 0.42 at 1 x 4k; a
+// claim's round trip in every warp's pipeline is the likely cause, not pursued); prefetching
+// the partial's lines, merge counter and output row during the last iteration, and the tensor
+// map at the kernel's start (within the spread of the rounds).
 //
 // Workspace layout (only touched when max_splits > 1):
 //   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)
