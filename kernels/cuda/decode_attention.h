@@ -65,10 +65,12 @@
 // and 64 x 4k 0.943 against 1.045; the cluster's barrier waits for the slowest split as the
 // counter does, and the merge over shared memory took 1.4 us); splits claiming 16-key
 // iterations from a shared counter past a few fixed ones, so that faster CTAs take more (0.81
-// against 0.86 at 8 x 4k, 0.89 against 1.01 at 16 x 16k, 0.34 against 0.42 at 1 x 4k; a
-// claim's round trip in every warp's pipeline is the likely cause, not pursued); prefetching
-// the partial's lines, merge counter and output row during the last iteration, and the tensor
-// map at the kernel's start (within the spread of the rounds).
+// against 0.86 at 8 x 4k, 0.89 against 1.01 at 16 x 16k, 0.87 against 1.02 at 4 x 128k, 0.34
+// against 0.42 at 1 x 4k, with one claim in flight a warp; with two or four, no better: the
+// long contexts lose in the steady stream too, perhaps because the CTAs of a sequence's KV
+// heads no longer read the same blocks at about the same time, which was not pursued);
+// prefetching the partial's lines, merge counter and output row during the last iteration,
+// and the tensor map at the kernel's start (within the spread of the rounds).
 //
 // Workspace layout (only touched when max_splits > 1):
 //   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)
