@@ -318,10 +318,12 @@ __device__ __forceinline__ int ArriveAcqRel(int* counter) {
 // running maxima or a little below, and the sums relative to them; -inf and 0 for a warp that
 // saw no key). The 8 floats between rows put the rows of 4 heads on distinct banks: a warp's
 // 8-byte stores of 8 heads' rows (the tensor-core kernel's fragments) take the 2 wavefronts
-// they need, where rows kHeadDim apart would all start on bank 0.
+// they need, where rows kHeadDim apart would all start on bank 0. Every row starts 16-byte
+// aligned, as the base is (FinishCta reads the rows four floats at a time).
 template <int kHeadDim, int kGroup, typename Cfg>
 struct CombineSlots {
   static constexpr int kRowStride = kHeadDim + 8;
+  static_assert(kRowStride % 4 == 0, "rows of whole float4s");
   static constexpr int kBytes = Cfg::kWarps * kGroup * (kRowStride + 2) * 4;
   __device__ __forceinline__ explicit CombineSlots(void* smem)
       : acc(static_cast<float*>(smem)),
