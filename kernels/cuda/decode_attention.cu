@@ -32,6 +32,10 @@ int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
   return int64_t{num_seqs} * num_kv_heads * decode::MergeSubgroups(group_size);
 }
 
+int64_t DecodeTraceCount(int num_seqs, int num_kv_heads, int group_size, int max_splits) {
+  return int64_t{max_splits} * num_seqs * num_kv_heads * decode::MergeSubgroups(group_size);
+}
+
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim) {
   return int64_t{num_seqs} * max_splits * num_q_heads * head_dim;
 }
@@ -43,7 +47,7 @@ int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads) {
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                          int variant, const KvRowMap* rows_map, cudaStream_t stream,
                                          const char** name) {
-  if (p.cache.dtype != DType::kBF16 || p.cache.head_dim != 128 ||
+  if (p.cache.dtype != DType::kBF16 || p.cache.head_dim != 128 || ws.trace != nullptr ||
       p.num_q_heads != 4 * p.cache.num_kv_heads || ws.max_splits < 1 ||
       ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
@@ -70,6 +74,7 @@ cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWor
   if (ws.max_splits > 1 && (ws.partial_out == nullptr || ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
+  if (ws.trace != nullptr && p.cache.dtype != DType::kBF16) return cudaErrorInvalidValue;
   return p.cache.dtype == DType::kBF16 ? LaunchDecodeMma(p, ws, stream, rows_map)
                                        : LaunchDecodeSimt(p, ws, stream);
 }

@@ -52,12 +52,13 @@
 // them all into `out` in the same kernel (no second launch). A sequence with one split
 // writes `out` directly.
 // Where a short split batch's time goes (H200, 8 x 4k in 4 splits, one launch from a graph,
-// each CTA's phases read from %globaltimer in an instrumented build; 36-38 us from the first
+// gpu_bench decode with KVD_DECODE_TRACE=8, medians of the launches; 37 us from the first
 // CTA's start to the last CTA's end, against 31 us for its bytes at the rate the kernel
-// reaches at 64 x 4k): the first K/V lands 3.2-6.3 us in (the sequence metadata and then the
-// block table each take a round trip to memory, 0.9 us apiece, before the first copy); the
-// key loops, equal in work, end anywhere from 26 to 35 us; after the last one, the combine and
-// the partial's stores take 0.9 us, the arrival's atomic 0.7 and the merge 1.2. Measured and
+// reaches at 64 x 4k): the CTAs have read their metadata 0.7-1.0 us in and their first K/V
+// lands 3.3-6.1 us in (the block table takes another round trip to memory before the first
+// copy); the key loops, equal in work, end anywhere from 27 to 34 us (the same SMs early or
+// late from launch to launch); after the last one, the combine takes 0.5 us, the partial's
+// stores 0.6, the arrival's atomic 0.7 and the merge 1.1-1.4. Measured and
 // not kept (gpu_bench decode, builds alternating in one run, 16 calls back to back in a graph):
 // the splits of a context as one thread block cluster merging through each other's shared
 // memory (the device holds only 62 four-CTA clusters at two CTAs per SM, so 8 x 4k could not
@@ -89,6 +90,29 @@
 
 namespace kvd::cuda {
 
+// Where a CTA of a traced decode launch (DecodeWorkspace::trace) was when: the points of its
+// timeline, in order.
+enum DecodeTracePoint : int {
+  kTraceEntry,          // the CTA starts
+  kTracePlanned,        // its sequence's metadata read (an idle CTA records only these two)
+  kTraceFirstKv,        // warp 0's first K/V landed
+  kTraceKeysDone,       // warp 0 done with its keys
+  kTraceCombined,       // every warp's results in shared memory
+  kTracePartialStored,  // with splits: the CTA's partial stored
+  kTraceArrived,        // with splits: its arrival counted
+  kTraceEnd,            // done, the merge included where it merged
+  kDecodeTracePoints
+};
+
+// One CTA's timeline: %globaltimer readings (nanoseconds, the GPU's clock) at each
+// DecodeTracePoint it reached, 0 at the others; the multiprocessor it ran on; and whether it
+// merged its context's splits.
+struct DecodeTraceRecord {
+  uint64_t ns[kDecodeTracePoints];
+  uint32_t sm;
+  uint32_t merged;
+};
+
 struct DecodeWorkspace {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
@@ -102,6 +126,13 @@ struct DecodeWorkspace {
   // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
   // before a launch and left zero by it.
   int32_t* arrivals = nullptr;
+  // Null (the default), or one record a CTA of the grid, [max_splits][num_seqs][num_kv_heads *
+  // ceil(group / 8)] in blockIdx order (DecodeTraceCount), for the launch to fill: a diagnostic
+  // (gpu_bench decode with KVD_DECODE_TRACE set). Traced launches run an instantiation of
+  // their own of the tensor-core kernel with TMA boxes (bf16 KV, head_dim 128, a KvRowMap
+  // given), with a barrier or two more a CTA; the untraced kernel has none of it. Any other
+  // kernel refuses a trace (cudaErrorInvalidValue).
+  DecodeTraceRecord* trace = nullptr;
 };
 
 // Splits per sequence worth launching so that the decode grid fills about one wave of
@@ -112,6 +143,9 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
 
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
+
+// Records of DecodeWorkspace::trace a call with these sizes needs.
+int64_t DecodeTraceCount(int num_seqs, int num_kv_heads, int group_size, int max_splits);
 
 // Elements of partial_out and partial_lse a call with these sizes needs.
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim);

@@ -219,7 +219,9 @@ struct MmaWarpMath {
 
 // grid (num_kv_heads * subgroups, num_seqs, max_splits), Cfg::kThreads threads,
 // MmaDecodeShape::kSmemBytes of dynamic shared memory; subgroups of kMaxGroupPerCta heads.
-template <int kHeadDim, typename Cfg>
+// kTrace: the launch is traced (DecodeWorkspace::trace), a separate instantiation so that
+// untraced launches carry none of it.
+template <int kHeadDim, typename Cfg, bool kTrace = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     DecodeMmaKernel(PagedAttentionParams p, DecodeWorkspace ws, int group, int subgroups,
                     int block_shift, const __grid_constant__ KvRowMap rows) {
@@ -231,9 +233,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   // The sequence metadata and the block table are read before the wait for the preceding
   // kernel (launch.cuh), K/V and Q after it (RunWarpPipeline's start).
+  const uint64_t entry_ns = decode::TraceClock<kTrace>();
   DecodeCta cta;
-  if (!PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta)) {
+  const bool active = PlanDecodeCta(p, ws, group, subgroups, kGroup, Shape::kSplitGranule, cta);
+  const uint64_t planned_ns = decode::TraceClock<kTrace>();
+  if (!active) {
     WaitForPrecedingGrid();  // launch.cuh: every CTA waits, also one with nothing to do
+    decode::TraceStart<kTrace>(ws, entry_ns, planned_ns);
     return;
   }
   const int lane = threadIdx.x % 32;
@@ -255,6 +261,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   typename MmaWarpMath<kHeadDim, Cfg>::QLane q_lane;
   auto load_q = [&] {
     WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
+    decode::TraceStart<kTrace>(ws, entry_ns, planned_ns);
     q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);
   };
   auto set_q = [&] { math.SetQ(q_lane, p, cta.heads); };
@@ -265,9 +272,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       CpAsyncWait<kStages - 1>();
       __syncwarp();  // other lanes' copies of this stage have landed too
     }
+    if (it == 0) decode::Trace<kTrace>(ws, kTraceFirstKv);
     math.Consume(loader.Tile(read_stage), keys.start(it), cta.key_end);
   });
   math.ReduceSum();
+  decode::Trace<kTrace>(ws, kTraceKeysDone);
 
   AllowDependentLaunch();  // past the KV stream: only the combine and merge are left
   CpAsyncWait<0>();
@@ -275,7 +284,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const CombineSlots<kHeadDim, kGroup, Cfg> slots(smem);
   math.Store(slots, warp);
   __syncthreads();
-  FinishCta<kHeadDim, kGroup, Cfg>(p, ws, cta, slots.acc);
+  decode::Trace<kTrace>(ws, kTraceCombined);
+  FinishCta<kHeadDim, kGroup, Cfg, kTrace>(p, ws, cta, slots.acc);
+  if constexpr (kTrace) __syncthreads();  // the whole CTA is done
+  decode::Trace<kTrace>(ws, kTraceEnd);
 }
 
 // The TMA variant of the default shape: what LaunchDecodeMma runs at head_dim 128 when a
@@ -296,11 +308,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
-template <int kHeadDim, typename Cfg = DefaultConfig>
+template <int kHeadDim, typename Cfg = DefaultConfig, bool kTrace = false>
 cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream,
                       const KvRowMap* rows_map) {
   static const KvRowMap kNoRows{};
-  return LaunchDecodeGrid(DecodeMmaKernel<kHeadDim, Cfg>, Cfg::kThreads,
+  return LaunchDecodeGrid(DecodeMmaKernel<kHeadDim, Cfg, kTrace>, Cfg::kThreads,
                           MmaDecodeShape<kHeadDim, Cfg>::kSmemBytes, kMaxGroupPerCta, p, ws, stream,
                           rows_map != nullptr ? *rows_map : kNoRows);
 }
@@ -310,8 +322,10 @@ cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, 
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map) {
   if (p.cache.head_dim == 128 && HasRows(rows_map)) {
-    return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
+    return ws.trace != nullptr ? LaunchMma<128, TmaConfig, /*kTrace=*/true>(p, ws, stream, rows_map)
+                               : LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
   }
+  if (ws.trace != nullptr) return cudaErrorInvalidValue;  // traced: the TMA kernel only
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
                                LaunchMma<kHeadDim>(p, ws, stream, nullptr));
 }

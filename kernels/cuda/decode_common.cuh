@@ -40,6 +40,47 @@ struct DecodeConfig {
 };
 using DefaultConfig = DecodeConfig<4, 3, 2>;
 
+// A traced launch's timeline of this CTA (DecodeWorkspace::trace; kernels instantiated with
+// kTrace, every call a no-op otherwise). Thread 0 reads the clock and writes the record. The
+// start and plan come before the wait for the preceding kernel (launch.cuh), when the record
+// may still be the previous launch's to write: they are read there (TraceClock) and recorded
+// after it (TraceStart), which clears the record first; every other point after it (Trace).
+template <bool kTrace>
+__device__ __forceinline__ uint64_t TraceClock() {
+  uint64_t ns = 0;
+  if constexpr (kTrace) asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns));
+  return ns;
+}
+
+__device__ __forceinline__ DecodeTraceRecord& CtaTraceRecord(const DecodeWorkspace& ws) {
+  return ws.trace[(int64_t{blockIdx.z} * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
+}
+
+// REQUIRES: after WaitForPrecedingGrid().
+template <bool kTrace>
+__device__ __forceinline__ void TraceStart(const DecodeWorkspace& ws, uint64_t entry,
+                                           uint64_t planned) {
+  if constexpr (kTrace) {
+    if (threadIdx.x != 0) return;
+    DecodeTraceRecord& record = CtaTraceRecord(ws);
+    for (int i = 0; i < kDecodeTracePoints; ++i) record.ns[i] = 0;
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    record.sm = sm;
+    record.merged = 0;
+    record.ns[kTraceEntry] = entry;
+    record.ns[kTracePlanned] = planned;
+  }
+}
+
+// REQUIRES: after TraceStart.
+template <bool kTrace>
+__device__ __forceinline__ void Trace(const DecodeWorkspace& ws, DecodeTracePoint point) {
+  if constexpr (kTrace) {
+    if (threadIdx.x == 0) CtaTraceRecord(ws).ns[point] = TraceClock<true>();
+  }
+}
+
 struct SplitPlan {
   int num_splits;
   int split_len;  // keys, a multiple of the granule
@@ -343,7 +384,7 @@ struct CombineSlots {
 // of the (sequence, head group) to finish then merges them all into `out`.
 // REQUIRES: called by every thread of the CTA after a __syncthreads() that follows the
 // writes to s_acc.
-template <int kHeadDim, int kGroup, typename Cfg>
+template <int kHeadDim, int kGroup, typename Cfg, bool kTrace = false>
 __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                           const DecodeCta& cta, float* s_acc) {
   const int s = cta.seq;
@@ -413,6 +454,8 @@ __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& 
     }
   }
   if (plan.num_splits == 1) return;
+  if constexpr (kTrace) __syncthreads();  // every thread's partial stored
+  Trace<kTrace>(ws, kTracePartialStored);
 
   // In-kernel merge: the last CTA of this (sequence, head group) to finish combines every
   // split's partials. Each CTA publishes its partials and counts itself in with one
@@ -431,6 +474,8 @@ __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& 
     const int done = ArriveAcqRel(arrivals) + 1;
     s_last = done == plan.num_splits;
     if (s_last) *arrivals = 0;
+    Trace<kTrace>(ws, kTraceArrived);
+    if constexpr (kTrace) CtaTraceRecord(ws).merged = s_last;
   }
   __syncthreads();
   if (!s_last) return;

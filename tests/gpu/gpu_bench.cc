@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/cuda/blas_gemm.h"
@@ -81,8 +82,9 @@ void CudaCheck(cudaError_t err, const char* what) {
 
 class Bench {
  public:
-  // REQUIRES: timed_runs >= 1.
-  Bench(CudaBackend& gpu, int timed_runs) : gpu_(gpu), timed_runs_(timed_runs) {
+  // REQUIRES: timed_runs >= 1, trace_launches >= 0.
+  Bench(CudaBackend& gpu, int timed_runs, int trace_launches)
+      : gpu_(gpu), timed_runs_(timed_runs), trace_launches_(trace_launches) {
     const char* out = std::getenv("OUT");
     if (out != nullptr) json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
   }
@@ -134,11 +136,13 @@ class Bench {
   }
 
   CudaBackend& gpu() { return gpu_; }
+  int trace_launches() const { return trace_launches_; }
 
  private:
   CudaBackend& gpu_;
   FILE* json_ = nullptr;
   const int timed_runs_;  // 20, or KVD_BENCH_RUNS: e.g. long enough to sample clocks and power
+  const int trace_launches_;  // 0, or KVD_DECODE_TRACE: traced launches a decode shape
 };
 
 double CopyBandwidth(Bench& bench) {
@@ -761,6 +765,97 @@ void LaunchFloor(Bench& bench) {
   bench.Row("launch floor (empty kernel)", empty_ms, 0, 0, 0, "none");
 }
 
+// With KVD_DECODE_TRACE=N: the decode kernel launched as the backend launches it (its split
+// count and TMA view, with a workspace of its own) from a one-launch graph, N times, on the
+// KV copies in turn, each launch's CTAs traced (DecodeWorkspace::trace). Prints when each
+// point of the CTAs' timelines (DecodeTracePoint) came, in microseconds after the launch's
+// first CTA started: the earliest, median and latest CTA, each the median over the launches;
+// and, where contexts are split, the median over the launches of the longest merge (from the
+// merging CTA's arrival to its end).
+void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batch,
+                 const std::string& shape_name) {
+  constexpr int kGroup = kQHeads / kKvHeads;
+  cudaStream_t stream = bench.gpu().stream();
+  cuda::DecodeWorkspace ws;
+  ws.max_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms());
+  DeviceBuffer partial_out = Must(bench.gpu().Allocate(
+      cuda::DecodePartialOutSize(batch, ws.max_splits, kQHeads, kHeadDim) * 4));
+  DeviceBuffer partial_lse =
+      Must(bench.gpu().Allocate(cuda::DecodePartialLseSize(batch, ws.max_splits, kQHeads) * 4));
+  DeviceBuffer arrivals =
+      Must(bench.gpu().Allocate(cuda::DecodeArrivalCount(batch, kKvHeads, kGroup) * 4));
+  CudaCheck(cudaMemsetAsync(arrivals.data(), 0, arrivals.bytes(), stream), "zero counters");
+  const int64_t count = cuda::DecodeTraceCount(batch, kKvHeads, kGroup, ws.max_splits);
+  DeviceBuffer trace = Must(bench.gpu().Allocate(count * sizeof(cuda::DecodeTraceRecord)));
+  ws.partial_out = partial_out.as<float>();
+  ws.partial_lse = partial_lse.as<float>();
+  ws.arrivals = arrivals.as<int32_t>();
+  ws.trace = static_cast<cuda::DecodeTraceRecord*>(trace.data());
+  std::vector<cuda::DecodeTraceRecord> records(count);
+  // [point][earliest, median, latest]: one value a launch; then the longest merge a launch.
+  std::vector<std::vector<double>> at(cuda::kDecodeTracePoints * 3);
+  std::vector<double> merges;
+  // Once outside a capture first (the traced kernel's first launch sets its shared memory).
+  CudaCheck(cuda::LaunchDecodeAttention(sets[0].p, ws, stream, bench.gpu().UpdatedKvRows()),
+            "traced decode attention");
+  BENCH_CHECK(bench.gpu().Synchronize());
+  for (int launch = 0; launch < bench.trace_launches(); ++launch) {
+    const PagedAttentionParams& p = sets[launch % sets.size()].p;
+    cudaGraph_t graph = CaptureGraph(bench, [&] {
+      const cudaError_t err =
+          cuda::LaunchDecodeAttention(p, ws, stream, bench.gpu().UpdatedKvRows());
+      return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
+    });
+    if (graph == nullptr) return;
+    cudaGraphExec_t exec = nullptr;
+    CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "trace graph instantiate");
+    CudaCheck(cudaGraphLaunch(exec, stream), "trace graph launch");
+    BENCH_CHECK(bench.gpu().Synchronize());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    BENCH_CHECK(
+        bench.gpu().CopyToHost(records.data(), trace.data(), records.size() * sizeof(records[0])));
+    uint64_t origin = std::numeric_limits<uint64_t>::max();
+    for (const auto& r : records) origin = std::min(origin, r.ns[cuda::kTraceEntry]);
+    double merge = 0;
+    for (int point = 0; point < cuda::kDecodeTracePoints; ++point) {
+      std::vector<double> us;
+      for (const auto& r : records) {
+        if (r.ns[point] != 0) us.push_back((r.ns[point] - origin) * 1e-3);
+        if (point == 0 && r.merged) {
+          merge = std::max(merge, (r.ns[cuda::kTraceEnd] - r.ns[cuda::kTraceArrived]) * 1e-3);
+        }
+      }
+      if (us.empty()) continue;
+      std::sort(us.begin(), us.end());
+      at[3 * point].push_back(us.front());
+      at[3 * point + 1].push_back(us[us.size() / 2]);
+      at[3 * point + 2].push_back(us.back());
+    }
+    merges.push_back(merge);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  static constexpr const char* kPointNames[cuda::kDecodeTracePoints] = {
+      "start", "planned", "first K/V", "keys done", "combined", "partial stored", "arrived", "end"};
+  std::string line;
+  for (int point = 1; point < cuda::kDecodeTracePoints; ++point) {
+    if (at[3 * point].empty()) continue;
+    absl::StrAppend(&line, line.empty() ? "" : ", ", kPointNames[point], " ",
+                    absl::StrFormat("%.2f/%.2f/%.2f", median(at[3 * point]),
+                                    median(at[3 * point + 1]), median(at[3 * point + 2])));
+  }
+  const double merge = median(merges);  // 0: no CTA merged
+  const std::string merge_text = merge > 0 ? absl::StrFormat("; merge %.2f us", merge) : "";
+  std::printf(
+      "  (trace %s: %lld CTAs in %d split slices, %d launches from graphs; us after the "
+      "first CTA's start, earliest/median/latest CTA: %s%s)\n",
+      shape_name.c_str(), static_cast<long long>(count), ws.max_splits, bench.trace_launches(),
+      line.c_str(), merge_text.c_str());
+}
+
 // One layer of decode attention (one query row a sequence) for `batch` sequences of
 // `context` keys. Every row here (per call, graph, graph with parameters set, host, and the
 // copy and read references) rotates through RotationSets(KV bytes) copies of the KV cache
@@ -831,6 +926,7 @@ void DecodeAttention(Bench& bench, int batch, int context, double copy_gbps) {
   // takes to start the kernel. Its ratio is to the attention row's time per call.
   const double host_ms = HostMsPerCall(bench, [&] { BENCH_CHECK(call(next++)); });
   bench.Row(shape_name + " (host)", host_ms, 0, 0, host_ms / ms, "call", extra);
+  if (bench.trace_launches() > 0) TraceDecode(bench, sets, batch, shape_name);
 }
 
 // One layer of attention for `batch` sequences of `context` keys, q_len query rows each:
@@ -1058,6 +1154,8 @@ constexpr char kUsage[] =
     "environment (a malformed value is a usage error):\n"
     "  OUT=DIR                also write the rows as JSON lines to DIR/gpu_bench.json\n"
     "  KVD_BENCH_RUNS=N       calls per event-timed row, median taken; N >= 1 (default 20)\n"
+    "  KVD_DECODE_TRACE=N     decode attention rows: also N traced launches a shape, printing\n"
+    "                         when the CTAs reached each point of their timelines; 1..1000\n"
     "  KVD_SWEEP_SHAPE=BxC    sweep: only batch B x context C, one of the sweep's shapes\n"
     "  KVD_SWEEP_ONLY=V[,S]   sweep: only launch variant V [and split count S]\n"
     "  KVD_SWEEP_LAYOUTS=1    sweep: with KVD_SWEEP_SHAPE, the in-order and 64-token-block\n"
@@ -1067,6 +1165,7 @@ struct Args {
   bool help = false;  // --help or -h given: print kUsage, run nothing
   std::string mode;   // empty: every row
   int timed_runs = 20;
+  int trace_launches = 0;  // KVD_DECODE_TRACE
   SweepOptions sweep;
 };
 
@@ -1106,6 +1205,9 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
   auto runs = EnvInt("KVD_BENCH_RUNS", 1, std::numeric_limits<int>::max());
   if (!runs.ok()) return runs.status();
   args.timed_runs = runs->value_or(args.timed_runs);
+  auto trace = EnvInt("KVD_DECODE_TRACE", 1, 1000);
+  if (!trace.ok()) return trace.status();
+  args.trace_launches = trace->value_or(0);
   if (args.mode != "sweep") return args;  // the KVD_SWEEP_* variables apply to it alone
 
   SweepOptions& sweep = args.sweep;
@@ -1169,7 +1271,7 @@ int Main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / double(1 << 30));
-  Bench bench(*gpu, args->timed_runs);
+  Bench bench(*gpu, args->timed_runs, args->trace_launches);
   const double copy = CopyBandwidth(bench);
   if (mode == "sweep") return SweepMain(bench, args->sweep, copy);
   if (mode == "decode") {  // decode attention rows only

@@ -78,6 +78,8 @@ struct AttentionCase {
   // need. With more than one, the kernel runs three times back to back (the outputs compared
   // are the last run's) and must leave every counter zero.
   int decode_splits = 1;
+  // That direct launch traced (DecodeWorkspace::trace): every CTA's timeline must be in order.
+  bool trace = false;
 };
 
 // Tolerances for outputs of the plain-bf16 tensor-core prefill. Q and every probability P are
@@ -99,6 +101,48 @@ int NextPowerOfTwo(int64_t x) {
   int shift = 0;
   while ((int64_t{1} << shift) < x) ++shift;
   return shift;
+}
+
+// A traced decode launch's records (DecodeWorkspace::trace, `splits` slices of `num_seqs`
+// sequences' CTAs): every CTA recorded its start and its plan; an active CTA's points are all
+// there (the split ones both or neither) and in order; and each (sequence, head subgroup)
+// whose splits arrived had exactly one merger.
+absl::Status CheckDecodeTrace(const std::vector<cuda::DecodeTraceRecord>& records, int num_seqs,
+                              int splits) {
+  const size_t per_slice = records.size() / splits;  // CTAs of one split slice
+  const size_t per_seq = per_slice / num_seqs;       // (KV head, subgroup) CTAs of a sequence
+  std::vector<int> arrived(per_slice, 0), merged(per_slice, 0);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const cuda::DecodeTraceRecord& r = records[i];
+    const std::string cta = absl::StrCat("CTA ", i, " (split ", i / per_slice, ", sequence ",
+                                         i % per_slice / per_seq, ")");
+    if (r.ns[cuda::kTraceEntry] == 0 || r.ns[cuda::kTracePlanned] < r.ns[cuda::kTraceEntry]) {
+      return absl::InternalError(absl::StrCat(cta, ": no start, or its plan before it"));
+    }
+    if (r.ns[cuda::kTraceEnd] == 0) continue;  // idle
+    const bool split = r.ns[cuda::kTraceArrived] != 0;
+    uint64_t last = 0;
+    for (int point = 0; point < cuda::kDecodeTracePoints; ++point) {
+      const bool split_point = point == cuda::kTracePartialStored || point == cuda::kTraceArrived;
+      if (split_point && !split) {
+        if (r.ns[point] != 0) return absl::InternalError(absl::StrCat(cta, ": a stray point"));
+        continue;
+      }
+      if (r.ns[point] < last) {
+        return absl::InternalError(absl::StrCat(cta, ": point ", point, " out of order"));
+      }
+      last = r.ns[point];
+    }
+    arrived[i % per_slice] += split;
+    merged[i % per_slice] += r.merged;
+  }
+  for (size_t g = 0; g < per_slice; ++g) {
+    if (merged[g] != (arrived[g] > 0 ? 1 : 0)) {
+      return absl::InternalError(
+          absl::StrCat("CTA group ", g, ": ", arrived[g], " arrivals, ", merged[g], " mergers"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 class PagedAttentionTest : public GpuVsCpuTest,
@@ -258,6 +302,13 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
         ws.partial_lse = partial_lse.as<float>();
         ws.arrivals = counters.as<int32_t>();
       }
+      const int64_t trace_count =
+          cuda::DecodeTraceCount(num_seqs, c.num_kv_heads, c.group, c.decode_splits);
+      DeviceBuffer trace;
+      if (c.trace) {
+        trace = Poisoned(b, sizeof(cuda::DecodeTraceRecord) * trace_count);
+        ws.trace = static_cast<cuda::DecodeTraceRecord*>(trace.data());
+      }
       for (int run = 0; run < (c.decode_splits > 1 ? 3 : 1); ++run) {
         const cudaError_t err = cuda::LaunchDecodeAttention(
             p, ws, gpu().stream(),
@@ -273,6 +324,17 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
           if (left[i] != 0) {
             return absl::InternalError(absl::StrCat("counter ", i, " left at ", left[i]));
           }
+        }
+      }
+      if (c.trace) {
+        std::vector<cuda::DecodeTraceRecord> records(trace_count);
+        if (absl::Status s =
+                b.CopyToHost(records.data(), trace.data(), records.size() * sizeof(records[0]));
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = CheckDecodeTrace(records, num_seqs, c.decode_splits); !s.ok()) {
+          return s;
         }
       }
       return b.Synchronize();  // before `copy` is freed
@@ -546,6 +608,15 @@ std::vector<AttentionCase> Cases() {
     cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
     cases.back().decode_splits = splits;
   }
+  // Traced launches of the TMA kernel (the outputs must not change either): split and merged
+  // with head subgroups, and unsplit.
+  add("decode_bf16_d128_bs16_g12_splits5_traced", decodes, DType::kBF16, 128, 16, 1, 12);
+  cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
+  cases.back().decode_splits = 5;
+  cases.back().trace = true;
+  add("decode_bf16_d128_bs16_g4_traced", decodes, DType::kBF16, 128, 16, 2, 4);
+  cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
+  cases.back().trace = true;
   return cases;
 }
 
@@ -592,6 +663,41 @@ TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
   const absl::Status short_rows = gpu().PagedAttention(p);
   EXPECT_EQ(short_rows.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(short_rows.message().find("q_bf16_stride"), std::string::npos) << short_rows;
+  EXPECT_TRUE(gpu().Synchronize().ok());
+}
+
+// Only the TMA kernel (bf16 KV, head_dim 128, a KvRowMap) is traced: a traced launch of any
+// other is refused before anything runs.
+TEST_F(PagedAttentionLimitsTest, TracedLaunchesOnlyOnTheTmaKernel) {
+  PagedAttentionParams p;
+  void* chunk_table = reinterpret_cast<void*>(16);  // never dereferenced: rejected first
+  float* const no_floats = reinterpret_cast<float*>(16);
+  int32_t* const no_ints = reinterpret_cast<int32_t*>(16);
+  p.out = no_floats;
+  p.q = no_floats;
+  p.q_indptr = p.blocks.indptr = p.blocks.indices = p.blocks.last_block_len = no_ints;
+  p.cache.chunks = &chunk_table;
+  p.cache.num_chunks = 1;
+  p.cache.num_kv_heads = 1;
+  p.cache.block_size = 16;
+  p.cache.head_dim = 128;
+  p.cache.dtype = DType::kF32;
+  p.num_q_heads = 4;
+  p.blocks.num_seqs = 1;
+  cuda::DecodeTraceRecord record;
+  cuda::DecodeWorkspace ws;
+  ws.trace = &record;
+  EXPECT_EQ(cuda::LaunchDecodeAttention(p, ws, gpu().stream()), cudaErrorInvalidValue);  // f32
+  p.cache.dtype = DType::kBF16;
+  EXPECT_EQ(cuda::LaunchDecodeAttention(p, ws, gpu().stream()), cudaErrorInvalidValue);  // no map
+  p.cache.head_dim = 64;
+  const cuda::KvRowMap rows =
+      gpu().UpdatedKvRows() != nullptr ? *gpu().UpdatedKvRows() : cuda::KvRowMap{};
+  EXPECT_EQ(cuda::LaunchDecodeAttention(p, ws, gpu().stream(), &rows), cudaErrorInvalidValue);
+  p.cache.head_dim = 128;
+  const char* name = "";
+  EXPECT_EQ(cuda::LaunchDecodeAttentionVariant(p, ws, 0, &rows, gpu().stream(), &name),
+            cudaErrorInvalidValue);
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 

@@ -158,6 +158,7 @@ class GpuBenchTest(RefusalMixin, unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertTrue(out.startswith("usage: gpu_bench [gemv|sweep|prefill|decode]"), out)
             self.assertIn("KVD_BENCH_RUNS", out)
+            self.assertIn("KVD_DECODE_TRACE", out)
 
     def test_unknown_and_extra_arguments(self):
         self.assert_refused(BENCHES["gpu"], ["bogus"], "mode", "bogus")
@@ -169,6 +170,9 @@ class GpuBenchTest(RefusalMixin, unittest.TestCase):
                 ({"KVD_BENCH_RUNS": "abc"}, [], "abc"),
                 ({"KVD_BENCH_RUNS": "0"}, ["decode"], "0"),
                 ({"KVD_BENCH_RUNS": "99999999999"}, ["gemv"], "99999999999"),
+                ({"KVD_DECODE_TRACE": "0"}, ["decode"], "0"),
+                ({"KVD_DECODE_TRACE": "1001"}, [], "1001"),
+                ({"KVD_DECODE_TRACE": "some"}, ["decode"], "some"),
                 ({"KVD_SWEEP_SHAPE": "3x3"}, ["sweep"], "3x3"),
                 ({"KVD_SWEEP_SHAPE": "1x4096x2"}, ["sweep"], "1x4096x2"),
                 ({"KVD_SWEEP_ONLY": "x"}, ["sweep"], "x"),
