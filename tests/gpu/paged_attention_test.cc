@@ -627,25 +627,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest, ::testing::ValuesIn(Cases()
 
 using PagedAttentionLimitsTest = GpuVsCpuTest;
 
-TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
+// Params of one sequence over one chunk, `*chunk_table` its table, whose pointers are never
+// dereferenced: every call made with them must be refused first. Arrays are given (never read
+// either), so that each call fails on the field it changes.
+PagedAttentionParams RefusedParams(void** chunk_table) {
   PagedAttentionParams p;
-  void* chunk_table = reinterpret_cast<void*>(16);  // never dereferenced: rejected first
-  // Arrays given (never read either), so that each call fails on the field it changes.
+  *chunk_table = reinterpret_cast<void*>(16);
   float* const no_floats = reinterpret_cast<float*>(16);
   int32_t* const no_ints = reinterpret_cast<int32_t*>(16);
   p.out = no_floats;
   p.q = no_floats;
   p.q_indptr = p.blocks.indptr = p.blocks.indices = p.blocks.last_block_len = no_ints;
-  p.cache.chunks = &chunk_table;
+  p.cache.chunks = chunk_table;
   p.cache.num_chunks = 1;
   p.cache.num_kv_heads = 1;
   p.cache.block_size = 16;
+  p.blocks.num_seqs = 1;
+  return p;
+}
+
+TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
+  void* chunk_table = nullptr;
+  PagedAttentionParams p = RefusedParams(&chunk_table);
   p.cache.head_dim = 96;
   p.cache.dtype = DType::kBF16;
   p.cache.block_bytes = 16 * 96 * 2;
   p.num_q_heads = 1;
   p.q_stride = p.out_stride = 96;
-  p.blocks.num_seqs = 1;
   EXPECT_EQ(gpu().PagedAttention(p).code(), absl::StatusCode::kUnimplemented);
   p.cache.head_dim = 64;
   p.cache.block_size = 24;
@@ -669,21 +677,11 @@ TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
 // Only the TMA kernel (bf16 KV, head_dim 128, a KvRowMap) is traced: a traced launch of any
 // other is refused before anything runs.
 TEST_F(PagedAttentionLimitsTest, TracedLaunchesOnlyOnTheTmaKernel) {
-  PagedAttentionParams p;
-  void* chunk_table = reinterpret_cast<void*>(16);  // never dereferenced: rejected first
-  float* const no_floats = reinterpret_cast<float*>(16);
-  int32_t* const no_ints = reinterpret_cast<int32_t*>(16);
-  p.out = no_floats;
-  p.q = no_floats;
-  p.q_indptr = p.blocks.indptr = p.blocks.indices = p.blocks.last_block_len = no_ints;
-  p.cache.chunks = &chunk_table;
-  p.cache.num_chunks = 1;
-  p.cache.num_kv_heads = 1;
-  p.cache.block_size = 16;
+  void* chunk_table = nullptr;
+  PagedAttentionParams p = RefusedParams(&chunk_table);
   p.cache.head_dim = 128;
   p.cache.dtype = DType::kF32;
   p.num_q_heads = 4;
-  p.blocks.num_seqs = 1;
   cuda::DecodeTraceRecord record;
   cuda::DecodeWorkspace ws;
   ws.trace = &record;
