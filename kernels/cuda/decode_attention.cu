@@ -33,7 +33,8 @@ int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
 }
 
 int64_t DecodeTraceCount(int num_seqs, int num_kv_heads, int group_size, int max_splits) {
-  return int64_t{max_splits} * num_seqs * num_kv_heads * decode::MergeSubgroups(group_size);
+  // A record a CTA: one a (sequence, head subgroup), as the merge counters, a split.
+  return max_splits * DecodeArrivalCount(num_seqs, num_kv_heads, group_size);
 }
 
 int64_t DecodePartialOutSize(int num_seqs, int max_splits, int num_q_heads, int head_dim) {
@@ -74,7 +75,11 @@ cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWor
   if (ws.max_splits > 1 && (ws.partial_out == nullptr || ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  if (ws.trace != nullptr && p.cache.dtype != DType::kBF16) return cudaErrorInvalidValue;
+  // Only the TMA kernel has a traced instantiation (LaunchDecodeMma picks it).
+  if (ws.trace != nullptr &&
+      (p.cache.dtype != DType::kBF16 || p.cache.head_dim != 128 || !HasRows(rows_map))) {
+    return cudaErrorInvalidValue;
+  }
   return p.cache.dtype == DType::kBF16 ? LaunchDecodeMma(p, ws, stream, rows_map)
                                        : LaunchDecodeSimt(p, ws, stream);
 }

@@ -325,7 +325,6 @@ cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace
     return ws.trace != nullptr ? LaunchMma<128, TmaConfig, /*kTrace=*/true>(p, ws, stream, rows_map)
                                : LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
   }
-  if (ws.trace != nullptr) return cudaErrorInvalidValue;  // traced: the TMA kernel only
   return KVD_DISPATCH_HEAD_DIM(p.cache.head_dim, kHeadDim,
                                LaunchMma<kHeadDim>(p, ws, stream, nullptr));
 }

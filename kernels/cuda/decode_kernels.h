@@ -18,7 +18,9 @@ cudaError_t LaunchDecodeSimt(const PagedAttentionParams& p, const DecodeWorkspac
                              cudaStream_t stream);
 
 // Tensor cores, bf16 KV, head_dim 64 or 128, any GQA group (subgroups of 8 heads). With a
-// non-empty `rows_map` at head_dim 128, K and V go through its TMA boxes where they can.
+// non-empty `rows_map` at head_dim 128, K and V go through its TMA boxes where they can; with
+// `ws.trace` set too, in the traced instantiation (LaunchDecodeAttention refuses a trace in
+// any other case, so none reaches here).
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map);
 

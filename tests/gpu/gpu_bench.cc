@@ -765,6 +765,30 @@ void LaunchFloor(Bench& bench) {
   bench.Row("launch floor (empty kernel)", empty_ms, 0, 0, 0, "none");
 }
 
+// A decode attention workspace for `batch` sequences of the bench's heads in up to
+// `max_splits` splits, owning its buffers (the merge counters zeroed, as launches leave them).
+struct OwnedDecodeWorkspace {
+  DeviceBuffer partial_out, partial_lse, arrivals;
+  cuda::DecodeWorkspace ws;
+};
+
+OwnedDecodeWorkspace MakeDecodeWorkspace(Bench& bench, int batch, int max_splits) {
+  OwnedDecodeWorkspace owned;
+  owned.partial_out = Must(
+      bench.gpu().Allocate(cuda::DecodePartialOutSize(batch, max_splits, kQHeads, kHeadDim) * 4));
+  owned.partial_lse =
+      Must(bench.gpu().Allocate(cuda::DecodePartialLseSize(batch, max_splits, kQHeads) * 4));
+  owned.arrivals =
+      Must(bench.gpu().Allocate(cuda::DecodeArrivalCount(batch, kKvHeads, kQHeads / kKvHeads) * 4));
+  CudaCheck(cudaMemsetAsync(owned.arrivals.data(), 0, owned.arrivals.bytes(), bench.gpu().stream()),
+            "zero merge counters");
+  owned.ws.max_splits = max_splits;
+  owned.ws.partial_out = owned.partial_out.as<float>();
+  owned.ws.partial_lse = owned.partial_lse.as<float>();
+  owned.ws.arrivals = owned.arrivals.as<int32_t>();
+  return owned;
+}
+
 // With KVD_DECODE_TRACE=N: the decode kernel launched as the backend launches it (its split
 // count and TMA view, with a workspace of its own) from a one-launch graph, N times, on the
 // KV copies in turn, each launch's CTAs traced (DecodeWorkspace::trace). Prints when each
@@ -776,20 +800,11 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
                  const std::string& shape_name) {
   constexpr int kGroup = kQHeads / kKvHeads;
   cudaStream_t stream = bench.gpu().stream();
-  cuda::DecodeWorkspace ws;
-  ws.max_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms());
-  DeviceBuffer partial_out = Must(bench.gpu().Allocate(
-      cuda::DecodePartialOutSize(batch, ws.max_splits, kQHeads, kHeadDim) * 4));
-  DeviceBuffer partial_lse =
-      Must(bench.gpu().Allocate(cuda::DecodePartialLseSize(batch, ws.max_splits, kQHeads) * 4));
-  DeviceBuffer arrivals =
-      Must(bench.gpu().Allocate(cuda::DecodeArrivalCount(batch, kKvHeads, kGroup) * 4));
-  CudaCheck(cudaMemsetAsync(arrivals.data(), 0, arrivals.bytes(), stream), "zero counters");
+  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(
+      bench, batch, cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms()));
+  cuda::DecodeWorkspace& ws = owned.ws;
   const int64_t count = cuda::DecodeTraceCount(batch, kKvHeads, kGroup, ws.max_splits);
   DeviceBuffer trace = Must(bench.gpu().Allocate(count * sizeof(cuda::DecodeTraceRecord)));
-  ws.partial_out = partial_out.as<float>();
-  ws.partial_lse = partial_lse.as<float>();
-  ws.arrivals = arrivals.as<int32_t>();
   ws.trace = static_cast<cuda::DecodeTraceRecord*>(trace.data());
   std::vector<cuda::DecodeTraceRecord> records(count);
   // [point][earliest, median, latest]: one value a launch; then the longest merge a launch.
@@ -1015,17 +1030,8 @@ void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int conte
   std::printf("  (sweep %d x %d: %d KV copies, %.0f MB cycled, in %d graphs of %d launches)\n",
               batch, context, num_sets, num_sets * kv_bytes / 1e6, num_graphs, kSweepCalls);
   constexpr int kMaxSplits = 128;
-  DeviceBuffer partial_out = Must(
-      bench.gpu().Allocate(cuda::DecodePartialOutSize(batch, kMaxSplits, kQHeads, kHeadDim) * 4));
-  DeviceBuffer partial_lse =
-      Must(bench.gpu().Allocate(cuda::DecodePartialLseSize(batch, kMaxSplits, kQHeads) * 4));
-  DeviceBuffer arrivals =
-      Must(bench.gpu().Allocate(cuda::DecodeArrivalCount(batch, kKvHeads, kQHeads / kKvHeads) * 4));
-  cudaMemsetAsync(arrivals.data(), 0, arrivals.bytes(), bench.gpu().stream());
-  cuda::DecodeWorkspace ws;
-  ws.partial_out = partial_out.as<float>();
-  ws.partial_lse = partial_lse.as<float>();
-  ws.arrivals = arrivals.as<int32_t>();
+  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(bench, batch, kMaxSplits);
+  cuda::DecodeWorkspace& ws = owned.ws;  // max_splits set per row below
   const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
   const int auto_splits =
       cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
