@@ -32,6 +32,30 @@ struct CublasApi;
 // 0.70-0.89 of copy bandwidth, the best of its first eight up to 9% more); TuneUpTo has such
 // plans chosen by timing instead.
 //
+// Two kernels of our own for 9-64 rows were measured against it and not kept (H200,
+// gpu_bench gemv, from graphs, fraction of copy bandwidth at 64 rows for qkv / o / gate_up /
+// down / lm_head, against the tuned cuBLAS plans' 0.74-0.75 / 0.71 / 0.92 / 0.78-0.80 /
+// 0.94-0.95; the best of the split counts tried):
+//   - the skinny kernel's layout (gemv_kernels.h) widened: weights streamed into mma.sync
+//     registers, eight warps on 16 or 32 weight rows each, the input rows read through L1,
+//     k split over CTAs with partial tiles merged by the last to arrive: 0.39 / 0.31 / 0.58 /
+//     0.47 / 0.58 (at 16 rows 0.72 / 0.65 / 0.76 / 0.85 / 0.98, against cuBLAS's 0.77 / 0.63 /
+//     0.97 / 0.87 / 0.97). Loads and products share each warp, so while a warp runs an
+//     iteration's products (four times as many at 64 rows as at 16) its next weight loads
+//     wait, presumably why it slows as rows are added.
+//   - Hopper's design: a producer warp copying 64-wide k tiles of 128 or 256 weight rows and
+//     of the input (tensor maps) into a ring of ~200 KB that two wgmma warpgroups consume, the
+//     first stages' weight copied before the wait for the kernel before (launch.cuh), one CTA
+//     per multiprocessor, in a plain grid and then persistent: 0.67 / 0.52 / 0.88 / 0.79 /
+//     0.90. Unsplit it streams well where the row blocks fill the device (lm_head: 0.90 with
+//     its 501 blocks of 256 rows taking four rounds of 132 multiprocessors for 3.8), but
+//     the smaller products need k split, and each split's partial tile (64 fp32 per weight
+//     row, written and merged) and the wait for the last arrival cost about what the split
+//     gains: qkv's and o's 48 and 32 blocks of 128 rows leave most multiprocessors idle
+//     unsplit (0.63, 0.44), and split they gain little (o 0.52 in four) or lose (qkv 0.59
+//     in two).
+// So decode batches past the skinny kernel's eight rows stay on cuBLAS.
+//
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
 // Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
 // the libraries are missing.

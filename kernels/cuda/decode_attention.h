@@ -39,7 +39,10 @@
 // graphs on, two rounds alternating: 1 x 4k step 4.485/4.512 ms vs 4.479/4.483 without,
 // 64 x 4k 13.02/13.07 vs 13.02/12.95) and 1-2% back to back (gpu_bench sweep, 8 x 4k
 // auto: 0.888/0.891 of copy vs 0.873/0.880), too little to tie the kernel to what the
-// kernel before it writes.
+// kernel before it writes. Measured again on the TMA kernel (first boxes before the wait
+// under a promise from the model that Rope's append was the only KV write in flight; five
+// rounds alternating builds, kvd_e2e_bench graphs on, median step): 1 x 512 4.330 ms
+// against 4.346, 1 x 4k 4.488 against 4.494, 64 x 1k 7.142 against 7.153: not kept.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
 // every warp (64 keys for head_dim 128; 32 to 128 for other shapes), each at least
