@@ -15,15 +15,28 @@ constexpr int kThreads = kWarps * 32;
 // 64 KiB per CTA: with a CTA or two per SM the device holds several MB in flight, which is
 // what the HBM bandwidth-latency product of an H100/H200 asks for.
 constexpr int kLoadsPerLane = 16;
-// n from which a CTA takes four 16-row tiles instead of two: halves the input re-reads per
-// weight byte (m / 32 instead of m / 16 of the weight traffic at fp32) once there are
-// enough columns (>= 256 CTAs) to keep every SM busy anyway.
-constexpr int kWideTileMinN = 16384;
-// n up to which a CTA takes a single 16-row tile: 2 x 132 CTAs of 16 rows cover n = 4224,
-// so the 4096-row projections (attention output, FFN down) fill both CTA slots of every
-// SM of an H100/H200 instead of one (with two tiles, 128 CTAs, the attention output
-// projection at m = 1 read 0.66 of copy bandwidth on an H200).
+// n up to which a CTA takes a single 16-row tile, two CTAs an SM: 2 x 132 CTAs of 16 rows
+// cover n = 4224, so the 4096-row projections (attention output, FFN down) fill both CTA
+// slots of every SM of an H100/H200 in one wave (with two tiles, 128 CTAs, the attention
+// output projection at m = 1 read 0.66 of copy bandwidth on an H200; with three CTAs an SM
+// the 256 CTAs land unevenly: 0.78 against 0.82-0.83, FFN down 0.75-0.77 against 0.96-0.98).
 constexpr int kNarrowTileMaxN = 4224;
+// Past it, single tiles run three CTAs an SM with kThreeCtaLoads loads a lane in flight (the
+// registers of three CTAs hold no more): q/k/v's 384 CTAs then fit one wave of 396 slots
+// instead of taking one and a half of 264. H200, gpu_bench gemv from graphs, two runs, of
+// copy bandwidth, against two CTAs an SM with one tile (m = 1) or two (m = 8): q/k/v
+// 0.91-0.93 against 0.76-0.78 at m = 1 and 0.81-0.82 against 0.75-0.77 at m = 8; FFN
+// gate/up 0.98-1.00 against 0.96-0.98 at m = 1; lm_head 1.02-1.04 against 1.00-1.04 at
+// m = 1. (12 loads a lane: 0.89, 0.75, 0.92, 0.99; four CTAs an SM with 8: 0.83, 0.75, 0.98,
+// 1.02.) kvd_e2e_bench, graphs on, three rounds alternating with the two-CTA kernel: steps
+// at 1 x 512 4.15 ms against 4.30, 1 x 4k 4.30 against 4.48, 8 x 1k 4.70 against 4.81.
+constexpr int kThreeCtaLoads = 8;
+// n from which a CTA takes two 16-row tiles for more than one input row: the input re-reads
+// per weight byte halve (m / 32 instead of m / 16 of the weight traffic at fp32), and the
+// wide products have CTAs enough to fill every SM anyway. (H200, m = 8, two runs, of copy:
+// gate/up 0.92-0.94 against 0.90-0.94 with single tiles three CTAs an SM and 0.87-0.89 with
+// four tiles; lm_head 0.98-1.02 against 0.93-1.00 and 0.96-0.98.)
+constexpr int kWideTileMinN = 16384;
 constexpr int kChunkElems = 8;  // bf16 per 16-byte load
 constexpr int kStepChunks = 4;  // lanes t = 0..3 cover one 32-element step
 
@@ -53,11 +66,12 @@ __device__ __forceinline__ uint4 LoadInputChunk(const float* p) {
 // An iteration covers kWarps * kSteps consecutive steps; warp w takes steps
 // base + w * kSteps + u (u < kSteps), so each warp reads contiguous runs of 64 * kSteps
 // bytes (256 or 128) of each of its rows, what the L2 prefetch hint fetches at once.
-template <int kTiles>
-__global__ void __launch_bounds__(kThreads, 2)
+// kMinCtas CTAs an SM (the register budget), kLoads loads a lane in flight.
+template <int kTiles, int kMinCtas, int kLoads>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
     SkinnyGemmKernel(float* __restrict__ out, const float* __restrict__ in,
                      const uint4* __restrict__ weight, int m, int n, int k, bool accumulate) {
-  constexpr int kSteps = kLoadsPerLane / (2 * kTiles);
+  constexpr int kSteps = kLoads / (2 * kTiles);
   constexpr int kStepsPerIteration = kSteps * kWarps;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -156,13 +170,28 @@ bool AlignedTo(const void* p, uintptr_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
 
-template <int kTiles>
+template <int kTiles, int kMinCtas = 2, int kLoads = kLoadsPerLane>
 cudaError_t Launch(float* out, const float* in, const void* weight, int m, int n, int k,
                    bool accumulate, cudaStream_t stream) {
   constexpr int kRowsPerCta = 16 * kTiles;
   const int ctas = (n + kRowsPerCta - 1) / kRowsPerCta;
-  return LaunchDependent(SkinnyGemmKernel<kTiles>, ctas, kThreads, 0, stream, out, in,
-                         static_cast<const uint4*>(weight), m, n, k, accumulate);
+  return LaunchDependent(SkinnyGemmKernel<kTiles, kMinCtas, kLoads>, ctas, kThreads, 0, stream, out,
+                         in, static_cast<const uint4*>(weight), m, n, k, accumulate);
+}
+
+cudaError_t LaunchShape(SkinnyGemmShape shape, float* out, const float* in, const void* weight,
+                        int m, int n, int k, bool accumulate, cudaStream_t stream) {
+  switch (shape) {
+    case SkinnyGemmShape::kOneTile:
+      return Launch<1>(out, in, weight, m, n, k, accumulate, stream);
+    case SkinnyGemmShape::kOneTileThreeCtas:
+      return Launch<1, 3, kThreeCtaLoads>(out, in, weight, m, n, k, accumulate, stream);
+    case SkinnyGemmShape::kTwoTiles:
+      return Launch<2>(out, in, weight, m, n, k, accumulate, stream);
+    case SkinnyGemmShape::kFourTiles:
+      return Launch<4>(out, in, weight, m, n, k, accumulate, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -173,32 +202,24 @@ bool SkinnyGemmSupports(const float* out, const float* in, const void* weight, i
          AlignedTo(in, 16) && AlignedTo(weight, 16) && AlignedTo(out, alignof(float));
 }
 
+SkinnyGemmShape ChooseSkinnyGemmShape(int m, int n) {
+  if (n <= kNarrowTileMaxN) return SkinnyGemmShape::kOneTile;
+  // One input row re-reads only k fp32 a CTA: single tiles at every n.
+  if (m == 1 || n < kWideTileMinN) return SkinnyGemmShape::kOneTileThreeCtas;
+  return SkinnyGemmShape::kTwoTiles;
+}
+
 cudaError_t LaunchSkinnyGemm(float* out, const float* in, const void* weight, int m, int n, int k,
                              bool accumulate, cudaStream_t stream) {
   if (!SkinnyGemmSupports(out, in, weight, m, n, k)) return cudaErrorInvalidValue;
-  // One input row: single tiles at every n (H200, m = 1, fraction of copy bandwidth with
-  // 1 / 2 / 4 tiles per CTA: qkv 0.79 / 0.71 / 0.62, gate_up 0.98 / 0.92 / 0.88, lm_head
-  // 1.02 / 0.99 / 0.98): the input re-read per CTA is only k fp32.
-  if (m == 1 || n <= kNarrowTileMaxN) {
-    return Launch<1>(out, in, weight, m, n, k, accumulate, stream);
-  }
-  if (n >= kWideTileMinN) return Launch<4>(out, in, weight, m, n, k, accumulate, stream);
-  return Launch<2>(out, in, weight, m, n, k, accumulate, stream);
+  return LaunchShape(ChooseSkinnyGemmShape(m, n), out, in, weight, m, n, k, accumulate, stream);
 }
 
-cudaError_t LaunchSkinnyGemmTiles(int tiles, float* out, const float* in, const void* weight, int m,
-                                  int n, int k, bool accumulate, cudaStream_t stream) {
+cudaError_t LaunchSkinnyGemmShape(SkinnyGemmShape shape, float* out, const float* in,
+                                  const void* weight, int m, int n, int k, bool accumulate,
+                                  cudaStream_t stream) {
   if (!SkinnyGemmSupports(out, in, weight, m, n, k)) return cudaErrorInvalidValue;
-  switch (tiles) {
-    case 1:
-      return Launch<1>(out, in, weight, m, n, k, accumulate, stream);
-    case 2:
-      return Launch<2>(out, in, weight, m, n, k, accumulate, stream);
-    case 4:
-      return Launch<4>(out, in, weight, m, n, k, accumulate, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return LaunchShape(shape, out, in, weight, m, n, k, accumulate, stream);
 }
 
 }  // namespace kvd::cuda

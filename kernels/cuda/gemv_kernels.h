@@ -7,11 +7,11 @@
 // nearest even; bf16 x bf16 products accumulated in fp32) in one kernel, so only the order
 // of the fp32 summation differs, and it fuses the input conversion into the same launch.
 //
-// Work split: each CTA owns 16, 32 or 64 output columns (16 for a single input row or
-// n <= 4224, 64 for n >= 16384), i.e. that many weight rows, for every row of `in`. Its eight warps share k: k is cut into 32-element steps and
-// each round of the CTA hands every warp a run of consecutive steps. In a step, a lane streams
-// 16-byte pieces of two weight rows (g and g + 8 of a 16-row tile) into an m16n8k16 tensor-core
-// product whose eight "n" columns are the (zero-padded) input rows:
+// Work split: each CTA owns 16 or 32 output columns (ChooseSkinnyGemmShape), i.e. that many
+// weight rows, for every row of `in`. Its eight warps share k: k is cut into 32-element
+// steps and each round of the CTA hands every warp a run of consecutive steps. In a step, a
+// lane streams 16-byte pieces of two weight rows (g and g + 8 of a 16-row tile) into an
+// m16n8k16 tensor-core product whose eight "n" columns are the (zero-padded) input rows:
 //
 //   weight rows j0..j0+15 (one tile)     step s covers k in [32s, 32s + 32)
 //   lane (g, t) = (lane / 4, lane % 4)   loads W[j0 + g][32s + 8t .. +8] and W[j0 + g + 8][..]
@@ -45,10 +45,25 @@ bool SkinnyGemmSupports(const float* out, const float* in, const void* weight, i
 cudaError_t LaunchSkinnyGemm(float* out, const float* in, const void* weight, int m, int n, int k,
                              bool accumulate, cudaStream_t stream);
 
-// Benchmark only (gpu_bench): LaunchSkinnyGemm with `tiles` (1, 2 or 4) 16-row tiles per
-// CTA instead of the choice by n. cudaErrorInvalidValue for another count.
-cudaError_t LaunchSkinnyGemmTiles(int tiles, float* out, const float* in, const void* weight, int m,
-                                  int n, int k, bool accumulate, cudaStream_t stream);
+// How the kernel is launched: 16-row tiles a CTA, and CTAs an SM (with the weight loads in
+// flight that their registers allow).
+enum class SkinnyGemmShape {
+  kOneTile,           // two CTAs an SM
+  kOneTileThreeCtas,  // three CTAs an SM, half the loads in flight a lane
+  kTwoTiles,          // two CTAs an SM
+  kFourTiles,         // two CTAs an SM (measured, not chosen)
+};
+
+// The shape LaunchSkinnyGemm runs for m rows and n columns (gemv_kernels.cu has the
+// measurements): one tile two CTAs an SM up to n = 4224 (two CTAs of 16 rows for each of an
+// H100/H200's 132 SMs); past it one tile three CTAs an SM, except two tiles for m > 1 from
+// n = 16384.
+SkinnyGemmShape ChooseSkinnyGemmShape(int m, int n);
+
+// Benchmark only (gpu_bench): LaunchSkinnyGemm in `shape` instead of the chosen one.
+cudaError_t LaunchSkinnyGemmShape(SkinnyGemmShape shape, float* out, const float* in,
+                                  const void* weight, int m, int n, int k, bool accumulate,
+                                  cudaStream_t stream);
 
 }  // namespace kvd::cuda
 

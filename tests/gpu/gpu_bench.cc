@@ -564,13 +564,18 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
       if (m == 1 || m == 8 || m == 64) {
         blas_graph_ms = GraphTimeMs(bench, [&] { return blas_calls(/*convert=*/true); });
       }
-      // m = 1 under each tile count per CTA (the launcher picks one by n).
-      if (m == 1) {
-        for (const int tiles : {1, 2, 4}) {
+      // m = 1 and 8 in each launch shape (the launcher picks one by m and n).
+      if (m == 1 || m == 8) {
+        using cuda::SkinnyGemmShape;
+        for (const auto& [launch_shape, label] :
+             {std::pair{SkinnyGemmShape::kOneTile, "tiles1"},
+              std::pair{SkinnyGemmShape::kOneTileThreeCtas, "tiles1x3"},
+              std::pair{SkinnyGemmShape::kTwoTiles, "tiles2"},
+              std::pair{SkinnyGemmShape::kFourTiles, "tiles4"}}) {
           const double graph_ms = GraphTimeMs(bench, [&] {
             for (int rep = 0; rep < reps; ++rep) {
               if (cudaError_t err =
-                      cuda::LaunchSkinnyGemmTiles(tiles, out.as<float>(), in.as<float>(),
+                      cuda::LaunchSkinnyGemmShape(launch_shape, out.as<float>(), in.as<float>(),
                                                   weight(rep), m, shape.n, shape.k, false, stream);
                   err != cudaSuccess) {
                 return absl::InternalError(cudaGetErrorString(err));
@@ -581,8 +586,10 @@ void SkinnyGemmRates(Bench& bench, double copy_gbps) {
           if (graph_ms <= 0) continue;  // capture failed (noted above): no row, as elsewhere
           const double ms = graph_ms / reps;
           const double gbps = weight_bytes / (ms * 1e6);
-          bench.Row(absl::StrCat("gemv tiles", tiles, " graph ", shape.name, " m1"), ms, gbps, 0,
-                    gbps / copy_gbps, "copy");
+          const bool chosen = cuda::ChooseSkinnyGemmShape(m, shape.n) == launch_shape;
+          bench.Row(
+              absl::StrCat("gemv ", label, chosen ? " chosen" : "", " graph ", shape.name, " m", m),
+              ms, gbps, 0, gbps / copy_gbps, "copy");
         }
       }
       const double tflop = 2.0 * m * shape.n * shape.k / 1e12;

@@ -233,6 +233,42 @@ TEST_F(SkinnyGemmTest, MatchesReferenceOnOddShapes) {
   }
 }
 
+// Every launch shape (the launcher's choice and the ones gpu_bench compares it with) computes
+// the product, on shapes that end in partial CTAs of each.
+TEST_F(SkinnyGemmTest, EveryLaunchShapeMatchesTheReference) {
+  using cuda::SkinnyGemmShape;
+  for (const GemvShape& s : {GemvShape{17, 264}, GemvShape{100, 1000}, GemvShape{8200, 40}}) {
+    SCOPED_TRACE(testing::Message() << "n " << s.n << " k " << s.k);
+    const size_t weight_count = size_t(s.n) * s.k;
+    const RandomFill fill{RandomFillKey(13, uint64_t(s.n) * 100003 + s.k), 1.0f, 0.0f};
+    DeviceBuffer weight = OrDie(gpu().Allocate(weight_count * 2), "Allocate");
+    OrDie(gpu().FillRandom(weight.data(), DType::kBF16, weight_count, fill), "FillRandom");
+    const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, s.n + 11 * s.k);
+    DeviceBuffer x_dev = Upload(gpu(), x);
+    const std::vector<float> residual =
+        RandomFloats(size_t(kMaxSkinnyRows) * s.n, s.n + 5, -4.0f, 4.0f);
+    const Reference ref = ComputeReference(x, fill, s.n, s.k);
+    const size_t num_columns = ref.columns.size();
+    for (const SkinnyGemmShape shape :
+         {SkinnyGemmShape::kOneTile, SkinnyGemmShape::kOneTileThreeCtas, SkinnyGemmShape::kTwoTiles,
+          SkinnyGemmShape::kFourTiles}) {
+      for (const int m : {1, 3, kMaxSkinnyRows}) {
+        SCOPED_TRACE(testing::Message() << "shape " << static_cast<int>(shape) << " m " << m);
+        DeviceBuffer out = Output(m, s.n, /*accumulate=*/true, residual);
+        ASSERT_EQ(cuda::LaunchSkinnyGemmShape(shape, out.as<float>(), x_dev.as<float>(),
+                                              weight.data(), m, s.n, s.k, true, gpu().stream()),
+                  cudaSuccess);
+        const std::vector<float> got =
+            DownloadFloats(gpu(), out.data(), size_t(kMaxSkinnyRows + 1) * s.n);
+        EXPECT_TRUE(WroteExactlyRowsBelowM(got, m, s.n));
+        EXPECT_TRUE(WithinTolerance(got, m, s.n, ref, [&](int r, size_t c) {
+          return residual[size_t(r) * s.n + ref.columns[c]] + ref.dot[r * num_columns + c];
+        }));
+      }
+    }
+  }
+}
+
 // With an identity weight, out[r][j] is exactly bf16(x[r][j]): checks the rounding (nearest,
 // ties to even, both signs) and that every output lands in its own (row, column).
 TEST_F(SkinnyGemmTest, IdentityWeightGivesTheInputRoundedToNearestEven) {
@@ -309,6 +345,26 @@ TEST_F(SkinnyGemmTest, DeterministicAndReplayableFromACudaGraph) {
 }
 
 // Host-only: no device needed, nothing is launched.
+TEST(SkinnyGemmShapeTest, OneTileUpToTwoCtasAnSmThenThreeCtasOrTwoTiles) {
+  using cuda::ChooseSkinnyGemmShape;
+  using cuda::SkinnyGemmShape;
+  for (const int m : {1, 2, kMaxSkinnyRows}) {
+    SCOPED_TRACE(testing::Message() << "m " << m);
+    // The 4096-row projections (attention output, FFN down): 256 CTAs, two an SM.
+    EXPECT_EQ(ChooseSkinnyGemmShape(m, 4096), SkinnyGemmShape::kOneTile);
+    EXPECT_EQ(ChooseSkinnyGemmShape(m, 4224), SkinnyGemmShape::kOneTile);
+    // q/k/v (6144): 384 CTAs, three an SM.
+    EXPECT_EQ(ChooseSkinnyGemmShape(m, 4225), SkinnyGemmShape::kOneTileThreeCtas);
+    EXPECT_EQ(ChooseSkinnyGemmShape(m, 6144), SkinnyGemmShape::kOneTileThreeCtas);
+    EXPECT_EQ(ChooseSkinnyGemmShape(m, 16383), SkinnyGemmShape::kOneTileThreeCtas);
+  }
+  // FFN gate/up and lm_head: single tiles for one row, pairs for more.
+  EXPECT_EQ(ChooseSkinnyGemmShape(1, 28672), SkinnyGemmShape::kOneTileThreeCtas);
+  EXPECT_EQ(ChooseSkinnyGemmShape(1, 128256), SkinnyGemmShape::kOneTileThreeCtas);
+  EXPECT_EQ(ChooseSkinnyGemmShape(2, 16384), SkinnyGemmShape::kTwoTiles);
+  EXPECT_EQ(ChooseSkinnyGemmShape(kMaxSkinnyRows, 128256), SkinnyGemmShape::kTwoTiles);
+}
+
 TEST(SkinnyGemmSupportsTest, NamesWhatTheKernelCannotRun) {
   const auto at = [](uintptr_t address) { return reinterpret_cast<float*>(address); };
   const void* weight = at(0x10000);
@@ -325,6 +381,9 @@ TEST(SkinnyGemmSupportsTest, NamesWhatTheKernelCannotRun) {
   EXPECT_FALSE(SkinnyGemmSupports(at(0x20002), at(0x30000), weight, 1, 4096, 4096));  // out
   // Refused before any CUDA call, so this runs without a device too.
   EXPECT_EQ(LaunchSkinnyGemm(at(0x20000), at(0x30000), weight, 9, 4096, 4096, false, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchSkinnyGemmShape(cuda::SkinnyGemmShape::kTwoTiles, at(0x20000), at(0x30000),
+                                        weight, 9, 4096, 4096, false, nullptr),
             cudaErrorInvalidValue);
 }
 
