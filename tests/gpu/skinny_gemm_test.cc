@@ -165,14 +165,23 @@ class SkinnyGemmTest : public GpuVsCpuTest {
     return Upload(gpu(), init);
   }
 
+  // The fill of a bf16 [n][k] weight from stream `seed` (the host recomputes its values).
+  static RandomFill WeightFill(const GemvShape& s, uint64_t seed) {
+    return RandomFill{RandomFillKey(seed, uint64_t(s.n) * 100003 + s.k), 1.0f, 0.0f};
+  }
+  DeviceBuffer Weight(const GemvShape& s, const RandomFill& fill) {
+    const size_t weight_count = size_t(s.n) * s.k;
+    DeviceBuffer weight = OrDie(gpu().Allocate(weight_count * 2), "Allocate");
+    OrDie(gpu().FillRandom(weight.data(), DType::kBF16, weight_count, fill), "FillRandom");
+    return weight;
+  }
+
   // Every m in 1..kMaxSkinnyRows, accumulate off and on, on one weight and one input.
   void CheckShape(const GemvShape& s) {
     SCOPED_TRACE(testing::Message() << "n " << s.n << " k " << s.k);
     ASSERT_TRUE(SkinnyGemmSupports(nullptr, nullptr, nullptr, 1, s.n, s.k));
-    const size_t weight_count = size_t(s.n) * s.k;
-    const RandomFill fill{RandomFillKey(11, uint64_t(s.n) * 100003 + s.k), 1.0f, 0.0f};
-    DeviceBuffer weight = OrDie(gpu().Allocate(weight_count * 2), "Allocate");
-    OrDie(gpu().FillRandom(weight.data(), DType::kBF16, weight_count, fill), "FillRandom");
+    const RandomFill fill = WeightFill(s, 11);
+    DeviceBuffer weight = Weight(s, fill);
     // Unrounded fp32 input: the kernel must round it to bf16 itself.
     const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, s.n + 7 * s.k);
     DeviceBuffer x_dev = Upload(gpu(), x);
@@ -239,10 +248,8 @@ TEST_F(SkinnyGemmTest, EveryLaunchShapeMatchesTheReference) {
   using cuda::SkinnyGemmShape;
   for (const GemvShape& s : {GemvShape{17, 264}, GemvShape{100, 1000}, GemvShape{8200, 40}}) {
     SCOPED_TRACE(testing::Message() << "n " << s.n << " k " << s.k);
-    const size_t weight_count = size_t(s.n) * s.k;
-    const RandomFill fill{RandomFillKey(13, uint64_t(s.n) * 100003 + s.k), 1.0f, 0.0f};
-    DeviceBuffer weight = OrDie(gpu().Allocate(weight_count * 2), "Allocate");
-    OrDie(gpu().FillRandom(weight.data(), DType::kBF16, weight_count, fill), "FillRandom");
+    const RandomFill fill = WeightFill(s, 13);
+    DeviceBuffer weight = Weight(s, fill);
     const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, s.n + 11 * s.k);
     DeviceBuffer x_dev = Upload(gpu(), x);
     const std::vector<float> residual =
