@@ -28,8 +28,9 @@ constexpr int kNarrowTileMaxN = 4224;
 // 0.91-0.93 against 0.76-0.78 at m = 1 and 0.81-0.82 against 0.75-0.77 at m = 8; FFN
 // gate/up 0.98-1.00 against 0.96-0.98 at m = 1; lm_head 1.02-1.04 against 1.00-1.04 at
 // m = 1. (With 12 loads a lane the same four read 0.89, 0.75, 0.92, 0.99; four CTAs an SM
-// with 8 loads, 0.83, 0.75, 0.98, 1.02.) kvd_e2e_bench, graphs on, three rounds alternating with the two-CTA kernel: steps
-// at 1 x 512 4.15 ms against 4.30, 1 x 4k 4.30 against 4.48, 8 x 1k 4.70 against 4.81.
+// with 8 loads, 0.83, 0.75, 0.98, 1.02.) kvd_e2e_bench, graphs on, three rounds alternating
+// with the two-CTA kernel: steps at 1 x 512 4.15 ms against 4.30, 1 x 4k 4.30 against 4.48,
+// 8 x 1k 4.70 against 4.81.
 constexpr int kThreeCtaLoads = 8;
 // n from which a CTA takes two 16-row tiles for more than one input row: the input re-reads
 // per weight byte halve (m / 32 instead of m / 16 of the weight traffic at fp32), and the

@@ -60,7 +60,7 @@ enum class SkinnyGemmShape {
 // n = 16384.
 SkinnyGemmShape ChooseSkinnyGemmShape(int m, int n);
 
-// Benchmark only (gpu_bench): LaunchSkinnyGemm in `shape` instead of the chosen one.
+// For gpu_bench and the tests: LaunchSkinnyGemm in `shape` instead of the chosen one.
 cudaError_t LaunchSkinnyGemmShape(SkinnyGemmShape shape, float* out, const float* in,
                                   const void* weight, int m, int n, int k, bool accumulate,
                                   cudaStream_t stream);
