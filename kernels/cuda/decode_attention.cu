@@ -28,6 +28,11 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, decode::kMaxSplits));
 }
 
+int DecodeTailSplits(int main_splits) {
+  if (main_splits < 2) return 0;
+  return std::max(0, std::min(main_splits, decode::kMergeBatch - main_splits));
+}
+
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
   return int64_t{num_seqs} * num_kv_heads * decode::MergeSubgroups(group_size);
 }
@@ -45,12 +50,22 @@ int64_t DecodePartialLseSize(int num_seqs, int max_splits, int num_q_heads) {
   return int64_t{num_seqs} * max_splits * num_q_heads;
 }
 
+namespace {
+
+bool ValidTails(const DecodeWorkspace& ws) {
+  return ws.tail_splits >= 0 && ws.tail_splits < ws.max_splits && ws.tail_divisor >= 1 &&
+         ws.tail_min_keys >= 0;
+}
+
+}  // namespace
+
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                          int variant, const KvRowMap* rows_map, cudaStream_t stream,
                                          const char** name) {
   if (p.cache.dtype != DType::kBF16 || p.cache.head_dim != 128 || ws.trace != nullptr ||
       p.num_q_heads != 4 * p.cache.num_kv_heads || ws.max_splits < 1 ||
-      ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr)) {
+      ws.max_splits > decode::kMaxSplits || (ws.max_splits > 1 && ws.arrivals == nullptr) ||
+      !ValidTails(ws)) {
     return cudaErrorInvalidValue;
   }
   switch (variant) {
@@ -71,7 +86,9 @@ cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const De
 cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                   cudaStream_t stream, const KvRowMap* rows_map) {
   if (p.blocks.num_seqs == 0) return cudaSuccess;
-  if (ws.max_splits < 1 || ws.max_splits > decode::kMaxSplits) return cudaErrorInvalidValue;
+  if (ws.max_splits < 1 || ws.max_splits > decode::kMaxSplits || !ValidTails(ws)) {
+    return cudaErrorInvalidValue;
+  }
   if (ws.max_splits > 1 && (ws.partial_out == nullptr || ws.arrivals == nullptr)) {
     return cudaErrorInvalidValue;
   }

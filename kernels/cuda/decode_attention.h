@@ -49,7 +49,15 @@
 // `min_split_granules` granules, and more than 16 only where they average 512 keys or more
 // (the merge reads 16 a round trip); DecodeMaxSplits sizes them so that the grid fills one wave
 // of resident CTAs (at batch 1 a 4k context makes 16 splits per KV head of 256 keys, a 32k
-// one 32 of 1024; 32 sequences x 8 KV heads, none).
+// one 32 of 1024; 32 sequences x 8 KV heads, none). Where the batch leaves room in one merge
+// batch (DecodeTailSplits: 8 x 4k, 16 x 16k, 4 x 128k) the grid has as many tail slices again,
+// which contexts of 8192 keys a main split or more use: the main splits end an eighth of a
+// main split short, and a second wave of splits that long covers the rest, taken by the
+// multiprocessors that finish first (H200, gpu_bench sweep, three rounds of 16 launches back to
+// back in a graph, the same process alternating: 16 x 16k 1.021-1.027 of copy against
+// 1.007-1.012, 4 x 128k 1.030-1.032 against 1.023-1.025; 8 x 4k, whose splits are too short to
+// use them, 0.861-0.865 against 0.858-0.864; idle tails at batch 1, 1 x 4k: 0.376-0.394 against
+// 0.412-0.415, so batches with more than 8 splits get none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
@@ -126,6 +134,17 @@ struct DecodeWorkspace {
   // of one granule, 11.0 us with 2 of four; 1 x 4k 0.305 vs 0.313 of copy bandwidth, before
   // the 16-split cap of short contexts made its plan the same with 1 or 2).
   int32_t min_split_granules = 1;
+  // Of the max_splits slices, how many hold tail splits (0: none; DecodeTailSplits). A context
+  // whose main splits would average tail_min_keys keys or more is cut into up to
+  // max_splits - tail_splits main splits and, covering its end, up to tail_splits shorter ones,
+  // each a main split's length over tail_divisor (whole granules; the mains the shortest that
+  // leave the tails enough); other contexts leave the tail slices idle. The split slices are the
+  // grid's slowest dimension, so every main split's CTA is dispatched before any tail's, and
+  // the tails go to the multiprocessors whose main splits end first. In [0, max_splits);
+  // tail_divisor >= 1.
+  int32_t tail_splits = 0;
+  int32_t tail_divisor = 8;
+  int32_t tail_min_keys = 8192;
   // [num_seqs][num_kv_heads * ceil(group / 8)] split counters (DecodeArrivalCount), zero
   // before a launch and left zero by it.
   int32_t* arrivals = nullptr;
@@ -143,6 +162,11 @@ struct DecodeWorkspace {
 // where more than 16 splits are wanted); 1 when the batch alone fills the device. In
 // [1, 128].
 int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms);
+
+// Tail split slices (DecodeWorkspace::tail_splits) to add to `main_splits` main ones
+// (DecodeMaxSplits): as many again, up to 16 slices in all (one merge round trip); none beside
+// a single main one.
+int DecodeTailSplits(int main_splits);
 
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/decode_split_plan.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/params.h"
@@ -81,31 +82,6 @@ __device__ __forceinline__ void Trace(const DecodeWorkspace& ws, DecodeTracePoin
   }
 }
 
-struct SplitPlan {
-  int num_splits;
-  int split_len;  // keys, a multiple of the granule
-};
-
-// Splits the merge reads per L2 round trip (MergeGroup).
-inline constexpr int kMergeBatch = 16;
-// Keys the splits of a context cut into more than kMergeBatch of them hold on average, at
-// least: more splits cost the merge another round trip, worth it only for long splits. On an H200
-// (gpu_bench sweep, back to back in a graph) 1 x 4k read 0.389 of copy in 16 splits of 256
-// keys and 0.353 in 32 of 128; 1 x 32k 0.71 in 32 splits of 1024 and 0.65 in 16 of 2048.
-inline constexpr int kManySplitKeys = 512;
-
-// Shared by every CTA of a sequence so all see the same cut: splits start at
-// multiples of `granule` keys (DecodeShape::kSplitGranule, one iteration of every warp of a
-// CTA) and hold at least `min_granules` granules unless the context is shorter; more than
-// kMergeBatch splits only where they average kManySplitKeys keys or more.
-__device__ __forceinline__ SplitPlan PlanSplits(int kv_len, int max_splits, int granule,
-                                                int min_granules) {
-  const int cap = min(max_splits, max(kMergeBatch, kv_len / kManySplitKeys));
-  const int wanted = max(1, min(cap, CeilDiv(kv_len, max(1, min_granules) * granule)));
-  const int len = max(1, CeilDiv(CeilDiv(kv_len, wanted), granule)) * granule;
-  return {max(1, CeilDiv(kv_len, len)), len};
-}
-
 // What one decode CTA serves, from blockIdx = (KV head * subgroups + subgroup, sequence,
 // split): a subgroup of up to group_per_cta query heads of one KV head's GQA group, and the
 // keys [key_begin, key_end) of one split of the sequence's context.
@@ -142,10 +118,11 @@ __device__ __forceinline__ bool PlanDecodeCta(const PagedAttentionParams& p,
   if (q_next - cta.q_row != 1) return false;
   const int kv_len =
       cta.num_seq_blocks == 0 ? 0 : (cta.num_seq_blocks - 1) * p.cache.block_size + last_len;
-  cta.plan = PlanSplits(kv_len, ws.max_splits, granule, ws.min_split_granules);
+  cta.plan = PlanSplits(kv_len, ws.max_splits, granule, ws.min_split_granules, ws.tail_splits,
+                        ws.tail_divisor, ws.tail_min_keys);
   if (cta.split >= cta.plan.num_splits) return false;
-  cta.key_begin = cta.split * cta.plan.split_len;
-  cta.key_end = min(kv_len, cta.key_begin + cta.plan.split_len);
+  cta.key_begin = cta.plan.Begin(cta.split);
+  cta.key_end = min(kv_len, cta.key_begin + cta.plan.Len(cta.split));
   cta.seq_blocks = p.blocks.indices + block_begin;
   return true;
 }

@@ -807,9 +807,11 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
                  const std::string& shape_name) {
   constexpr int kGroup = kQHeads / kKvHeads;
   cudaStream_t stream = bench.gpu().stream();
-  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(
-      bench, batch, cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms()));
+  const int main_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms());
+  const int tail_splits = cuda::DecodeTailSplits(main_splits);
+  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(bench, batch, main_splits + tail_splits);
   cuda::DecodeWorkspace& ws = owned.ws;
+  ws.tail_splits = tail_splits;  // as the backend launches it
   const int64_t count = cuda::DecodeTraceCount(batch, kKvHeads, kGroup, ws.max_splits);
   DeviceBuffer trace = Must(bench.gpu().Allocate(count * sizeof(cuda::DecodeTraceRecord)));
   ws.trace = static_cast<cuda::DecodeTraceRecord*>(trace.data());
@@ -1006,12 +1008,14 @@ struct SweepOptions {
   int only_batch = -1, only_context = -1;   // KVD_SWEEP_SHAPE=BATCHxCONTEXT
   int only_variant = -1, only_splits = -1;  // KVD_SWEEP_ONLY=VARIANT[,SPLITS]
   bool layouts = false;                     // KVD_SWEEP_LAYOUTS=1
+  int tails = 0;                            // KVD_SWEEP_TAILS=1|2
 };
 
 // `gpu_bench sweep`: decode attention under every launch-shape variant of the kernel
 // (LaunchDecodeAttentionVariant), split count and, for one sequence, smallest split, to set
-// DecodeMaxSplits' policy from measurements ("s" is the grid's split slices, max_splits; the
-// plan may use fewer, see PlanSplits). Two rows each: one call between events (as
+// DecodeMaxSplits' policy from measurements ("s" is the grid's main split slices, "tT/D" T
+// tail slices beside them a D-th as long, DecodeWorkspace::tail_splits; the plan may use
+// fewer, see PlanSplits). Two rows each: one call between events (as
 // above), and kSweepCalls launches back to back in one graph, per launch (as decode graphs
 // run it). Both rotate through KV copies as the decode attention rows do (DecodeAttention):
 // call after call, and launch after launch across the graphs, each copy reused only after all
@@ -1042,6 +1046,7 @@ void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int conte
   const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
   const int auto_splits =
       cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
+  const int auto_tails = cuda::DecodeTailSplits(auto_splits);
   // The backend's kernel: variant 0 with the backend's TMA view.
   constexpr int auto_variant = 0;
   std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}
@@ -1062,37 +1067,63 @@ void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int conte
       ws.min_split_granules = min_granules;
       for (const int n : splits) {
         if (options.only_splits >= 0 && n != options.only_splits) continue;
-        ws.max_splits = n;
-        const char* name = "";
-        auto launch = [&](int set) {
-          return cuda::LaunchDecodeAttentionVariant(sets[set % num_sets].p, ws, variant,
-                                                    bench.gpu().UpdatedKvRows(),
-                                                    bench.gpu().stream(), &name);
-        };
-        int next = 0;
-        const double call_ms = bench.TimeMs([&] { CudaCheck(launch(next++), "decode variant"); });
-        const double graph_ms =
-            RotatingGraphTimeMs(bench, num_graphs,
-                                [&](int g) {
-                                  for (int i = 0; i < kSweepCalls; ++i) {
-                                    if (cudaError_t err = launch(g * kSweepCalls + i);
-                                        err != cudaSuccess) {
-                                      return absl::InternalError(cudaGetErrorString(err));
+        // (tail splits, divisor) beside the n main slices: none; the backend's, for its split
+        // count; and with KVD_SWEEP_TAILS, for the backend's kernel, half, as many and twice
+        // as many tails as mains, a half, quarter or eighth as long.
+        std::vector<std::pair<int, int>> tails = {{0, auto_ws.tail_divisor}};
+        if (variant == auto_variant && n == auto_splits && auto_tails > 0) {
+          tails.emplace_back(auto_tails, auto_ws.tail_divisor);
+        }
+        if (variant == auto_variant && options.tails > 0) {
+          for (const int t : {n / 2, n, 2 * n}) {
+            for (const int divisor : {2, 4, 8}) {
+              if (t >= 1 && n + t <= kMaxSplits &&
+                  std::find(tails.begin(), tails.end(), std::pair(t, divisor)) == tails.end()) {
+                tails.emplace_back(t, divisor);
+              }
+            }
+          }
+        }
+        for (const auto& [tail, divisor] : tails) {
+          ws.max_splits = n + tail;
+          ws.tail_splits = tail;
+          ws.tail_divisor = divisor;
+          ws.tail_min_keys = options.tails == 2 ? 0 : auto_ws.tail_min_keys;
+          const char* name = "";
+          auto launch = [&](int set) {
+            return cuda::LaunchDecodeAttentionVariant(sets[set % num_sets].p, ws, variant,
+                                                      bench.gpu().UpdatedKvRows(),
+                                                      bench.gpu().stream(), &name);
+          };
+          int next = 0;
+          const double call_ms = bench.TimeMs([&] { CudaCheck(launch(next++), "decode variant"); });
+          const double graph_ms =
+              RotatingGraphTimeMs(bench, num_graphs,
+                                  [&](int g) {
+                                    for (int i = 0; i < kSweepCalls; ++i) {
+                                      if (cudaError_t err = launch(g * kSweepCalls + i);
+                                          err != cudaSuccess) {
+                                        return absl::InternalError(cudaGetErrorString(err));
+                                      }
                                     }
-                                  }
-                                  return absl::OkStatus();
-                                }) /
-            kSweepCalls;
-        const bool is_auto = variant == auto_variant && n == auto_splits &&
-                             min_granules == auto_ws.min_split_granules;
-        const std::string label = absl::StrCat(
-            "sweep ", batch, " x ", context, " bs", block_size, shuffled ? "" : " in order", " v",
-            variant, " g", min_granules, " s", n, is_auto ? " auto" : "", " [", name, "]");
-        bench.Row(label, call_ms, a.bytes / (call_ms * 1e6), 0,
-                  a.bytes / (call_ms * 1e6) / copy_gbps, "copy");
-        if (graph_ms > 0) {
-          bench.Row(label + " graph", graph_ms, a.bytes / (graph_ms * 1e6), 0,
-                    a.bytes / (graph_ms * 1e6) / copy_gbps, "copy");
+                                    return absl::OkStatus();
+                                  }) /
+              kSweepCalls;
+          const bool is_auto = variant == auto_variant && n == auto_splits &&
+                               min_granules == auto_ws.min_split_granules && tail == auto_tails &&
+                               (tail == 0 || (divisor == auto_ws.tail_divisor &&
+                                              ws.tail_min_keys == auto_ws.tail_min_keys));
+          const std::string label =
+              absl::StrCat("sweep ", batch, " x ", context, " bs", block_size,
+                           shuffled ? "" : " in order", " v", variant, " g", min_granules, " s", n,
+                           tail > 0 ? absl::StrCat(" t", tail, "/", divisor) : "",
+                           is_auto ? " auto" : "", " [", name, "]");
+          bench.Row(label, call_ms, a.bytes / (call_ms * 1e6), 0,
+                    a.bytes / (call_ms * 1e6) / copy_gbps, "copy");
+          if (graph_ms > 0) {
+            bench.Row(label + " graph", graph_ms, a.bytes / (graph_ms * 1e6), 0,
+                      a.bytes / (graph_ms * 1e6) / copy_gbps, "copy");
+          }
         }
       }
     }
@@ -1172,7 +1203,10 @@ constexpr char kUsage[] =
     "  KVD_SWEEP_SHAPE=BxC    sweep: only batch B x context C, one of the sweep's shapes\n"
     "  KVD_SWEEP_ONLY=V[,S]   sweep: only launch variant V [and split count S]\n"
     "  KVD_SWEEP_LAYOUTS=1    sweep: with KVD_SWEEP_SHAPE, the in-order and 64-token-block\n"
-    "                         layouts too\n";
+    "                         layouts too\n"
+    "  KVD_SWEEP_TAILS=1|2    sweep: also the backend's kernel with other tail splits beside\n"
+    "                         each split count (row label tTAILS/DIVISOR; DecodeWorkspace),\n"
+    "                         used by contexts long enough (1) or by every context (2)\n";
 
 struct Args {
   bool help = false;  // --help or -h given: print kUsage, run nothing
@@ -1259,6 +1293,12 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
           absl::StrCat("KVD_SWEEP_LAYOUTS='", layouts, "' is not 0 or 1"));
     }
     sweep.layouts = std::string(layouts) == "1";
+  }
+  if (const char* tails = std::getenv("KVD_SWEEP_TAILS"); tails != nullptr) {
+    if (!absl::SimpleAtoi(tails, &sweep.tails) || sweep.tails < 0 || sweep.tails > 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVD_SWEEP_TAILS='", tails, "' is not 0, 1 or 2"));
+    }
   }
   return args;
 }

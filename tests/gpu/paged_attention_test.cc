@@ -78,6 +78,10 @@ struct AttentionCase {
   // need. With more than one, the kernel runs three times back to back (the outputs compared
   // are the last run's) and must leave every counter zero.
   int decode_splits = 1;
+  // Of those slices, tail splits a main split's length over decode_tail_divisor, used by
+  // every context (DecodeWorkspace::tail_splits, tail_min_keys 0).
+  int decode_tails = 0;
+  int decode_tail_divisor = 8;
   // That direct launch traced (DecodeWorkspace::trace): every CTA's timeline must be in order.
   bool trace = false;
 };
@@ -289,6 +293,9 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
       }
       cuda::DecodeWorkspace ws;
       ws.max_splits = c.decode_splits;
+      ws.tail_splits = c.decode_tails;
+      ws.tail_divisor = c.decode_tail_divisor;
+      ws.tail_min_keys = 0;
       DeviceBuffer partial_out, partial_lse, counters;
       const size_t counter_count = cuda::DecodeArrivalCount(num_seqs, c.num_kv_heads, c.group);
       if (c.decode_splits > 1) {
@@ -608,6 +615,27 @@ std::vector<AttentionCase> Cases() {
     cases.back().decode_view = AttentionCase::DecodeView::kFirstChunk;
     cases.back().decode_splits = splits;
   }
+  // Contexts cut into main and tail splits (DecodeWorkspace::tail_splits): tails half, a
+  // quarter and an eighth of a main split, fewer and more than the mains, on CUDA cores and
+  // TMA boxes; the short contexts need no tail, 1029 and 4100 keys some or all of them.
+  struct Tails {
+    int splits, tails, divisor;
+  };
+  for (const Tails t : {Tails{3, 2, 2}, Tails{6, 2, 4}, Tails{12, 8, 8}, Tails{24, 16, 4}}) {
+    const std::string suffix =
+        absl::StrCat("_splits", t.splits, "_tails", t.tails, "_divisor", t.divisor);
+    auto set_tails = [&](AttentionCase::DecodeView view) {
+      cases.back().decode_view = view;
+      cases.back().decode_splits = t.splits;
+      cases.back().decode_tails = t.tails;
+      cases.back().decode_tail_divisor = t.divisor;
+    };
+    add(absl::StrCat("decode_f32_d64_bs16_g8", suffix), decodes, DType::kF32, 64, 16, 2, 8);
+    set_tails(AttentionCase::DecodeView::kNone);
+    add(absl::StrCat("decode_bf16_d128_bs16_g4", suffix, "_first_chunk_view"), decodes,
+        DType::kBF16, 128, 16, 2, 4);
+    set_tails(AttentionCase::DecodeView::kFirstChunk);
+  }
   // Traced launches of the TMA kernel (the outputs must not change either): split and merged
   // with head subgroups, and unsplit.
   add("decode_bf16_d128_bs16_g12_splits5_traced", decodes, DType::kBF16, 128, 16, 1, 12);
@@ -699,6 +727,37 @@ TEST_F(PagedAttentionLimitsTest, TracedLaunchesOnlyOnTheTmaKernel) {
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
+// Tail splits need a main slice beside them, a divisor and a minimum of no keys or more: any
+// other workspace is refused before anything runs, by both entry points.
+TEST_F(PagedAttentionLimitsTest, RefusesTailSplitsWithoutRoom) {
+  void* chunk_table = nullptr;
+  PagedAttentionParams p = RefusedParams(&chunk_table);
+  p.cache.head_dim = 128;
+  p.cache.dtype = DType::kBF16;
+  p.num_q_heads = 4;
+  int32_t arrivals = 0;
+  float partials = 0.0f;
+  const auto bad = [&](int max_splits, int tail_splits, int divisor, int min_keys) {
+    cuda::DecodeWorkspace ws;
+    ws.max_splits = max_splits;
+    ws.tail_splits = tail_splits;
+    ws.tail_divisor = divisor;
+    ws.tail_min_keys = min_keys;
+    ws.arrivals = &arrivals;
+    ws.partial_out = ws.partial_lse = &partials;
+    const char* name = "";
+    return cuda::LaunchDecodeAttention(p, ws, gpu().stream()) == cudaErrorInvalidValue &&
+           cuda::LaunchDecodeAttentionVariant(p, ws, 0, nullptr, gpu().stream(), &name) ==
+               cudaErrorInvalidValue;
+  };
+  EXPECT_TRUE(bad(4, 4, 8, 0));  // no main slice left
+  EXPECT_TRUE(bad(1, 1, 8, 0));
+  EXPECT_TRUE(bad(4, -1, 8, 0));
+  EXPECT_TRUE(bad(4, 2, 0, 0));   // divisor
+  EXPECT_TRUE(bad(4, 2, 8, -1));  // minimum
+  EXPECT_TRUE(gpu().Synchronize().ok());
+}
+
 // The backend reads a bf16 copy of Q where its Hopper prefill runs, and only there.
 TEST_F(PagedAttentionLimitsTest, ReadsBf16QOnlyWhereTheHopperPrefillRuns) {
   EXPECT_EQ(gpu().ReadsBf16Q(128), cuda::HopperPrefillSupported());
@@ -718,6 +777,17 @@ TEST(DecodeSplitPolicyTest, FillsOneWaveOfResidentCtasRoundedDown) {
 TEST(DecodeSplitPolicyTest, BeyondOneMergeBatchStaysOneCtaShortOfAFullWave) {
   EXPECT_EQ(cuda::DecodeMaxSplits(1, 8, 4, 132), 32);  // 33 would fill all 264 slots
   EXPECT_EQ(cuda::DecodeMaxSplits(1, 4, 4, 132), 65);  // not 66
+}
+
+TEST(DecodeSplitPolicyTest, AddsTailSlicesUpToOneMergeBatch) {
+  EXPECT_EQ(cuda::DecodeTailSplits(1), 0);   // an unsplit batch stays unsplit
+  EXPECT_EQ(cuda::DecodeTailSplits(2), 2);   // 16 x 16k
+  EXPECT_EQ(cuda::DecodeTailSplits(4), 4);   // 8 x 4k
+  EXPECT_EQ(cuda::DecodeTailSplits(8), 8);   // 4 x 128k
+  EXPECT_EQ(cuda::DecodeTailSplits(11), 5);  // 16 slices in all
+  EXPECT_EQ(cuda::DecodeTailSplits(16), 0);
+  EXPECT_EQ(cuda::DecodeTailSplits(32), 0);  // batch 1: most slices idle at short contexts
+  EXPECT_EQ(cuda::DecodeTailSplits(128), 0);
 }
 
 TEST(DecodeSplitPolicyTest, CountsHeadSubgroupsAndClamps) {
