@@ -65,8 +65,10 @@ KVD_SPLIT_PLAN_FN SplitPlan PlanSplits(int kv_len, int max_splits, int granule, 
   // m granules a main split: the least with wanted * m + tail_splits * m / divisor >= the
   // context's granules (so that ceil(m / divisor)-granule tails cover the rest).
   const int granules = SplitCeilDiv(kv_len, granule);
-  const int main_g =
-      SplitMax(min_g, SplitCeilDiv(granules * tail_divisor, wanted * tail_divisor + tail_splits));
+  const long long parts = static_cast<long long>(wanted) * tail_divisor + tail_splits;
+  const int main_g = SplitMax(
+      min_g,
+      static_cast<int>((static_cast<long long>(granules) * tail_divisor + parts - 1) / parts));
   const int tail_g = SplitCeilDiv(main_g, tail_divisor);
   if (wanted * main_g >= granules) {  // the mains cover it (min_granules, or a short context)
     const int n = SplitMax(1, SplitCeilDiv(granules, main_g));

@@ -109,6 +109,14 @@ TEST(DecodeSplitPlanTest, ShortMainSplitsLeaveTheTailSlicesIdle) {
   EXPECT_GT(tailed.num_splits, 4);
 }
 
+TEST(DecodeSplitPlanTest, LargeDivisorsAndContextsDoNotOverflow) {
+  // 2^30 keys in 64-key granules times a divisor of 2^20 overflows 32 bits.
+  const int kv_len = 1 << 30;
+  const SplitPlan plan = PlanSplits(kv_len, 16, 64, 1, 8, 1 << 20, 0);
+  EXPECT_EQ(plan.main_splits, 8);
+  ExpectValidCut(plan, kv_len, 16, 64, 8);
+}
+
 TEST(DecodeSplitPlanTest, ContextsTheMainsCoverTakeNoTail) {
   // 300 keys, 5 granules, over 2 mains with 2 tails: mains of 3 granules cover them.
   const SplitPlan plan = PlanSplits(300, 4, 64, 1, 2, 8, 0);
