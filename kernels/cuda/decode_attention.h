@@ -69,7 +69,14 @@
 // lands 3.3-6.1 us in (the block table takes another round trip to memory before the first
 // copy); the key loops, equal in work, end anywhere from 27 to 34 us (the same SMs early or
 // late from launch to launch); after the last one, the combine takes 0.5 us, the partial's
-// stores 0.6, the arrival's atomic 0.7 and the merge 1.1-1.4. Measured and
+// stores 0.6, the arrival's atomic 0.7 and the merge 1.1-1.4. By multiprocessor (the same
+// trace, 40 launches, medians over them): the 8 SMs that hold one CTA of the 256 are done at
+// 27.8 us, the 124 with two at 32.0, the slowest at 33.1, so beyond those 8 the loops end within
+// about a microsecond; which SMs are late repeats from launch to launch (the odd and even
+// launches' per-SM medians correlate, r = 0.90; at 32 x 4k, r = 0.99, with the SMs' medians
+// spread from 103 to 124 us and the slowest in pairs of adjacent ids, 4-5, 12-13, 52-53, 60-61:
+// a property of where an SM sits, not of the data). Tail splits (DecodeTailSplits) gain nothing
+// at 8 x 4k: the gap they could fill is those 8 SMs' 4 us. Measured and
 // not kept (gpu_bench decode, builds alternating in one run, 16 calls back to back in a graph):
 // the splits of a context as one thread block cluster merging through each other's shared
 // memory (the device holds only 62 four-CTA clusters at two CTAs per SM, so 8 x 4k could not

@@ -801,8 +801,9 @@ OwnedDecodeWorkspace MakeDecodeWorkspace(Bench& bench, int batch, int max_splits
 // KV copies in turn, each launch's CTAs traced (DecodeWorkspace::trace). Prints when each
 // point of the CTAs' timelines (DecodeTracePoint) came, in microseconds after the launch's
 // first CTA started: the earliest, median and latest CTA, each the median over the launches;
-// and, where contexts are split, the median over the launches of the longest merge (from the
-// merging CTA's arrival to its end).
+// where contexts are split, the median over the launches of the longest merge (from the
+// merging CTA's arrival to its end); and when each multiprocessor's CTAs were done with their
+// keys (medians over the launches), with how alike the odd and even launches are in that.
 void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batch,
                  const std::string& shape_name) {
   constexpr int kGroup = kQHeads / kKvHeads;
@@ -819,6 +820,11 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
   // [point][earliest, median, latest]: one value a launch; then the longest merge a launch.
   std::vector<std::vector<double>> at(cuda::kDecodeTracePoints * 3);
   std::vector<double> merges;
+  // Per multiprocessor, over the even and the odd launches: when its CTAs' keys were done;
+  // and how many CTAs it ran, launch by launch.
+  const int num_sms = bench.gpu().num_sms();
+  std::vector<std::vector<double>> sm_even(num_sms), sm_odd(num_sms);
+  std::vector<std::vector<int>> ctas_of_sm(num_sms);
   // Once outside a capture first (the traced kernel's first launch sets its shared memory).
   CudaCheck(cuda::LaunchDecodeAttention(sets[0].p, ws, stream, bench.gpu().UpdatedKvRows()),
             "traced decode attention");
@@ -841,6 +847,19 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
         bench.gpu().CopyToHost(records.data(), trace.data(), records.size() * sizeof(records[0])));
     uint64_t origin = std::numeric_limits<uint64_t>::max();
     for (const auto& r : records) origin = std::min(origin, r.ns[cuda::kTraceEntry]);
+    // Per multiprocessor: when its last CTA's keys were done, and how many CTAs it ran.
+    std::vector<double> sm_done(num_sms, 0.0);
+    std::vector<int> sm_ctas(num_sms, 0);
+    for (const auto& r : records) {
+      if (r.ns[cuda::kTraceKeysDone] == 0 || r.sm >= static_cast<uint32_t>(num_sms)) continue;
+      sm_done[r.sm] = std::max(sm_done[r.sm], (r.ns[cuda::kTraceKeysDone] - origin) * 1e-3);
+      ++sm_ctas[r.sm];
+    }
+    for (int sm = 0; sm < num_sms; ++sm) {
+      if (sm_ctas[sm] == 0) continue;
+      (launch % 2 == 0 ? sm_even : sm_odd)[sm].push_back(sm_done[sm]);
+      ctas_of_sm[sm].push_back(sm_ctas[sm]);
+    }
     double merge = 0;
     for (int point = 0; point < cuda::kDecodeTracePoints; ++point) {
       std::vector<double> us;
@@ -871,13 +890,62 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
                     absl::StrFormat("%.2f/%.2f/%.2f", median(at[3 * point]),
                                     median(at[3 * point + 1]), median(at[3 * point + 2])));
   }
+  // Whether the multiprocessors that finish late are the same from launch to launch: the
+  // correlation of their medians over the even and the odd launches (near 1: a property of the
+  // multiprocessor, not of the launch); and the spread of those medians, with the medians of
+  // the multiprocessors that ran one CTA and two.
+  std::vector<double> even, odd, all_sms;
+  std::vector<int> sm_ids;  // of all_sms' entries
+  std::vector<double> by_ctas[3];
+  for (int sm = 0; sm < num_sms; ++sm) {
+    if (sm_even[sm].empty() || sm_odd[sm].empty()) continue;
+    even.push_back(median(sm_even[sm]));
+    odd.push_back(median(sm_odd[sm]));
+    std::vector<double> both = sm_even[sm];
+    both.insert(both.end(), sm_odd[sm].begin(), sm_odd[sm].end());
+    all_sms.push_back(median(both));
+    sm_ids.push_back(sm);
+    std::vector<double> counts(ctas_of_sm[sm].begin(), ctas_of_sm[sm].end());
+    const int ctas = static_cast<int>(median(counts));
+    if (ctas >= 1 && ctas <= 2) by_ctas[ctas].push_back(all_sms.back());
+  }
+  std::string sm_text;
+  if (even.size() >= 2) {
+    const double n = static_cast<double>(even.size());
+    const double mean_even = std::accumulate(even.begin(), even.end(), 0.0) / n;
+    const double mean_odd = std::accumulate(odd.begin(), odd.end(), 0.0) / n;
+    double cov = 0, var_even = 0, var_odd = 0;
+    for (size_t i = 0; i < even.size(); ++i) {
+      cov += (even[i] - mean_even) * (odd[i] - mean_odd);
+      var_even += (even[i] - mean_even) * (even[i] - mean_even);
+      var_odd += (odd[i] - mean_odd) * (odd[i] - mean_odd);
+    }
+    const double r = var_even > 0 && var_odd > 0 ? cov / std::sqrt(var_even * var_odd) : 0.0;
+    std::vector<double> sorted = all_sms;
+    std::sort(sorted.begin(), sorted.end());
+    // The slowest multiprocessors by id, to look for a pattern (a GPC's SMs).
+    std::vector<std::pair<double, int>> slowest;
+    for (size_t i = 0; i < all_sms.size(); ++i) slowest.emplace_back(all_sms[i], sm_ids[i]);
+    std::sort(slowest.rbegin(), slowest.rend());
+    std::string ids;
+    for (size_t i = 0; i < std::min<size_t>(12, slowest.size()); ++i) {
+      absl::StrAppend(&ids, i == 0 ? "" : " ", slowest[i].second);
+    }
+    sm_text = absl::StrFormat(
+        "; keys done per SM (median over launches) %.2f/%.2f/%.2f us "
+        "(fastest/median/slowest SM), odd vs even launches r = %.2f, SMs with one CTA %.2f "
+        "(%d SMs), two %.2f (%d SMs), slowest SMs %s",
+        sorted.front(), sorted[sorted.size() / 2], sorted.back(), r, median(by_ctas[1]),
+        static_cast<int>(by_ctas[1].size()), median(by_ctas[2]),
+        static_cast<int>(by_ctas[2].size()), ids);
+  }
   const double merge = median(merges);  // 0: no CTA merged
   const std::string merge_text = merge > 0 ? absl::StrFormat("; merge %.2f us", merge) : "";
   std::printf(
       "  (trace %s: %lld CTAs in %d split slices, %d launches from graphs; us after the "
-      "first CTA's start, earliest/median/latest CTA: %s%s)\n",
+      "first CTA's start, earliest/median/latest CTA: %s%s%s)\n",
       shape_name.c_str(), static_cast<long long>(count), ws.max_splits, bench.trace_launches(),
-      line.c_str(), merge_text.c_str());
+      line.c_str(), merge_text.c_str(), sm_text.c_str());
 }
 
 // One layer of decode attention (one query row a sequence) for `batch` sequences of
