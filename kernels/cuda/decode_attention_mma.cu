@@ -304,7 +304,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // against 0.258-0.264. At 32 x 4k and 64 x 4k the one-CTA shapes were 2-5% slower and 6
 // warps within 1%. (Sixteen launches back to back in a graph, 8 warps at one CTA per SM
 // read 0.519-0.522 at 1 x 4k against 0.479-0.484: an attention call that is a few
-// microseconds of a batch-1 step whose weights take milliseconds.)
+// microseconds of a batch-1 step whose weights take milliseconds. Measured again later, each
+// at its best split count, 16 launches back to back in a graph, two rounds in one run: 8 warps
+// at one CTA per SM 0.417 at 1 x 4k, 0.849 at 1 x 32k, 0.829-0.833 at 8 x 4k; three stages at
+// two 0.393, 0.827, 0.844; this shape 0.430-0.433, 0.846-0.851, 0.864-0.866.)
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
