@@ -49,15 +49,15 @@
 // `min_split_granules` granules, and more than 16 only where they average 512 keys or more
 // (the merge reads 16 a round trip); DecodeMaxSplits sizes them so that the grid fills one wave
 // of resident CTAs (at batch 1 a 4k context makes 16 splits per KV head of 256 keys, a 32k
-// one 32 of 1024; 32 sequences x 8 KV heads, none). Where the batch leaves room in one merge
-// batch (DecodeTailSplits: 8 x 4k, 16 x 16k, 4 x 128k) the grid has as many tail slices again,
-// which contexts of 8192 keys a main split or more use: the main splits end an eighth of a
-// main split short, and a second wave of splits that long covers the rest, taken by the
-// multiprocessors that finish first (H200, gpu_bench sweep, three rounds of 16 launches back to
-// back in a graph, the same process alternating: 16 x 16k 1.021-1.027 of copy against
-// 1.007-1.012, 4 x 128k 1.030-1.032 against 1.023-1.025; 8 x 4k, whose splits are too short to
-// use them, 0.861-0.865 against 0.858-0.864; idle tails at batch 1, 1 x 4k: 0.376-0.394 against
-// 0.412-0.415, so batches with more than 8 splits get none).
+// one 32 of 1024; 32 sequences x 8 KV heads, none). Where the batch leaves room in one merge batch
+// (DecodeTailSplits: 8 x 4k, 16 x 16k, 4 x 128k) the grid has up to as many tail slices again, 16
+// slices in all at most, which contexts of 8192 keys a main split or more use: the main splits end
+// an eighth of a main split short, and a second wave of splits that long covers the rest, taken by
+// the multiprocessors that finish first (H200, gpu_bench sweep, three rounds of 16 launches back to
+// back in a graph, the same process alternating: 16 x 16k 1.021-1.027 of copy against 1.007-1.012,
+// 4 x 128k 1.030-1.032 against 1.023-1.025; 8 x 4k, whose splits are too short to use them,
+// 0.861-0.865 against 0.858-0.864; idle tails at batch 1, 1 x 4k: 0.376-0.394 against 0.412-0.415,
+// so batches with more than 8 splits get none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
@@ -148,7 +148,7 @@ struct DecodeWorkspace {
   // leave the tails enough); other contexts leave the tail slices idle. The split slices are the
   // grid's slowest dimension, so every main split's CTA is dispatched before any tail's, and
   // the tails go to the multiprocessors whose main splits end first. In [0, max_splits);
-  // tail_divisor >= 1.
+  // tail_divisor >= 1, tail_min_keys >= 0 (the launch refuses others).
   int32_t tail_splits = 0;
   int32_t tail_divisor = 8;
   int32_t tail_min_keys = 8192;
