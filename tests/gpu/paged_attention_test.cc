@@ -674,6 +674,16 @@ PagedAttentionParams RefusedParams(void** chunk_table) {
   return p;
 }
 
+// RefusedParams shaped for the decode kernels' entry points: head_dim 128, a group of
+// 4 query heads, KV in `dtype`.
+PagedAttentionParams RefusedDecodeParams(void** chunk_table, DType dtype) {
+  PagedAttentionParams p = RefusedParams(chunk_table);
+  p.cache.head_dim = 128;
+  p.cache.dtype = dtype;
+  p.num_q_heads = 4;
+  return p;
+}
+
 TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
   void* chunk_table = nullptr;
   PagedAttentionParams p = RefusedParams(&chunk_table);
@@ -706,10 +716,7 @@ TEST_F(PagedAttentionLimitsTest, UnsupportedHeadDimAndBlockSizeAreRejected) {
 // other is refused before anything runs.
 TEST_F(PagedAttentionLimitsTest, TracedLaunchesOnlyOnTheTmaKernel) {
   void* chunk_table = nullptr;
-  PagedAttentionParams p = RefusedParams(&chunk_table);
-  p.cache.head_dim = 128;
-  p.cache.dtype = DType::kF32;
-  p.num_q_heads = 4;
+  PagedAttentionParams p = RefusedDecodeParams(&chunk_table, DType::kF32);
   cuda::DecodeTraceRecord record;
   cuda::DecodeWorkspace ws;
   ws.trace = &record;
@@ -731,10 +738,7 @@ TEST_F(PagedAttentionLimitsTest, TracedLaunchesOnlyOnTheTmaKernel) {
 // other workspace is refused before anything runs, by both entry points.
 TEST_F(PagedAttentionLimitsTest, RefusesTailSplitsWithoutRoom) {
   void* chunk_table = nullptr;
-  PagedAttentionParams p = RefusedParams(&chunk_table);
-  p.cache.head_dim = 128;
-  p.cache.dtype = DType::kBF16;
-  p.num_q_heads = 4;
+  const PagedAttentionParams p = RefusedDecodeParams(&chunk_table, DType::kBF16);
   int32_t arrivals = 0;
   float partials = 0.0f;
   const auto bad = [&](int max_splits, int tail_splits, int divisor, int min_keys) {
