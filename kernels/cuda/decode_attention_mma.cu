@@ -307,7 +307,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // microseconds of a batch-1 step whose weights take milliseconds. Measured again later, each
 // at its best split count, 16 launches back to back in a graph, two rounds in one run: 8 warps
 // at one CTA per SM 0.417 at 1 x 4k, 0.849 at 1 x 32k, 0.829-0.833 at 8 x 4k; three stages at
-// two 0.393, 0.827, 0.844; this shape 0.430-0.433, 0.846-0.851, 0.864-0.866.)
+// two 0.393, 0.827, 0.844; this shape 0.430-0.433, 0.846-0.851, 0.864-0.866. Nor did room
+// for a third CTA an SM (launch bounds of three: 166 registers, no spills), meant to let the
+// next launch's CTAs read their metadata and block table while this one's last CTAs merge:
+// back to back, three rounds, 8 x 4k 0.763-0.767 against 0.862-0.866, 64 x 4k 0.921-0.922
+// against 1.014-1.017, 16 x 16k 0.961-0.965 against 1.008-1.014; per call 64 x 4k 0.89-0.90
+// against 0.99, its 512 CTAs now in one and a third waves.)
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
