@@ -53,9 +53,10 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
 
 // Eight consecutive fp32 inputs rounded to bf16 (nearest even), packed in k order. Read
 // through the non-coherent path only after WaitForPrecedingGrid, which makes the writes of
-// the kernel before (that produced the input) visible to this grid. Plain coherent loads
-// measured far slower (H200, gpu_bench gemv, m = 1 from a graph: qkv 0.60 against 0.77 of
-// copy bandwidth, gate_up 0.83 against 0.96).
+// the kernel before (that produced the input) visible to this grid, also where an SM's L1
+// held the old rows (gpu_test's PdlVisibilityTest checks that on the GPU it runs on). Plain
+// coherent loads measured far slower (H200, gpu_bench gemv, m = 1 from a graph: qkv 0.60
+// against 0.77 of copy bandwidth, gate_up 0.83 against 0.96).
 __device__ __forceinline__ uint4 LoadInputChunk(const float* p) {
   const float4 lo = __ldg(reinterpret_cast<const float4*>(p));
   const float4 hi = __ldg(reinterpret_cast<const float4*>(p) + 1);

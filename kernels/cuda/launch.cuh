@@ -10,12 +10,14 @@
 //   - every CTA calls WaitForPrecedingGrid() before it exits (also one with nothing to do, so
 //     that the kernel never completes before the one it follows) and before its first access
 //     to global memory that a kernel may write; that returns once the preceding kernel has
-//     completed and its writes are visible (at once when the kernel was launched without the
-//     attribute, or after a non-kernel operation). Before it, a kernel may read only what no
-//     kernel writes while ops are in flight: model weights (the skinny Matmul's first loads,
-//     RmsNorm's weight; CudaBackend's UploadWeights and FillRandom return once their writes
-//     are done; not Embedding's table, which may be an activation) and a batch's block
-//     tables, sequence metadata and the KV chunk table (decode attention; written by copies);
+//     completed and its writes are visible, to non-coherent loads too (at once when the kernel
+//     was launched without the attribute, or after a non-kernel operation; gpu_test's
+//     PdlVisibilityTest checks the visibility on the GPU it runs on). Before it, a kernel may
+//     read only what no kernel writes while ops are in flight: model weights (the skinny
+//     Matmul's first loads, RmsNorm's weight; CudaBackend's UploadWeights and FillRandom
+//     return once their writes are done; not Embedding's table, which may be an activation)
+//     and a batch's block tables, sequence metadata and the KV chunk table (decode attention;
+//     written by copies);
 //   - it may call AllowDependentLaunch() to let the next kernel start early (otherwise that
 //     happens as its CTAs exit): the next kernel's CTAs launch once every CTA of this one has
 //     called it or exited, so this kernel's own CTAs have all been launched by then and never
