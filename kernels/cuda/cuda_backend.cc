@@ -396,18 +396,26 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   // What is left to do to the input before a product reads it.
   MatmulParams input = p;
   const int64_t input_count = int64_t{p.m} * p.k;
-  // Decode batches: the prologue's kernel writes fp32 rows, which the skinny kernel rounds
-  // to bf16 as it loads them. (The prologue computed inside the skinny kernel, as it loads
-  // the input, measured slower: H200, kvd_e2e_bench 1 x 512 uncaptured, its matmuls 5.92 ms
-  // a step against 4.37 for the two kernels; the prologue's loads want registers that the
-  // weight loads in flight hold.)
+  // Decode batches: the prologue's kernel writes bf16 rows, which the skinny kernel reads as
+  // they are (or cuBLAS, where the skinny kernel cannot). (The prologue computed inside the
+  // skinny kernel, as it loads the input, measured slower: H200, kvd_e2e_bench 1 x 512
+  // uncaptured, its matmuls 5.92 ms a step against 4.37 for the two kernels; the prologue's
+  // loads want registers that the weight loads in flight hold. Against fp32 rows that the
+  // skinny kernel rounds as it loads them, H200, kvd_e2e_bench graphs on, three rounds
+  // alternating builds: 8 x 1k 4.465-4.472 ms a step against 4.679-4.714; 1 x 512 4.130-4.147
+  // against 4.113-4.136 and 1 x 4k 4.273-4.277 against 4.262-4.289, within the rounds.)
   if (p.m <= cuda::kMaxSkinnyRows && p.prologue != MatmulPrologue::kNone) {
-    KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 4, kOp));
-    float* rows = static_cast<float*>(prologue_rows_.data);
-    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows, /*bf16=*/false), "Matmul: prologue");
-    input.in = rows;
-    input.in_stride = p.k;
-    input.prologue = MatmulPrologue::kNone;
+    KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 2, kOp));
+    void* rows = prologue_rows_.data;
+    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: prologue");
+    if (cuda::SkinnyGemmSupportsBf16Input(p.out, rows, p.weight, p.m, p.n, p.k)) {
+      OpTimer timer(this, "Matmul skinny");
+      return CudaStatus(cuda::LaunchSkinnyGemmBf16Input(p.out, rows, p.weight, p.m, p.n, p.k,
+                                                        p.accumulate, stream_),
+                        "Matmul: skinny gemm");
+    }
+    OpTimer timer(this, "Matmul cublas");
+    return gemm_->Run(p.out, rows, p.weight, p.m, p.n, p.k, p.accumulate);
   }
   const bool dense = input.in_stride == 0 || input.in_stride == p.k;
   if (p.m <= cuda::kMaxSkinnyRows && dense &&
@@ -420,26 +428,23 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   OpTimer timer(this, "Matmul cublas");
   // cuBLAS reads the input in bf16: the prologue's kernel (or a plain conversion) writes it.
   KVD_RETURN_IF_ERROR(Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp));
-  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(input, matmul_input_.data, /*bf16=*/true),
-                           "Matmul: input to bf16");
+  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(input, matmul_input_.data), "Matmul: input to bf16");
   return gemm_->Run(p.out, matmul_input_.data, p.weight, p.m, p.n, p.k, p.accumulate);
 }
 
-cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, void* out, bool bf16) {
+cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, void* out) {
   const int64_t in_stride = p.in_stride == 0 ? p.k : p.in_stride;
   switch (p.prologue) {
     case MatmulPrologue::kNone:
-      return bf16 ? cuda::LaunchF32ToBf16Rows(out, p.in, p.m, p.k, in_stride, stream_)
-                  : cudaErrorInvalidValue;  // nothing to do: the caller reads `in`
+      return cuda::LaunchF32ToBf16Rows(out, p.in, p.m, p.k, in_stride, stream_);
     case MatmulPrologue::kRmsNorm: {
-      const RmsNormParams norm = MatmulPrologueRmsNorm(p, static_cast<float*>(out));
-      return bf16 ? cuda::LaunchRmsNormToBf16(norm, in_stride, out, stream_)
-                  : cuda::LaunchRmsNorm(norm, in_stride, stream_);
+      // The params' fp32 `out` is not written: the bf16 rows go to `out` here.
+      const RmsNormParams norm = MatmulPrologueRmsNorm(p, nullptr);
+      return cuda::LaunchRmsNormToBf16(norm, in_stride, out, stream_);
     }
     case MatmulPrologue::kSiluMul: {
-      const SiluMulParams silu = MatmulPrologueSiluMul(p, static_cast<float*>(out));
-      return bf16 ? cuda::LaunchSiluMulToBf16(silu, out, stream_)
-                  : cuda::LaunchSiluMul(silu, stream_);
+      const SiluMulParams silu = MatmulPrologueSiluMul(p, nullptr);
+      return cuda::LaunchSiluMulToBf16(silu, out, stream_);
     }
   }
   return cudaErrorInvalidValue;

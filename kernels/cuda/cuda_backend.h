@@ -128,9 +128,8 @@ class CudaBackend final : public Backend {
   // Unimplemented without launching anything.
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
-  // REQUIRES: weight_dtype is kBF16. Up to kMaxSkinnyRows rows the prologue's kernel writes
-  // fp32 rows for the skinny kernel (gemv_kernels.h); past them it writes the input in bf16
-  // for cuBLAS.
+  // REQUIRES: weight_dtype is kBF16. The prologue's kernel writes the input rows in bf16, for
+  // the skinny kernel up to kMaxSkinnyRows rows (gemv_kernels.h) and for cuBLAS past them.
   absl::Status Matmul(const MatmulParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status SiluMul(const SiluMulParams& p) override;
@@ -207,9 +206,8 @@ class CudaBackend final : public Backend {
   // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
   absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
-  // Enqueues p's prologue into `out`: [m][k] bf16 (`bf16`; kNone then converts `in`) or fp32
-  // (kNone: cudaErrorInvalidValue, there is nothing to do).
-  cudaError_t LaunchPrologue(const MatmulParams& p, void* out, bool bf16);
+  // Enqueues p's prologue into `out`, [m][k] bf16 (kNone: `in` converted).
+  cudaError_t LaunchPrologue(const MatmulParams& p, void* out);
   // An event for OpTimer (reused from spare_events_), or null if none can be made.
   cudaEvent_t TakeEvent();
 
@@ -227,7 +225,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   std::unique_ptr<BlasGemm> gemm_;
   Scratch matmul_input_;     // Matmul's input in bf16 for cuBLAS (its prologue's rows)
-  Scratch prologue_rows_;    // a decode batch's Matmul prologue rows, fp32
+  Scratch prologue_rows_;    // a decode batch's Matmul prologue rows, bf16
   Scratch attention_;        // decode split partials and the prefill tile plan
   Scratch decode_arrivals_;  // decode merge counters, kept zero between launches
   bool capturing_ = false;

@@ -64,14 +64,26 @@ __device__ __forceinline__ uint4 LoadInputChunk(const float* p) {
                PackBf16x2(hi.z, hi.w)};
 }
 
+// Eight consecutive bf16 inputs as they lie in memory (element 0 in the low half of .x), the
+// packing above. Through the non-coherent path after WaitForPrecedingGrid, as above, in
+// volatile asm: the compiler may take __ldg's data for invariant and hoist such a load above
+// the wait, which volatile asm (the wait is volatile asm too) keeps it from.
+__device__ __forceinline__ uint4 LoadInputChunk(const __nv_bfloat16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // One CTA: weight rows [blockIdx.x * 16 * kTiles, +16 * kTiles) against all m input rows.
 // An iteration covers kWarps * kSteps consecutive steps; warp w takes steps
 // base + w * kSteps + u (u < kSteps), so each warp reads contiguous runs of 64 * kSteps
 // bytes (256 or 128) of each of its rows, what the L2 prefetch hint fetches at once.
 // kMinCtas CTAs an SM (the register budget), kLoads loads a lane in flight.
-template <int kTiles, int kMinCtas, int kLoads>
+template <int kTiles, int kMinCtas, int kLoads, typename In>
 __global__ void __launch_bounds__(kThreads, kMinCtas)
-    SkinnyGemmKernel(float* __restrict__ out, const float* __restrict__ in,
+    SkinnyGemmKernel(float* __restrict__ out, const In* __restrict__ in,
                      const uint4* __restrict__ weight, int m, int n, int k, bool accumulate) {
   constexpr int kSteps = kLoads / (2 * kTiles);
   constexpr int kStepsPerIteration = kSteps * kWarps;
@@ -96,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     }
   }
   const bool input_valid = g < m;
-  const float* input_row = in + int64_t{input_valid ? g : 0} * k;
+  const In* input_row = in + int64_t{input_valid ? g : 0} * k;
 
   // acc[i]: the m16n8 product tile i (see tensor_core.cuh for the fragment layout).
   float acc[kTiles][4] = {};
@@ -172,17 +184,18 @@ bool AlignedTo(const void* p, uintptr_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
 
-template <int kTiles, int kMinCtas = 2, int kLoads = kLoadsPerLane>
-cudaError_t Launch(float* out, const float* in, const void* weight, int m, int n, int k,
+template <int kTiles, int kMinCtas = 2, int kLoads = kLoadsPerLane, typename In>
+cudaError_t Launch(float* out, const In* in, const void* weight, int m, int n, int k,
                    bool accumulate, cudaStream_t stream) {
   constexpr int kRowsPerCta = 16 * kTiles;
   const int ctas = (n + kRowsPerCta - 1) / kRowsPerCta;
-  return LaunchDependent(SkinnyGemmKernel<kTiles, kMinCtas, kLoads>, ctas, kThreads, 0, stream, out,
-                         in, static_cast<const uint4*>(weight), m, n, k, accumulate);
+  return LaunchDependent(SkinnyGemmKernel<kTiles, kMinCtas, kLoads, In>, ctas, kThreads, 0, stream,
+                         out, in, static_cast<const uint4*>(weight), m, n, k, accumulate);
 }
 
-cudaError_t LaunchShape(SkinnyGemmShape shape, float* out, const float* in, const void* weight,
-                        int m, int n, int k, bool accumulate, cudaStream_t stream) {
+template <typename In>
+cudaError_t LaunchShape(SkinnyGemmShape shape, float* out, const In* in, const void* weight, int m,
+                        int n, int k, bool accumulate, cudaStream_t stream) {
   switch (shape) {
     case SkinnyGemmShape::kOneTile:
       return Launch<1>(out, in, weight, m, n, k, accumulate, stream);
@@ -222,6 +235,26 @@ cudaError_t LaunchSkinnyGemmShape(SkinnyGemmShape shape, float* out, const float
                                   cudaStream_t stream) {
   if (!SkinnyGemmSupports(out, in, weight, m, n, k)) return cudaErrorInvalidValue;
   return LaunchShape(shape, out, in, weight, m, n, k, accumulate, stream);
+}
+
+bool SkinnyGemmSupportsBf16Input(const float* out, const void* in, const void* weight, int m, int n,
+                                 int k) {
+  // The same conditions: 16-byte aligned rows of k % 8 == 0 bf16 are whole 16-byte vectors.
+  return SkinnyGemmSupports(out, static_cast<const float*>(in), weight, m, n, k);
+}
+
+cudaError_t LaunchSkinnyGemmBf16Input(float* out, const void* in, const void* weight, int m, int n,
+                                      int k, bool accumulate, cudaStream_t stream) {
+  return LaunchSkinnyGemmShapeBf16Input(ChooseSkinnyGemmShape(m, n), out, in, weight, m, n, k,
+                                        accumulate, stream);
+}
+
+cudaError_t LaunchSkinnyGemmShapeBf16Input(SkinnyGemmShape shape, float* out, const void* in,
+                                           const void* weight, int m, int n, int k, bool accumulate,
+                                           cudaStream_t stream) {
+  if (!SkinnyGemmSupportsBf16Input(out, in, weight, m, n, k)) return cudaErrorInvalidValue;
+  return LaunchShape(shape, out, static_cast<const __nv_bfloat16*>(in), weight, m, n, k, accumulate,
+                     stream);
 }
 
 }  // namespace kvd::cuda

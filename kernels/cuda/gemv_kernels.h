@@ -65,6 +65,18 @@ cudaError_t LaunchSkinnyGemmShape(SkinnyGemmShape shape, float* out, const float
                                   const void* weight, int m, int n, int k, bool accumulate,
                                   cudaStream_t stream);
 
+// The same product with the input rows already in bf16 (`in`: __nv_bfloat16 [m][k], as a
+// Matmul prologue writes them), read as they are: half the input bytes, no rounding. The
+// same conditions (SkinnyGemmSupports with `in` in place of the fp32 rows), shapes and
+// summation order, so out equals LaunchSkinnyGemm's on the fp32 rows those bf16 ones round.
+bool SkinnyGemmSupportsBf16Input(const float* out, const void* in, const void* weight, int m, int n,
+                                 int k);
+cudaError_t LaunchSkinnyGemmBf16Input(float* out, const void* in, const void* weight, int m, int n,
+                                      int k, bool accumulate, cudaStream_t stream);
+cudaError_t LaunchSkinnyGemmShapeBf16Input(SkinnyGemmShape shape, float* out, const void* in,
+                                           const void* weight, int m, int n, int k, bool accumulate,
+                                           cudaStream_t stream);
+
 }  // namespace kvd::cuda
 
 #endif  // KVD_KERNELS_CUDA_GEMV_KERNELS_H_

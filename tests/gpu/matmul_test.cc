@@ -87,9 +87,9 @@ TEST_F(MatmulTest, OddShapesTakeAFallbackAndStayCorrect) {
 }
 
 // A Matmul with a prologue against the CPU backend's (which runs RmsNorm or SiluMul into a
-// buffer, then the product, all in fp32). Up to 8 rows the prologue's kernel writes fp32
-// rows for the skinny kernel; past them (or where the skinny kernel cannot run) it writes
-// the bf16 input for cuBLAS.
+// buffer, then the product, all in fp32). The prologue's kernel writes bf16 rows, which the
+// skinny kernel reads up to 8 rows and cuBLAS past them (or where the skinny kernel cannot
+// run).
 struct PrologueCase {
   int m, n, k;
   MatmulPrologue prologue;

@@ -276,6 +276,70 @@ TEST_F(SkinnyGemmTest, EveryLaunchShapeMatchesTheReference) {
   }
 }
 
+// Input rows given in bf16 (a Matmul prologue's, LaunchSkinnyGemmShapeBf16Input) give the bits
+// that the fp32 rows they round give: the same products summed in the same order, in every
+// launch shape, accumulating or not.
+TEST_F(SkinnyGemmTest, Bf16InputRowsGiveTheBitsOfTheirFp32Rows) {
+  using cuda::SkinnyGemmShape;
+  for (const GemvShape& s :
+       {GemvShape{17, 264}, GemvShape{100, 1000}, GemvShape{8200, 40}, GemvShape{4096, 14336}}) {
+    SCOPED_TRACE(testing::Message() << "n " << s.n << " k " << s.k);
+    DeviceBuffer weight = Weight(s, WeightFill(s, 17));
+    const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, s.n + 13 * s.k);
+    DeviceBuffer x_dev = Upload(gpu(), x);
+    DeviceBuffer x_bf16 = OrDie(gpu().Allocate(x.size() * 2), "Allocate");
+    ASSERT_EQ(
+        cuda::LaunchF32ToBf16(x_bf16.data(), x_dev.as<float>(), int64_t(x.size()), gpu().stream()),
+        cudaSuccess);
+    const std::vector<float> residual =
+        RandomFloats(size_t(kMaxSkinnyRows) * s.n, s.n + 9, -4.0f, 4.0f);
+    ASSERT_TRUE(cuda::SkinnyGemmSupportsBf16Input(nullptr, nullptr, nullptr, 1, s.n, s.k));
+    for (const SkinnyGemmShape shape :
+         {SkinnyGemmShape::kOneTile, SkinnyGemmShape::kOneTileThreeCtas, SkinnyGemmShape::kTwoTiles,
+          SkinnyGemmShape::kFourTiles}) {
+      for (const int m : {1, 3, kMaxSkinnyRows}) {
+        for (const bool accumulate : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "shape " << static_cast<int>(shape) << " m " << m
+                                          << (accumulate ? " accumulate" : ""));
+          DeviceBuffer from_f32 = Output(m, s.n, accumulate, residual);
+          DeviceBuffer from_bf16 = Output(m, s.n, accumulate, residual);
+          ASSERT_EQ(
+              cuda::LaunchSkinnyGemmShape(shape, from_f32.as<float>(), x_dev.as<float>(),
+                                          weight.data(), m, s.n, s.k, accumulate, gpu().stream()),
+              cudaSuccess);
+          ASSERT_EQ(cuda::LaunchSkinnyGemmShapeBf16Input(shape, from_bf16.as<float>(),
+                                                         x_bf16.data(), weight.data(), m, s.n, s.k,
+                                                         accumulate, gpu().stream()),
+                    cudaSuccess);
+          const size_t bytes = size_t(kMaxSkinnyRows + 1) * s.n * 4;
+          EXPECT_TRUE(DownloadBytes(gpu(), from_f32.data(), bytes) ==
+                      DownloadBytes(gpu(), from_bf16.data(), bytes));
+        }
+      }
+    }
+  }
+  // The chosen shape, as the backend launches it.
+  const GemvShape s{6144, 4096};
+  DeviceBuffer weight = Weight(s, WeightFill(s, 19));
+  const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, 23);
+  DeviceBuffer x_dev = Upload(gpu(), x);
+  DeviceBuffer x_bf16 = OrDie(gpu().Allocate(x.size() * 2), "Allocate");
+  ASSERT_EQ(
+      cuda::LaunchF32ToBf16(x_bf16.data(), x_dev.as<float>(), int64_t(x.size()), gpu().stream()),
+      cudaSuccess);
+  DeviceBuffer from_f32 = Output(2, s.n, false, {});
+  DeviceBuffer from_bf16 = Output(2, s.n, false, {});
+  ASSERT_EQ(LaunchSkinnyGemm(from_f32.as<float>(), x_dev.as<float>(), weight.data(), 2, s.n, s.k,
+                             false, gpu().stream()),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSkinnyGemmBf16Input(from_bf16.as<float>(), x_bf16.data(), weight.data(), 2,
+                                            s.n, s.k, false, gpu().stream()),
+            cudaSuccess);
+  const size_t bytes = size_t(kMaxSkinnyRows + 1) * s.n * 4;
+  EXPECT_TRUE(DownloadBytes(gpu(), from_f32.data(), bytes) ==
+              DownloadBytes(gpu(), from_bf16.data(), bytes));
+}
+
 // With an identity weight, out[r][j] is exactly bf16(x[r][j]): checks the rounding (nearest,
 // ties to even, both signs) and that every output lands in its own (row, column).
 TEST_F(SkinnyGemmTest, IdentityWeightGivesTheInputRoundedToNearestEven) {
