@@ -933,11 +933,16 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
     }
     sm_text = absl::StrFormat(
         "; keys done per SM (median over launches) %.2f/%.2f/%.2f us "
-        "(fastest/median/slowest SM), odd vs even launches r = %.2f, SMs with one CTA %.2f "
-        "(%d SMs), two %.2f (%d SMs), slowest SMs %s",
-        sorted.front(), sorted[sorted.size() / 2], sorted.back(), r, median(by_ctas[1]),
-        static_cast<int>(by_ctas[1].size()), median(by_ctas[2]),
-        static_cast<int>(by_ctas[2].size()), ids);
+        "(fastest/median/slowest SM), odd vs even launches r = %.2f",
+        sorted.front(), sorted[sorted.size() / 2], sorted.back(), r);
+    for (const int ctas : {1, 2}) {  // multi-wave grids run more a multiprocessor: none
+      if (by_ctas[ctas].empty()) continue;
+      absl::StrAppend(
+          &sm_text, absl::StrFormat(", SMs with %s CTA%s %.2f (%d SMs)", ctas == 1 ? "one" : "two",
+                                    ctas == 1 ? "" : "s", median(by_ctas[ctas]),
+                                    static_cast<int>(by_ctas[ctas].size())));
+    }
+    absl::StrAppend(&sm_text, ", slowest SMs ", ids);
   }
   const double merge = median(merges);  // 0: no CTA merged
   const std::string merge_text = merge > 0 ? absl::StrFormat("; merge %.2f us", merge) : "";
