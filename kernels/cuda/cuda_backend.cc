@@ -401,9 +401,10 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   // skinny kernel, as it loads the input, measured slower: H200, kvd_e2e_bench 1 x 512
   // uncaptured, its matmuls 5.92 ms a step against 4.37 for the two kernels; the prologue's
   // loads want registers that the weight loads in flight hold. Against fp32 rows that the
-  // skinny kernel rounds as it loads them, H200, kvd_e2e_bench graphs on, three rounds
-  // alternating builds: 8 x 1k 4.465-4.472 ms a step against 4.679-4.714; 1 x 512 4.130-4.147
-  // against 4.113-4.136 and 1 x 4k 4.273-4.277 against 4.262-4.289, within the rounds.)
+  // skinny kernel rounds as it loads them, both read through the non-coherent path, H200,
+  // kvd_e2e_bench graphs on, three rounds alternating builds: 8 x 1k 4.465-4.472 ms a step
+  // against 4.679-4.714; 1 x 512 4.130-4.147 against 4.113-4.136, 1 x 4k 4.273-4.277 against
+  // 4.262-4.289. The plain loads that replaced that path cost 1.4-2.2%: gemv_kernels.cu.)
   if (p.m <= cuda::kMaxSkinnyRows && p.prologue != MatmulPrologue::kNone) {
     KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 2, kOp));
     void* rows = prologue_rows_.data;

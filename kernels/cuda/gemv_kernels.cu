@@ -51,30 +51,41 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   return v;
 }
 
-// Eight consecutive fp32 inputs rounded to bf16 (nearest even), packed in k order. Read
-// through the non-coherent path only after WaitForPrecedingGrid, which makes the writes of
-// the kernel before (that produced the input) visible to this grid, also where an SM's L1
-// held the old rows (gpu_test's PdlVisibilityTest checks that on the GPU it runs on). Plain
-// coherent loads measured far slower (H200, gpu_bench gemv, m = 1 from a graph: qkv 0.60
-// against 0.77 of copy bandwidth, gate_up 0.83 against 0.96).
+// 16 bytes of input rows, written by the kernel before: a plain (weak) load after
+// WaitForPrecedingGrid, which the memory model makes see that kernel's writes. Not the
+// non-coherent path (ld.global.nc, __ldg): its data must stay unwritten for the reading
+// kernel's lifetime, and a programmatic dependent's begins before the kernel before it ends.
+// Measured on an H200: with the fp32 rows read through it as volatile asm (every load after
+// the wait in the SASS), gpu_engine_test's DecodeGraphTest failed (replayed decode steps differ
+// from uncaptured ones), while every skinny GEMM test and PdlVisibilityTest's simpler chain
+// passed; read through __ldg, or bf16 rows through volatile asm, it passed. The plain loads
+// pass every test and cost the engine 1.4-2.2% a step against the non-coherent bf16 rows
+// (kvd_e2e_bench graphs on, two rounds alternating builds: 1 x 512 4.231-4.247 ms against
+// 4.169-4.193, 8 x 1k 4.636-4.652 against 4.536-4.545); gpu_bench gemv's rows alone, the
+// same. (Once, plain coherent loads of the fp32 rows measured far slower, qkv 0.60 against
+// 0.77 of copy at m = 1; not so now: 0.91 with either.)
+__device__ __forceinline__ uint4 LoadInput16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Eight consecutive fp32 inputs rounded to bf16 (nearest even), packed in k order.
 __device__ __forceinline__ uint4 LoadInputChunk(const float* p) {
-  const float4 lo = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 hi = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  return uint4{PackBf16x2(lo.x, lo.y), PackBf16x2(lo.z, lo.w), PackBf16x2(hi.x, hi.y),
-               PackBf16x2(hi.z, hi.w)};
+  const uint4 lo = LoadInput16(p);
+  const uint4 hi = LoadInput16(p + 4);
+  return uint4{PackBf16x2(__uint_as_float(lo.x), __uint_as_float(lo.y)),
+               PackBf16x2(__uint_as_float(lo.z), __uint_as_float(lo.w)),
+               PackBf16x2(__uint_as_float(hi.x), __uint_as_float(hi.y)),
+               PackBf16x2(__uint_as_float(hi.z), __uint_as_float(hi.w))};
 }
 
 // Eight consecutive bf16 inputs as they lie in memory (element 0 in the low half of .x), the
-// packing above. Through the non-coherent path after WaitForPrecedingGrid, as above, in
-// volatile asm: the compiler may take __ldg's data for invariant and hoist such a load above
-// the wait, which volatile asm (the wait is volatile asm too) keeps it from.
-__device__ __forceinline__ uint4 LoadInputChunk(const __nv_bfloat16* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// packing above.
+__device__ __forceinline__ uint4 LoadInputChunk(const __nv_bfloat16* p) { return LoadInput16(p); }
 
 // One CTA: weight rows [blockIdx.x * 16 * kTiles, +16 * kTiles) against all m input rows.
 // An iteration covers kWarps * kSteps consecutive steps; warp w takes steps

@@ -10,9 +10,12 @@
 //   - every CTA calls WaitForPrecedingGrid() before it exits (also one with nothing to do, so
 //     that the kernel never completes before the one it follows) and before its first access
 //     to global memory that a kernel may write; that returns once the preceding kernel has
-//     completed and its writes are visible, to non-coherent loads too (at once when the kernel
-//     was launched without the attribute, or after a non-kernel operation; gpu_test's
-//     PdlVisibilityTest checks the visibility on the GPU it runs on). Before it, a kernel may
+//     completed and its writes are visible to plain loads (at once when the kernel was
+//     launched without the attribute, or after a non-kernel operation; gpu_test's
+//     PdlVisibilityTest checks it on the GPU it runs on). Not to the non-coherent path
+//     (ld.global.nc, __ldg), whose data must stay unwritten for the whole life of the kernel
+//     reading it, which here begins before the kernel before ends (gemv_kernels.cu has the
+//     failure it caused). Before it, a kernel may
 //     read only what no kernel writes while ops are in flight: model weights (the skinny
 //     Matmul's first loads, RmsNorm's weight; CudaBackend's UploadWeights and FillRandom
 //     return once their writes are done; not Embedding's table, which may be an activation)

@@ -1,10 +1,11 @@
 // launch.cuh's contract, checked on the GPU the test runs on: a kernel launched as a
 // programmatic dependent sees, once WaitForPrecedingGrid returns, what the kernel before it
-// wrote, whichever way it loads it, even where every multiprocessor's L1 held the old contents
-// (read there by the kernel before the writer, as a skinny GEMM read the rows that the next
-// RmsNorm overwrites). The skinny GEMM reads its input rows through the non-coherent path on
-// the strength of this. A control reads before the wait and must see old words, so that the
-// probe is shown able to catch a stale read.
+// wrote, even where every multiprocessor's L1 held the old contents (read there by the kernel
+// before the writer, as a skinny GEMM reads the rows that the next RmsNorm overwrites), with
+// plain loads (what the kernels use) and L2-only ones. The non-coherent path passes this
+// chain on an H200 too, but outside the contract: in the engine it did not (gemv_kernels.cu),
+// so its rows here only record what this chain does. A control reads before the wait and must
+// see old words, so that the probe is shown able to catch a stale read.
 
 #include <cuda_runtime_api.h>
 
