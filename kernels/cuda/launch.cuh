@@ -15,12 +15,11 @@
 //     PdlVisibilityTest checks it on the GPU it runs on). Not to the non-coherent path
 //     (ld.global.nc, __ldg), whose data must stay unwritten for the whole life of the kernel
 //     reading it, which here begins before the kernel before ends (gemv_kernels.cu has the
-//     failure it caused). Before it, a kernel may
-//     read only what no kernel writes while ops are in flight: model weights (the skinny
-//     Matmul's first loads, RmsNorm's weight; CudaBackend's UploadWeights and FillRandom
-//     return once their writes are done; not Embedding's table, which may be an activation)
-//     and a batch's block tables, sequence metadata and the KV chunk table (decode attention;
-//     written by copies);
+//     failure it caused). Before the wait, a kernel may read only what no kernel writes while
+//     ops are in flight: model weights (the skinny Matmul's first loads, RmsNorm's weight;
+//     CudaBackend's UploadWeights and FillRandom return once their writes are done; not
+//     Embedding's table, which may be an activation) and a batch's block tables, sequence
+//     metadata and the KV chunk table (decode attention; written by copies);
 //   - it may call AllowDependentLaunch() to let the next kernel start early (otherwise that
 //     happens as its CTAs exit): the next kernel's CTAs launch once every CTA of this one has
 //     called it or exited, so this kernel's own CTAs have all been launched by then and never
