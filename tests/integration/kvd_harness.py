@@ -264,6 +264,8 @@ class Process:
                 return m
 
     def stderr_text(self):
+        if self._stderr.closed:  # close() ran: the file is gone with the case
+            return "(not kept: the case closed it)"
         self._stderr.flush()
         with open(self.stderr_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
@@ -273,13 +275,17 @@ class Process:
             self.title, "\n".join(self.lines), self.title, self.stderr_text())
 
     def wait(self, timeout_s=EXIT_TIMEOUT_S):
-        """The exit code; kills the process and fails if it does not exit in time."""
+        """The exit code, once `lines` holds every stdout line (the reader thread may still be
+        taking the last ones from the pipe when the process has exited); kills the process and
+        fails if it does not exit in time."""
         try:
-            return self.proc.wait(timeout=timeout_s)
+            code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError("%s did not exit within %.0fs\n%s" %
                                  (self.title, timeout_s, self.output()))
+        self._reader.join(timeout=EXIT_TIMEOUT_S)
+        return code
 
     def kill(self):
         if self.proc.poll() is None:
