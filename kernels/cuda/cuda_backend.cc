@@ -159,7 +159,6 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   gemm_.reset();
   cudaFree(matmul_input_.data);
-  cudaFree(prologue_rows_.data);
   cudaFree(attention_.data);
   cudaFree(decode_arrivals_.data);
   for (void* data : frees_after_capture_) cudaFree(data);
@@ -393,44 +392,41 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
     return Unsupported(kOp, "norm dtype", p.norm_dtype);
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
-  // What is left to do to the input before a product reads it.
-  MatmulParams input = p;
   const int64_t input_count = int64_t{p.m} * p.k;
-  // Decode batches: the prologue's kernel writes bf16 rows, which the skinny kernel reads as
-  // they are (or cuBLAS, where the skinny kernel cannot). (The prologue computed inside the
-  // skinny kernel, as it loads the input, measured slower: H200, kvd_e2e_bench 1 x 512
-  // uncaptured, its matmuls 5.92 ms a step against 4.37 for the two kernels; the prologue's
-  // loads want registers that the weight loads in flight hold. Against fp32 rows that the
-  // skinny kernel rounds as it loads them, both read through the non-coherent path, H200,
-  // kvd_e2e_bench graphs on, three rounds alternating builds: 8 x 1k 4.465-4.472 ms a step
-  // against 4.679-4.714; 1 x 512 4.130-4.147 against 4.113-4.136, 1 x 4k 4.273-4.277 against
-  // 4.262-4.289. The plain loads that replaced that path cost 1.4-2.2%: gemv_kernels.cu.)
-  if (p.m <= cuda::kMaxSkinnyRows && p.prologue != MatmulPrologue::kNone) {
-    KVD_RETURN_IF_ERROR(Grow(prologue_rows_, static_cast<size_t>(input_count) * 2, kOp));
-    void* rows = prologue_rows_.data;
-    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: prologue");
-    if (cuda::SkinnyGemmSupportsBf16Input(p.out, rows, p.weight, p.m, p.n, p.k)) {
-      OpTimer timer(this, "Matmul skinny");
-      return CudaStatus(cuda::LaunchSkinnyGemmBf16Input(p.out, rows, p.weight, p.m, p.n, p.k,
-                                                        p.accumulate, stream_),
-                        "Matmul: skinny gemm");
-    }
-    OpTimer timer(this, "Matmul cublas");
-    return gemm_->Run(p.out, rows, p.weight, p.m, p.n, p.k, p.accumulate);
-  }
-  const bool dense = input.in_stride == 0 || input.in_stride == p.k;
-  if (p.m <= cuda::kMaxSkinnyRows && dense &&
-      cuda::SkinnyGemmSupports(p.out, input.in, p.weight, p.m, p.n, p.k)) {
+  const bool skinny = p.m <= cuda::kMaxSkinnyRows;
+  // Decode batches without a prologue: the skinny kernel reads the fp32 rows, rounding them to
+  // bf16 as it loads them (strided rows go to cuBLAS).
+  const bool dense = p.in_stride == 0 || p.in_stride == p.k;
+  if (skinny && p.prologue == MatmulPrologue::kNone && dense &&
+      cuda::SkinnyGemmSupports(p.out, p.in, p.weight, p.m, p.n, p.k)) {
     OpTimer timer(this, "Matmul skinny");
     return CudaStatus(
-        cuda::LaunchSkinnyGemm(p.out, input.in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
+        cuda::LaunchSkinnyGemm(p.out, p.in, p.weight, p.m, p.n, p.k, p.accumulate, stream_),
         "Matmul: skinny gemm");
   }
-  OpTimer timer(this, "Matmul cublas");
-  // cuBLAS reads the input in bf16: the prologue's kernel (or a plain conversion) writes it.
+  // Every other product reads bf16 rows, which the prologue's kernel (or a plain conversion)
+  // writes: the skinny kernel for decode batches with a prologue, cuBLAS past them or where the
+  // skinny kernel cannot. (The prologue computed inside the skinny kernel, as it loads the
+  // input, measured slower: H200, kvd_e2e_bench 1 x 512 uncaptured, its matmuls 5.92 ms a step
+  // against 4.37 for the two kernels; the prologue's loads want registers that the weight loads
+  // in flight hold. The prologue's bf16 rows against fp32 ones that the skinny kernel rounds as
+  // it loads them, both read through the non-coherent path, H200, kvd_e2e_bench graphs on,
+  // three rounds alternating builds: 8 x 1k 4.465-4.472 ms a step against 4.679-4.714; 1 x 512
+  // 4.130-4.147 against 4.113-4.136, 1 x 4k 4.273-4.277 against 4.262-4.289. The plain loads
+  // that replaced that path cost 1.4-2.2%: gemv_kernels.cu.)
   KVD_RETURN_IF_ERROR(Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp));
-  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(input, matmul_input_.data), "Matmul: input to bf16");
-  return gemm_->Run(p.out, matmul_input_.data, p.weight, p.m, p.n, p.k, p.accumulate);
+  void* rows = matmul_input_.data;
+  if (skinny && p.prologue != MatmulPrologue::kNone &&
+      cuda::SkinnyGemmSupportsBf16Input(p.out, rows, p.weight, p.m, p.n, p.k)) {
+    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: prologue");
+    OpTimer timer(this, "Matmul skinny");
+    return CudaStatus(cuda::LaunchSkinnyGemmBf16Input(p.out, rows, p.weight, p.m, p.n, p.k,
+                                                      p.accumulate, stream_),
+                      "Matmul: skinny gemm");
+  }
+  OpTimer timer(this, "Matmul cublas");
+  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: input to bf16");
+  return gemm_->Run(p.out, rows, p.weight, p.m, p.n, p.k, p.accumulate);
 }
 
 cudaError_t CudaBackend::LaunchPrologue(const MatmulParams& p, void* out) {

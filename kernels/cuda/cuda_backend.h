@@ -224,8 +224,7 @@ class CudaBackend final : public Backend {
   const bool hopper_prefill_;  // cuda::HopperPrefillSupported() for this device
   cudaStream_t stream_;
   std::unique_ptr<BlasGemm> gemm_;
-  Scratch matmul_input_;     // Matmul's input in bf16 for cuBLAS (its prologue's rows)
-  Scratch prologue_rows_;    // a decode batch's Matmul prologue rows, bf16
+  Scratch matmul_input_;     // Matmul's input in bf16 (its prologue's rows)
   Scratch attention_;        // decode split partials and the prefill tile plan
   Scratch decode_arrivals_;  // decode merge counters, kept zero between launches
   bool capturing_ = false;
