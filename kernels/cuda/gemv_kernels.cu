@@ -63,7 +63,11 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
 // (kvd_e2e_bench graphs on, two rounds alternating builds: 1 x 512 4.231-4.247 ms against
 // 4.169-4.193, 8 x 1k 4.636-4.652 against 4.536-4.545); gpu_bench gemv's rows alone, the
 // same. (Once, plain coherent loads of the fp32 rows measured far slower, qkv 0.60 against
-// 0.77 of copy at m = 1; not so now: 0.91 with either.)
+// 0.77 of copy at m = 1; not so now: 0.91 with either.) The other coherent loads were slower
+// still (kvd_e2e_bench graphs on, three rounds alternating builds): ld.global.cg, 8 x 1k
+// 4.798-4.810 ms against 4.587-4.611 (1 x 512 the same); a C++ load the compiler schedules
+// (`in` without __restrict__, so that it stays off the non-coherent path), 1 x 512
+// 4.265-4.278 ms against 4.204-4.227 (8 x 1k the same).
 __device__ __forceinline__ uint4 LoadInput16(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
