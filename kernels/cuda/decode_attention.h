@@ -57,7 +57,7 @@
 // back in a graph, the same process alternating: 16 x 16k 1.021-1.027 of copy against 1.007-1.012,
 // 4 x 128k 1.030-1.032 against 1.023-1.025; 8 x 4k, whose splits are too short to use them,
 // 0.861-0.865 against 0.858-0.864; idle tails at batch 1, 1 x 4k: 0.376-0.394 against 0.412-0.415,
-// so batches with more than 8 splits get none).
+// so batches of 16 main splits or more, a merge batch already, get none).
 // Each split writes its normalized partial output and log-sum-exp to the workspace and
 // counts itself in `arrivals`; the last split of a (sequence, head group) to finish merges
 // them all into `out` in the same kernel (no second launch). A sequence with one split
@@ -105,7 +105,7 @@
 //
 // Supported: head_dim 64 or 128, KV dtype f32 or bf16, block_size a power of two, K/V region
 // offsets, block_bytes and chunk bases multiples of 16 bytes (the kernel copies 16-byte
-// vectors). The caller checks these.
+// vectors), contexts below 2^30 keys (PlanSplits). The caller checks these.
 
 #include <cuda_runtime_api.h>
 

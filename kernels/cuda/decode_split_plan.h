@@ -38,7 +38,9 @@ struct SplitPlan {
   KVD_SPLIT_PLAN_FN int Len(int split) const { return split < main_splits ? main_len : tail_len; }
 };
 
-KVD_SPLIT_PLAN_FN int SplitCeilDiv(int a, int b) { return (a + b - 1) / b; }
+// ceil(a / b) for a >= 0, b >= 1, in one division and without the overflow of
+// (a + b - 1) / b near INT_MAX.
+KVD_SPLIT_PLAN_FN int SplitCeilDiv(int a, int b) { return a == 0 ? 0 : (a - 1) / b + 1; }
 KVD_SPLIT_PLAN_FN int SplitMax(int a, int b) { return a > b ? a : b; }
 KVD_SPLIT_PLAN_FN int SplitMin(int a, int b) { return a < b ? a : b; }
 
@@ -50,6 +52,8 @@ KVD_SPLIT_PLAN_FN int SplitMin(int a, int b) { return a < b ? a : b; }
 // that would average tail_min_keys keys or more, up to max_splits - tail_splits main splits
 // are followed by up to tail_splits tails of ceil(main / tail_divisor) granules, the mains
 // the shortest that leave the tails enough.
+// REQUIRES: 0 <= kv_len < 2^30 (so that no split's end passes INT_MAX), max_splits >= 1,
+// granule >= 1, tail_divisor >= 1.
 KVD_SPLIT_PLAN_FN SplitPlan PlanSplits(int kv_len, int max_splits, int granule, int min_granules,
                                        int tail_splits = 0, int tail_divisor = 1,
                                        int tail_min_keys = 0) {

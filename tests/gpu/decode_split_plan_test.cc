@@ -117,6 +117,16 @@ TEST(DecodeSplitPlanTest, LargeDivisorsAndContextsDoNotOverflow) {
   ExpectValidCut(plan, kv_len, 16, 64, 8);
 }
 
+TEST(DecodeSplitPlanTest, DivisorsNearIntMaxGiveOneGranuleTails) {
+  // ceil(main / divisor) once overflowed to a tail of 0 or fewer keys.
+  for (const int kv_len : {300, 4100, 65537, 1 << 29}) {
+    SCOPED_TRACE(kv_len);
+    const SplitPlan plan = PlanSplits(kv_len, 16, 64, 1, 8, 0x7fffffff, 0);
+    EXPECT_EQ(plan.tail_len, 64);
+    ExpectValidCut(plan, kv_len, 16, 64, 8);
+  }
+}
+
 TEST(DecodeSplitPlanTest, ContextsTheMainsCoverTakeNoTail) {
   // 300 keys, 5 granules, over 2 mains with 2 tails: mains of 3 granules cover them.
   const SplitPlan plan = PlanSplits(300, 4, 64, 1, 2, 8, 0);

@@ -617,7 +617,8 @@ std::vector<AttentionCase> Cases() {
   }
   // Contexts cut into main and tail splits (DecodeWorkspace::tail_splits): tails half, a
   // quarter and an eighth of a main split, fewer and more than the mains, on CUDA cores and
-  // TMA boxes; the short contexts need no tail, 1029 and 4100 keys some or all of them.
+  // TMA boxes; with the tail minimum at 0 a context takes tails whenever its granules outnumber
+  // the mains (1 and 17 keys never, 300 in some cases, 1029 and 4100 keys some or all of them).
   struct Tails {
     int splits, tails, divisor;
   };

@@ -3,8 +3,9 @@
 
 // Kernels that probe what launch.cuh's contract relies on: that a kernel launched as a
 // programmatic dependent (LaunchDependent) sees, after WaitForPrecedingGrid, the writes of the
-// kernel before it, also through loads that may hit a stale L1 line: the non-coherent path
-// (ld.global.nc, as the skinny GEMM reads its input rows) and plain loads. Test-only.
+// kernel before it, also through loads that may hit a stale L1 line: plain loads (what the
+// kernels read activations with) and the non-coherent path (ld.global.nc, which the skinny GEMM
+// read its input rows with until gemv_kernels.cu found it outside the contract). Test-only.
 
 #include <cuda_runtime_api.h>
 
@@ -16,8 +17,9 @@ namespace kvd::gpu_test {
 enum class ProbeLoad { kNonCoherent, kPlain, kL2Only };
 
 // Every CTA of a `ctas`-CTA grid reads all `words` 32-bit words at `buf` (a multiple of 4,
-// 16-byte aligned) with `load`, so that each multiprocessor's L1 may hold every line; writes
-// `*sink` only if the xor of what it read is 0x9e3779b9 (never for a buffer of equal words).
+// 16-byte aligned) with `load`, so that each multiprocessor's L1 may hold every line. `*sink`
+// is a use of what it read (written only if its xor is 0x9e3779b9, which a buffer of equal
+// words never gives); nothing checks it.
 // A programmatic dependent of the work before it: waits for it, then lets the next kernel
 // launch, before reading (as the backend's kernels do).
 cudaError_t LaunchProbeRead(const uint32_t* buf, int words, ProbeLoad load, int ctas,

@@ -2,10 +2,11 @@
 // programmatic dependent sees, once WaitForPrecedingGrid returns, what the kernel before it
 // wrote, even where every multiprocessor's L1 held the old contents (read there by the kernel
 // before the writer, as a skinny GEMM reads the rows that the next RmsNorm overwrites), with
-// plain loads (what the kernels use) and L2-only ones. The non-coherent path passes this
-// chain on an H200 too, but outside the contract: in the engine it did not (gemv_kernels.cu),
-// so its rows here only record what this chain does. A control reads before the wait and must
-// see old words, so that the probe is shown able to catch a stale read.
+// plain loads (what the kernels use) and L2-only ones. The non-coherent path is outside the
+// contract (in the engine it returned stale rows, gemv_kernels.cu): it runs the same chain, but
+// its count of stale words is only reported (the test's "stale_words_nc" property), never
+// checked. A control reads before the writer has written and must count old words, so that the
+// counting is shown to work; that a stale line cached in L1 would be counted is not shown.
 
 #include <cuda_runtime_api.h>
 
@@ -83,14 +84,17 @@ TEST_F(PdlVisibilityTest, DependentsSeeTheWritesBeforeThemThroughEveryLoad) {
       ASSERT_TRUE(gpu().Synchronize().ok());
       std::vector<uint32_t> got(2);
       std::memcpy(got.data(), DownloadBytes(gpu(), counters.data(), 8).data(), 8);
-      EXPECT_EQ(got[0], 0u) << "words read stale after the wait";
-      EXPECT_EQ(got[1], 0u) << "sink written: a read buffer was not of equal words";
+      if (load == ProbeLoad::kNonCoherent) {
+        RecordProperty(graph ? "stale_words_nc_graph" : "stale_words_nc", std::to_string(got[0]));
+      } else {
+        EXPECT_EQ(got[0], 0u) << "words read stale after the wait";
+      }
     }
   }
 }
 
 // The control: the same checker reading before its wait, while the writer sleeps 20 us before
-// writing, sees the old words; so the probe can tell a stale read from a fresh one.
+// writing, counts the old words; so the count tells old words from new ones.
 TEST_F(PdlVisibilityTest, ReadingBeforeTheWaitSeesTheOldWords) {
   const int ctas = 2 * gpu().num_sms();
   DeviceBuffer buf = Upload(gpu(), std::vector<uint32_t>(kWords, 0));
