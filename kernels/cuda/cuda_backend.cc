@@ -414,18 +414,18 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   // three rounds alternating builds: 8 x 1k 4.465-4.472 ms a step against 4.679-4.714; 1 x 512
   // 4.130-4.147 against 4.113-4.136, 1 x 4k 4.273-4.277 against 4.262-4.289. The plain loads
   // that replaced that path cost 1.4-2.2%: gemv_kernels.cu.)
+  // Each timer covers the prologue's kernel too.
   KVD_RETURN_IF_ERROR(Grow(matmul_input_, static_cast<size_t>(input_count) * 2, kOp));
   void* rows = matmul_input_.data;
-  if (skinny && p.prologue != MatmulPrologue::kNone &&
-      cuda::SkinnyGemmSupportsBf16Input(p.out, rows, p.weight, p.m, p.n, p.k)) {
-    KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: prologue");
-    OpTimer timer(this, "Matmul skinny");
+  const bool skinny_rows = skinny && p.prologue != MatmulPrologue::kNone &&
+                           cuda::SkinnyGemmSupportsBf16Input(p.out, rows, p.weight, p.m, p.n, p.k);
+  OpTimer timer(this, skinny_rows ? "Matmul skinny" : "Matmul cublas");
+  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: input rows to bf16");
+  if (skinny_rows) {
     return CudaStatus(cuda::LaunchSkinnyGemmBf16Input(p.out, rows, p.weight, p.m, p.n, p.k,
                                                       p.accumulate, stream_),
                       "Matmul: skinny gemm");
   }
-  OpTimer timer(this, "Matmul cublas");
-  KVD_RETURN_IF_CUDA_ERROR(LaunchPrologue(p, rows), "Matmul: input to bf16");
   return gemm_->Run(p.out, rows, p.weight, p.m, p.n, p.k, p.accumulate);
 }
 

@@ -165,6 +165,15 @@ class SkinnyGemmTest : public GpuVsCpuTest {
     return Upload(gpu(), init);
   }
 
+  // The `count` fp32 values at x rounded to bf16 (nearest even), in a new buffer.
+  DeviceBuffer Bf16Copy(const DeviceBuffer& x, size_t count) {
+    DeviceBuffer out = OrDie(gpu().Allocate(count * 2), "Allocate");
+    const cudaError_t err =
+        cuda::LaunchF32ToBf16(out.data(), x.as<float>(), int64_t(count), gpu().stream());
+    EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+    return out;
+  }
+
   // The fill of a bf16 [n][k] weight from stream `seed` (the host recomputes its values).
   static RandomFill WeightFill(const GemvShape& s, uint64_t seed) {
     return RandomFill{RandomFillKey(seed, uint64_t(s.n) * 100003 + s.k), 1.0f, 0.0f};
@@ -287,10 +296,7 @@ TEST_F(SkinnyGemmTest, Bf16InputRowsGiveTheBitsOfTheirFp32Rows) {
     DeviceBuffer weight = Weight(s, WeightFill(s, 17));
     const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, s.n + 13 * s.k);
     DeviceBuffer x_dev = Upload(gpu(), x);
-    DeviceBuffer x_bf16 = OrDie(gpu().Allocate(x.size() * 2), "Allocate");
-    ASSERT_EQ(
-        cuda::LaunchF32ToBf16(x_bf16.data(), x_dev.as<float>(), int64_t(x.size()), gpu().stream()),
-        cudaSuccess);
+    DeviceBuffer x_bf16 = Bf16Copy(x_dev, x.size());
     const std::vector<float> residual =
         RandomFloats(size_t(kMaxSkinnyRows) * s.n, s.n + 9, -4.0f, 4.0f);
     ASSERT_TRUE(cuda::SkinnyGemmSupportsBf16Input(nullptr, nullptr, nullptr, 1, s.n, s.k));
@@ -323,10 +329,7 @@ TEST_F(SkinnyGemmTest, Bf16InputRowsGiveTheBitsOfTheirFp32Rows) {
   DeviceBuffer weight = Weight(s, WeightFill(s, 19));
   const std::vector<float> x = RandomFloats(size_t(kMaxSkinnyRows) * s.k, 23);
   DeviceBuffer x_dev = Upload(gpu(), x);
-  DeviceBuffer x_bf16 = OrDie(gpu().Allocate(x.size() * 2), "Allocate");
-  ASSERT_EQ(
-      cuda::LaunchF32ToBf16(x_bf16.data(), x_dev.as<float>(), int64_t(x.size()), gpu().stream()),
-      cudaSuccess);
+  DeviceBuffer x_bf16 = Bf16Copy(x_dev, x.size());
   DeviceBuffer from_f32 = Output(2, s.n, false, {});
   DeviceBuffer from_bf16 = Output(2, s.n, false, {});
   ASSERT_EQ(LaunchSkinnyGemm(from_f32.as<float>(), x_dev.as<float>(), weight.data(), 2, s.n, s.k,
