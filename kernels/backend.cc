@@ -200,6 +200,7 @@ absl::Status ValidatePagedAttentionArgs(const PagedAttentionParams& p) {
                    ": each must be >= num_q_heads * head_dim = ", row);
   }
   if (p.max_q_len < 0) return invalid("max_q_len is ", p.max_q_len, ", not >= 0");
+  if (p.max_kv_len < 0) return invalid("max_kv_len is ", p.max_kv_len, ", not >= 0");
   return absl::OkStatus();
 }
 

@@ -144,9 +144,10 @@ absl::Status ValidateSiluMul(const SiluMulParams& p);
 // The backend-neutral checks of a PagedAttention with sequences, after the backend's own
 // checks of num_seqs and of the cache view: out, q, q_indptr and the block table's indptr,
 // indices and last_block_len given, num_q_heads a positive multiple of cache.num_kv_heads,
-// q_stride and out_stride at least num_q_heads * head_dim, max_q_len not negative.
-// InvalidArgument naming "PagedAttention" and the field otherwise. The arrays' contents are
-// each backend's to check where it can read them (the CUDA backend's are in device memory).
+// q_stride and out_stride at least num_q_heads * head_dim, max_q_len and max_kv_len not
+// negative. InvalidArgument naming "PagedAttention" and the field otherwise. The arrays'
+// contents are each backend's to check where it can read them (the CUDA backend's are in
+// device memory).
 absl::Status ValidatePagedAttentionArgs(const PagedAttentionParams& p);
 
 // The backend-neutral checks of a CopyBlocks with pairs: num_pairs not negative, chunks, src

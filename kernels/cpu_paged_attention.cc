@@ -87,6 +87,10 @@ absl::Status Validate(const PagedAttentionParams& p) {
       return Invalid(absl::StrCat("sequence ", s, " has q_len ", q_len, " > kv_len ",
                                   KvLen(b, p.cache.block_size, s), " with causal"));
     }
+    if (p.max_kv_len > 0 && KvLen(b, p.cache.block_size, s) > p.max_kv_len) {
+      return Invalid(absl::StrCat("sequence ", s, " has kv_len ", KvLen(b, p.cache.block_size, s),
+                                  " > max_kv_len ", p.max_kv_len, " (the batch's promise)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -198,6 +198,12 @@ struct PagedAttentionParams {
   // of prefill rows over a bf16 cache from it and the rest of the batch's shape (see
   // "Batch invariance" in kernels/cuda/cuda_backend.h); the CPU backend ignores it.
   int32_t max_q_len = 0;
+  // A promise about the batch, known on the host: no sequence with query rows has more than
+  // max_kv_len keys (0 = no promise). The CUDA backend launches only the decode split slices
+  // contexts that long use (DecodeLaunchSlices in kernels/cuda/decode_attention.h), with the
+  // same results; a batch that broke it would still be computed in full there, its longer
+  // contexts in fewer splits. The CPU backend refuses a batch that breaks it.
+  int32_t max_kv_len = 0;
 };
 
 // Copies whole blocks (every layer, K and V) src[i] -> dst[i], for defragmentation and

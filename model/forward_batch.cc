@@ -1,5 +1,6 @@
 #include "model/forward_batch.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,18 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
     }
   }
   return absl::OkStatus();
+}
+
+int32_t ForwardBatch::MaxKvLen(int32_t block_size) const {
+  int32_t longest = 0;
+  for (int32_t s = 0; s < num_seqs(); ++s) {
+    if (q_indptr[s + 1] == q_indptr[s]) continue;
+    // As Validate computes it: the position of the sequence's last new token, plus one.
+    const int32_t kv_len =
+        (kv_indptr[s + 1] - kv_indptr[s] - 1) * block_size + kv_last_block_len[s];
+    longest = std::max(longest, kv_len);
+  }
+  return longest;
 }
 
 }  // namespace kvd

@@ -34,6 +34,11 @@ struct ForwardBatch {
                    absl::Span<const int32_t> blocks, int32_t block_size, bool want_logits);
 
   absl::Status Validate(int32_t vocab_size, int32_t block_size) const;
+
+  // The most keys (its new tokens included) of a sequence with new tokens, for blocks of
+  // block_size tokens: PagedAttentionParams::max_kv_len. 0 when no sequence has new tokens.
+  // REQUIRES: Validate(..., block_size) passed.
+  int32_t MaxKvLen(int32_t block_size) const;
 };
 
 }  // namespace kvd

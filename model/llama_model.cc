@@ -305,6 +305,7 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
   for (int32_t i = 0; i < batch.num_seqs(); ++i) {
     d.max_q_len = std::max(d.max_q_len, batch.q_indptr[i + 1] - batch.q_indptr[i]);
   }
+  d.max_kv_len = batch.MaxKvLen(layers[0].block_size);
   d.num_logit_rows = rows;
   KVD_RETURN_IF_ERROR(Enqueue(d, layers));
   return logits_.as<const float>();
@@ -402,7 +403,8 @@ absl::Status LlamaModel::Enqueue(const DeviceBatch& b, absl::Span<const KvCacheV
                                   .out_stride = q_dim,
                                   .sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim)),
                                   .causal = true,
-                                  .max_q_len = b.max_q_len}));
+                                  .max_q_len = b.max_q_len,
+                                  .max_kv_len = b.max_kv_len}));
     // Residual adds ride on the output projections (accumulate into x).
     KVD_RETURN_IF_ERROR(backend_->Matmul({.out = x,
                                           .in = attn,

@@ -2,8 +2,10 @@
 #define KVD_MODEL_LLAMA_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -106,12 +108,14 @@ class LlamaModel {
 
   // Runs pure-decode batches (one new token per sequence, logits for every row in order)
   // of up to `max_batch_size` sequences as recorded graphs, one per batch-size bucket (1, 2,
-  // 4, ... up to max_batch_size rounded up to a power of two). A batch is padded to its
-  // bucket with dummy rows (token 0 at position 0, kNoSlot so no K/V is written, attention
-  // over one key of the first sequence's first block; their logits are computed and
-  // ignored); its metadata goes to device buffers at fixed addresses, and the bucket's
-  // graph is replayed when the KV views, the model's and the backend's scratch are those
-  // it was recorded with. Otherwise the padded batch runs once uncaptured (this step's
+  // 4, ... up to max_batch_size rounded up to a power of two) and context class (the longest
+  // context rounded up to a power of two of at least 256 keys, which the graph promises its
+  // attention as PagedAttentionParams::max_kv_len). A batch is padded to its bucket with
+  // dummy rows (token 0 at position 0, kNoSlot so no K/V is written, attention over one key
+  // of the first sequence's first block; their logits are computed and ignored); its
+  // metadata goes to device buffers at fixed addresses, and the graph of its bucket and
+  // class is replayed when the KV views, the model's and the backend's scratch are those it
+  // was recorded with. Otherwise the padded batch runs once uncaptured (this step's
   // result; it also sizes every scratch buffer) and is recorded for the next steps. Other
   // batches run uncaptured. Logits equal the uncaptured path's bit for bit when a batch
   // fills its bucket, and up to the GEMM's algorithm choice for the padded row count
@@ -134,7 +138,8 @@ class LlamaModel {
     const int32_t *kv_indptr = nullptr, *kv_indices = nullptr, *kv_last = nullptr;
     const int32_t* logit_rows = nullptr;
     int32_t num_tokens = 0, num_seqs = 0, num_logit_rows = 0;
-    int32_t max_q_len = 0;  // most new tokens of one sequence (0 = unknown)
+    int32_t max_q_len = 0;   // most new tokens of one sequence (0 = unknown)
+    int32_t max_kv_len = 0;  // most keys of a sequence with new tokens (0 = unknown)
   };
   // A recorded decode step for one bucket and what it was recorded against.
   struct BucketGraph {
@@ -174,10 +179,11 @@ class LlamaModel {
   size_t batch_ints_capacity_ = 0;
   uint64_t scratch_epoch_ = 0;  // bumped whenever a scratch activation buffer moves
 
-  // Decode graphs (SetDecodeGraphs); graphs_[i] serves buckets of 1 << i sequences.
+  // Decode graphs (SetDecodeGraphs); graphs_[{i, j}] serves buckets of 1 << i sequences whose
+  // longest context is at most 1 << j keys (the graph's context class).
   std::unique_ptr<OpGraphRecorder> recorder_;
   int32_t max_bucket_ = 0;
-  std::vector<BucketGraph> graphs_;
+  std::map<std::pair<int32_t, int32_t>, BucketGraph> graphs_;
   DeviceBuffer graph_batch_;          // fixed-address metadata of a padded decode batch
   int32_t graph_block_capacity_ = 0;  // kv_indices slots in graph_batch_
   DecodeGraphStats graph_stats_;

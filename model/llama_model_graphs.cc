@@ -54,6 +54,20 @@ int32_t BucketFor(int32_t n) {
   return bucket;
 }
 
+// log2 of BucketFor(n).
+int32_t BucketIndex(int32_t n) {
+  int32_t index = 0;
+  while ((int32_t{1} << index) < n) ++index;
+  return index;
+}
+
+// A graph promises its attention the longest context of its class: the smallest power of two,
+// at least kMinKvClass keys, that holds the batch's longest context. Classes a power of two
+// apart keep the graphs recorded as contexts grow to a few (a batch whose longest context
+// grows from 1 to 32k keys records 8); and the CUDA backend launches no more attention work
+// for a class than for its longest context (PagedAttentionParams::max_kv_len).
+constexpr int32_t kMinKvClass = 256;
+
 }  // namespace
 
 void LlamaModel::SetDecodeGraphs(std::unique_ptr<OpGraphRecorder> recorder,
@@ -131,11 +145,13 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
   d.logit_rows = base + at.logit_rows;
   d.num_tokens = d.num_seqs = d.num_logit_rows = bucket;
   d.max_q_len = 1;  // pure decode
+  // The padding rows' single key is no longer than any real context. Past 2^30 keys (no
+  // int32 power of two above), class 31 and no promise.
+  const int32_t longest = std::max(batch.MaxKvLen(layers[0].block_size), kMinKvClass);
+  const int32_t kv_class = longest <= (int32_t{1} << 30) ? BucketIndex(longest) : 31;
+  d.max_kv_len = kv_class < 31 ? int32_t{1} << kv_class : 0;
 
-  int32_t index = 0;
-  while ((int32_t{1} << index) < bucket) ++index;
-  if (static_cast<int32_t>(graphs_.size()) <= index) graphs_.resize(index + 1);
-  BucketGraph& g = graphs_[index];
+  BucketGraph& g = graphs_[{BucketIndex(bucket), kv_class}];
   if (g.graph != nullptr && g.backend_epoch == recorder_->epoch() &&
       g.model_epoch == scratch_epoch_ && SameViews(g.views, layers)) {
     KVD_RETURN_IF_ERROR(g.graph->Launch());

@@ -523,9 +523,8 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   // Workspace: [tile_indptr (num_seqs + 1 ints)] [partial lse] [partial out], 256-aligned.
   const int num_seqs = p.blocks.num_seqs;
   const int group = p.num_q_heads / c.num_kv_heads;
-  const int main_splits = cuda::DecodeMaxSplits(num_seqs, c.num_kv_heads, group, num_sms_);
-  const int tail_splits = cuda::DecodeTailSplits(main_splits);
-  const int max_splits = main_splits + tail_splits;
+  const cuda::DecodeSlices slices = cuda::DecodeLaunchSlices(p, num_sms_);
+  const int max_splits = slices.max_splits;
   const size_t indptr_bytes = AlignUp(sizeof(int32_t) * (num_seqs + 1), 256);
   const size_t lse_bytes =
       AlignUp(sizeof(float) * cuda::DecodePartialLseSize(num_seqs, max_splits, p.num_q_heads), 256);
@@ -536,7 +535,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   char* base = static_cast<char*>(attention_.data);
   cuda::DecodeWorkspace ws;
   ws.max_splits = max_splits;
-  ws.tail_splits = tail_splits;
+  ws.tail_splits = slices.tail_splits;
   if (max_splits > 1) {
     ws.partial_lse = reinterpret_cast<float*>(base + indptr_bytes);
     ws.partial_out = reinterpret_cast<float*>(base + indptr_bytes + lse_bytes);

@@ -50,8 +50,9 @@ int CudaDeviceCount();
 // batch on the host, so a sequence's rows may differ, within the stated precision but not
 // bit for bit, between batches (and devices):
 //   - decode rows (one query row): a sequence's KV is cut into at most DecodeMaxSplits
-//     ranges, a count from the batch's num_seqs and head counts (one wave of CTAs), merged
-//     in fp32; the split count changes the order of the sums, not the precision;
+//     ranges, a count from the batch's num_seqs and head counts (one wave of CTAs; the
+//     max_kv_len promise only leaves out slices no context uses), merged in fp32; the split
+//     count changes the order of the sums, not the precision;
 //   - prefill rows over a bf16 cache: on Hopper with head_dim 128, always the kBf16 kernels
 //     (Q and P rounded to bf16, errors ~1e-3), whatever the batch; elsewhere kSplit
 //     (~1e-6 of fp32 math) when the batch's num_seqs * num_kv_heads * ceil(max_q_len *

@@ -33,6 +33,31 @@ int DecodeTailSplits(int main_splits) {
   return std::max(0, std::min(main_splits, decode::kMergeBatch - main_splits));
 }
 
+DecodeSlices DecodeLaunchSlices(const PagedAttentionParams& p, int num_sms) {
+  const int group = p.cache.num_kv_heads > 0 ? p.num_q_heads / p.cache.num_kv_heads : 0;
+  const int main_splits = DecodeMaxSplits(p.blocks.num_seqs, p.cache.num_kv_heads, group, num_sms);
+  const int tail_splits = DecodeTailSplits(main_splits);
+  const DecodeSlices full{main_splits + tail_splits, tail_splits};
+  const int granule = p.cache.dtype == DType::kBF16
+                          ? DecodeMmaSplitGranule(p.cache.head_dim)
+                          : DecodeSimtSplitGranule(p.cache.dtype, p.cache.head_dim, group);
+  if (p.max_kv_len <= 0 || p.max_kv_len >= decode::kMaxPlannedKeys || granule <= 0) return full;
+  const DecodeWorkspace defaults;
+  const decode::SplitPlan plan =
+      decode::PlanSplits(p.max_kv_len, full.max_splits, granule, defaults.min_split_granules,
+                         tail_splits, defaults.tail_divisor, defaults.tail_min_keys);
+  if (plan.num_splits > plan.main_splits) return full;
+  // The longest context's wanted main splits, not its plan's count (which can be fewer than a
+  // shorter context's): every context as long or shorter wants as many or fewer, so
+  // PlanSplits cuts it as in the full grid. Nor does a shorter one take tails where the
+  // longest does not: below the cap on main splits a split averages at most 544 keys or one
+  // granule, under tail_min_keys (8192), and at the cap its keys grow with the context. So
+  // the promise changes which slices are launched, not any context's cut.
+  return {decode::WantedMainSplits(p.max_kv_len, full.max_splits, granule,
+                                   defaults.min_split_granules, tail_splits),
+          0};
+}
+
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {
   return int64_t{num_seqs} * num_kv_heads * decode::MergeSubgroups(group_size);
 }

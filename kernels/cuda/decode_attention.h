@@ -183,6 +183,25 @@ int DecodeMaxSplits(int num_seqs, int num_kv_heads, int group_size, int num_sms)
 // a single main one.
 int DecodeTailSplits(int main_splits);
 
+// The split slices to launch a batch like `p` with (DecodeWorkspace::max_splits and
+// tail_splits) on `num_sms` multiprocessors: DecodeMaxSplits' main slices and
+// DecodeTailSplits' tails; or, where p.max_kv_len promises the longest context and that
+// context's plan (PlanSplits, at the granule of the kernel LaunchDecodeAttention runs) takes no
+// tail, only the main slices it wants (WantedMainSplits) and no tail slices. Every context of
+// the batch is cut as in the full grid (a batch that broke the promise would have its longer
+// contexts cut into fewer, longer splits), but slices no context uses are not launched: such
+// a slice still costs a CTA for each (sequence, head subgroup). On an H200 (three rounds
+// alternating with a build that launched every slice, in one run): gpu_bench decode at 8 x 4k
+// (4 slices of 8) read 0.723-0.730 of copy per call against 0.706-0.710 (from graphs, within
+// the rounds' spread); at 1 x 4k (16 of 32) 0.432 back to back in a graph against 0.427-0.429
+// (per call and from a one-launch graph within the spread); kvd_e2e_bench's 8 x 1k step with
+// graphs took 4.571-4.601 ms against 4.614-4.642, its batch-1 steps the same.
+struct DecodeSlices {
+  int max_splits;
+  int tail_splits;
+};
+DecodeSlices DecodeLaunchSlices(const PagedAttentionParams& p, int num_sms);
+
 // Elements of DecodeWorkspace::arrivals a call with these sizes needs.
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size);
 

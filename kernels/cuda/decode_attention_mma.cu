@@ -327,6 +327,19 @@ cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, 
 
 }  // namespace
 
+int DecodeMmaSplitGranule(int head_dim) {
+  static_assert(MmaDecodeShape<128, TmaConfig>::kSplitGranule ==
+                MmaDecodeShape<128, DefaultConfig>::kSplitGranule);
+  switch (head_dim) {
+    case 64:
+      return MmaDecodeShape<64, DefaultConfig>::kSplitGranule;
+    case 128:
+      return MmaDecodeShape<128, DefaultConfig>::kSplitGranule;
+    default:
+      return 0;
+  }
+}
+
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map) {
   if (p.cache.head_dim == 128 && HasRows(rows_map)) {

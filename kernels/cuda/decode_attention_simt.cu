@@ -331,6 +331,19 @@ cudaError_t Launch(const PagedAttentionParams& p, const DecodeWorkspace& ws, cud
 
 }  // namespace
 
+int DecodeSimtSplitGranule(DType dtype, int head_dim, int group_size) {
+  int granule = 0;
+  const cudaError_t err = KVD_DISPATCH_STORAGE_DTYPE(
+      dtype, T,
+      KVD_DISPATCH_HEAD_DIM(
+          head_dim, kHeadDim,
+          KVD_DISPATCH_GROUP_SIZE(
+              group_size, kGroup,
+              (granule = DecodeShape<T, kHeadDim, kGroup, DefaultConfig>::kSplitGranule,
+               cudaSuccess))));
+  return err == cudaSuccess ? granule : 0;
+}
+
 cudaError_t LaunchDecodeSimt(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                              cudaStream_t stream) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;

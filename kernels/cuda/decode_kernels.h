@@ -17,12 +17,20 @@ namespace kvd::cuda {
 cudaError_t LaunchDecodeSimt(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                              cudaStream_t stream);
 
+// Keys a split of LaunchDecodeSimt's kernel starts on a multiple of (its split granule,
+// PlanSplits) for these sizes; 0 for sizes it does not run.
+int DecodeSimtSplitGranule(DType dtype, int head_dim, int group_size);
+
 // Tensor cores, bf16 KV, head_dim 64 or 128, any GQA group (subgroups of 8 heads). With a
 // non-empty `rows_map` at head_dim 128, K and V go through its TMA boxes where they can; with
 // `ws.trace` set too, in the traced instantiation (LaunchDecodeAttention refuses a trace in
 // any other case, so none reaches here).
 cudaError_t LaunchDecodeMma(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                             cudaStream_t stream, const KvRowMap* rows_map);
+
+// LaunchDecodeMma's split granule at head_dim 64 or 128 (the same with TMA boxes or
+// without); 0 for other head sizes.
+int DecodeMmaSplitGranule(int head_dim);
 
 // Benchmark only: the tensor-core kernel at head_dim 128 under launch shape `shape`:
 // 0 4 warps, 3 stages, 2 CTAs per SM, cp.async; 1 8 warps and 1 CTA per SM; 2 shape 0 with

@@ -21,6 +21,9 @@ inline constexpr int kMergeBatch = 16;
 // keys and 0.353 in 32 of 128; 1 x 32k 0.71 in 32 splits of 1024 and 0.65 in 16 of 2048.
 inline constexpr int kManySplitKeys = 512;
 
+// Contexts PlanSplits takes are shorter than this, so that no split's end passes INT_MAX.
+inline constexpr int kMaxPlannedKeys = 1 << 30;
+
 // A context's cut: num_splits ranges in order, the first main_splits of main_len keys, then
 // tail splits of tail_len keys (DecodeWorkspace::tail_splits); the last one ends at the
 // context's end, possibly short. Lengths are whole granules.
@@ -44,6 +47,18 @@ KVD_SPLIT_PLAN_FN int SplitCeilDiv(int a, int b) { return a == 0 ? 0 : (a - 1) /
 KVD_SPLIT_PLAN_FN int SplitMax(int a, int b) { return a > b ? a : b; }
 KVD_SPLIT_PLAN_FN int SplitMin(int a, int b) { return a < b ? a : b; }
 
+// The main splits PlanSplits aims for (below), from which it cuts the context: the cap on
+// main splits, or one a min_granules run of granules of the context, whichever is fewer. The
+// plan may make fewer (splits of whole granules cover the context sooner). Never fewer for a
+// longer context: both bounds grow with kv_len.
+// REQUIRES: as PlanSplits.
+KVD_SPLIT_PLAN_FN int WantedMainSplits(int kv_len, int max_splits, int granule, int min_granules,
+                                       int tail_splits = 0) {
+  const int main_max = SplitMax(1, max_splits - SplitMax(0, tail_splits));
+  const int cap = SplitMin(main_max, SplitMax(kMergeBatch, kv_len / kManySplitKeys));
+  return SplitMax(1, SplitMin(cap, SplitCeilDiv(kv_len, SplitMax(1, min_granules) * granule)));
+}
+
 // The cut of a context of kv_len keys into at most max_splits splits, shared by every CTA of
 // a sequence so that all see the same: splits start at multiples of `granule` keys
 // (DecodeShape::kSplitGranule, one iteration of every warp of a CTA) and hold at least
@@ -52,15 +67,12 @@ KVD_SPLIT_PLAN_FN int SplitMin(int a, int b) { return a < b ? a : b; }
 // that would average tail_min_keys keys or more, up to max_splits - tail_splits main splits
 // are followed by up to tail_splits tails of ceil(main / tail_divisor) granules, the mains
 // the shortest that leave the tails enough.
-// REQUIRES: 0 <= kv_len < 2^30 (so that no split's end passes INT_MAX), max_splits >= 1,
-// granule >= 1, tail_divisor >= 1.
+// REQUIRES: 0 <= kv_len < kMaxPlannedKeys, max_splits >= 1, granule >= 1, tail_divisor >= 1.
 KVD_SPLIT_PLAN_FN SplitPlan PlanSplits(int kv_len, int max_splits, int granule, int min_granules,
                                        int tail_splits = 0, int tail_divisor = 1,
                                        int tail_min_keys = 0) {
-  const int main_max = SplitMax(1, max_splits - SplitMax(0, tail_splits));
-  const int cap = SplitMin(main_max, SplitMax(kMergeBatch, kv_len / kManySplitKeys));
   const int min_g = SplitMax(1, min_granules);
-  const int wanted = SplitMax(1, SplitMin(cap, SplitCeilDiv(kv_len, min_g * granule)));
+  const int wanted = WantedMainSplits(kv_len, max_splits, granule, min_granules, tail_splits);
   if (tail_splits <= 0 || SplitCeilDiv(kv_len, wanted) < tail_min_keys) {
     const int len = SplitMax(1, SplitCeilDiv(SplitCeilDiv(kv_len, wanted), granule)) * granule;
     const int n = SplitMax(1, SplitCeilDiv(kv_len, len));

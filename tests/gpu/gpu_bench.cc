@@ -652,9 +652,9 @@ constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},  {1, 32768},  {8, 40
 
 // One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
 // `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
-// the max_q_len hint the model gives. Blocks are handed out shuffled (a fragmented pool)
-// unless `shuffled` is false. `set` picks the random values (copies that calls rotate
-// through get different ones). The params point into the buffers held here.
+// the max_q_len and max_kv_len promises the model gives. Blocks are handed out shuffled (a
+// fragmented pool) unless `shuffled` is false. `set` picks the random values (copies that calls
+// rotate through get different ones). The params point into the buffers held here.
 struct AttentionSetup {
   DeviceBuffer chunk, table, ids, indptr, last, q_indptr, q, q_bf16, out;
   PagedAttentionParams p;
@@ -730,6 +730,7 @@ AttentionSetup MakeAttention(Bench& bench, int batch, int context, int q_len, in
   p.sm_scale = 1.0f / std::sqrt(float(kHeadDim));
   p.causal = true;
   p.max_q_len = q_len;
+  p.max_kv_len = context;
   a.bytes =
       double(batch) * context * kKvHeads * kHeadDim * 2 * 2 + 2.0 * rows * kQHeads * kHeadDim * 4;
   return a;
@@ -808,11 +809,10 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
                  const std::string& shape_name) {
   constexpr int kGroup = kQHeads / kKvHeads;
   cudaStream_t stream = bench.gpu().stream();
-  const int main_splits = cuda::DecodeMaxSplits(batch, kKvHeads, kGroup, bench.gpu().num_sms());
-  const int tail_splits = cuda::DecodeTailSplits(main_splits);
-  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(bench, batch, main_splits + tail_splits);
+  const cuda::DecodeSlices slices = cuda::DecodeLaunchSlices(sets[0].p, bench.gpu().num_sms());
+  OwnedDecodeWorkspace owned = MakeDecodeWorkspace(bench, batch, slices.max_splits);
   cuda::DecodeWorkspace& ws = owned.ws;
-  ws.tail_splits = tail_splits;  // as the backend launches it
+  ws.tail_splits = slices.tail_splits;  // as the backend launches it
   const int64_t count = cuda::DecodeTraceCount(batch, kKvHeads, kGroup, ws.max_splits);
   DeviceBuffer trace = Must(bench.gpu().Allocate(count * sizeof(cuda::DecodeTraceRecord)));
   ws.trace = static_cast<cuda::DecodeTraceRecord*>(trace.data());
@@ -1117,9 +1117,9 @@ void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int conte
   OwnedDecodeWorkspace owned = MakeDecodeWorkspace(bench, batch, kMaxSplits);
   cuda::DecodeWorkspace& ws = owned.ws;  // max_splits set per row below
   const cuda::DecodeWorkspace auto_ws;  // the defaults LaunchDecodeAttention runs with
-  const int auto_splits =
-      cuda::DecodeMaxSplits(batch, kKvHeads, kQHeads / kKvHeads, bench.gpu().num_sms());
-  const int auto_tails = cuda::DecodeTailSplits(auto_splits);
+  const cuda::DecodeSlices auto_slices = cuda::DecodeLaunchSlices(a.p, bench.gpu().num_sms());
+  const int auto_tails = auto_slices.tail_splits;
+  const int auto_splits = auto_slices.max_splits - auto_tails;
   // The backend's kernel: variant 0 with the backend's TMA view.
   constexpr int auto_variant = 0;
   std::vector<int> splits = batch >= 32  ? std::vector<int>{1, 2, 4}

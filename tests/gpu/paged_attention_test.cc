@@ -15,11 +15,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/decode_kernels.h"
+#include "kernels/cuda/decode_split_plan.h"
 #include "kernels/cuda/kv_row_map.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/params.h"
@@ -63,9 +66,10 @@ struct AttentionCase {
   // CTAs of that direct launch; 0 means four per multiprocessor. A few CTAs make each one
   // take many work items in turn.
   int direct_ctas = 0;
-  // Give the backend the batch's largest q_len (PagedAttentionParams::max_q_len), as the
-  // model does: pure decodes skip the prefill launch, and few prefill rows run the 64-row
-  // split-precision kernel.
+  // Give the backend the batch's largest q_len and kv_len (PagedAttentionParams::max_q_len
+  // and max_kv_len), as the model does: pure decodes skip the prefill launch, few prefill rows
+  // run the 64-row split-precision kernel, and decodes launch only the split slices their
+  // longest context uses (DecodeLaunchSlices).
   bool hint_max_q_len = false;
   // Decode-only batches: launch the decode kernel directly (one split) with no TMA view
   // (every K/V row by cp.async); with a view of the GPU arena's first chunk alone (blocks
@@ -268,7 +272,10 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.causal = c.causal;
     if (c.hint_max_q_len) {
-      for (const SeqShape& seq : c.seqs) p.max_q_len = std::max(p.max_q_len, seq.q_len);
+      for (const SeqShape& seq : c.seqs) {
+        p.max_q_len = std::max(p.max_q_len, seq.q_len);
+        if (seq.q_len > 0) p.max_kv_len = std::max(p.max_kv_len, seq.kv_len);
+      }
     }
     if (c.decode_view != AttentionCase::DecodeView::kBackend && &b == &gpu()) {
       cuda::KvRowMap first_chunk;
@@ -354,6 +361,23 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
           /*allow_wgmma=*/!c.no_wgmma);
       if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
       return b.Synchronize();  // before tile_indptr is freed
+    }
+    if (c.hint_max_q_len && &b == &gpu() && p.max_kv_len > 0) {
+      // The max_kv_len promise changes which split slices are launched, not a bit of the
+      // output: the batch without it gives the same.
+      if (absl::Status s = b.PagedAttention(p); !s.ok()) return s;
+      const size_t floats = size_t(total_q) * out_stride;
+      DeviceBuffer unpromised_out = Poisoned(b, floats * 4);
+      PagedAttentionParams unpromised = p;
+      unpromised.out = unpromised_out.as<float>();
+      unpromised.max_kv_len = 0;
+      if (absl::Status s = b.PagedAttention(unpromised); !s.ok()) return s;
+      const std::vector<float> with = DownloadFloats(b, p.out, floats);
+      const std::vector<float> without = DownloadFloats(b, unpromised.out, floats);
+      if (std::memcmp(with.data(), without.data(), floats * 4) != 0) {
+        return absl::InternalError("the max_kv_len promise changed the output");
+      }
+      return absl::OkStatus();
     }
     return b.PagedAttention(p);
   };
@@ -498,6 +522,16 @@ std::vector<AttentionCase> Cases() {
   cases.back().hint_max_q_len = true;
   add("hinted_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}}, DType::kBF16, 128, 16, 2,
       4);
+  cases.back().hint_max_q_len = true;
+  // Fewer split slices than the full grid: one sequence of 700 keys (11 slices of 128), and
+  // three whose longest, 1000 keys, wants 16 (of 87), on both kernels.
+  add("hinted_decode_bf16_d128_bs16_g4_one", {{1, 700}}, DType::kBF16, 128, 16, 2, 4);
+  cases.back().hint_max_q_len = true;
+  add("hinted_decode_bf16_d64_bs16_g8_three", {{1, 1000}, {1, 65}, {1, 999}}, DType::kBF16, 64, 16,
+      1, 8);
+  cases.back().hint_max_q_len = true;
+  add("hinted_decode_f32_d128_bs16_g4_three", {{1, 1000}, {1, 65}, {1, 999}}, DType::kF32, 128, 16,
+      1, 4);
   cases.back().hint_max_q_len = true;
   add("bf16qp_prefill_d128_bs1_g8", prefills, DType::kBF16, 128, 1, 1, 8);
   cases.back().bf16_qp = true;
@@ -800,6 +834,106 @@ TEST(DecodeSplitPolicyTest, CountsHeadSubgroupsAndClamps) {
   EXPECT_EQ(cuda::DecodeMaxSplits(32, 8, 4, 132), 1);    // the batch fills the device alone
   EXPECT_EQ(cuda::DecodeMaxSplits(300, 8, 4, 132), 1);
   EXPECT_EQ(cuda::DecodeMaxSplits(0, 8, 4, 132), 1);
+}
+
+// A batch of num_seqs decode rows over a cache of `dtype` with 8 KV heads of head_dim and
+// GQA groups of `group`, promising max_kv_len (DecodeLaunchSlices reads only these).
+PagedAttentionParams SlicesBatch(int num_seqs, DType dtype, int head_dim, int group,
+                                 int max_kv_len) {
+  PagedAttentionParams p;
+  p.blocks.num_seqs = num_seqs;
+  p.cache.dtype = dtype;
+  p.cache.head_dim = head_dim;
+  p.cache.num_kv_heads = 8;
+  p.num_q_heads = 8 * group;
+  p.max_kv_len = max_kv_len;
+  return p;
+}
+
+// (slices, tail slices) DecodeLaunchSlices gives for SlicesBatch(...) on an H200's 132 SMs.
+std::pair<int, int> LaunchSlices(int num_seqs, DType dtype, int head_dim, int group,
+                                 int max_kv_len) {
+  const cuda::DecodeSlices s =
+      cuda::DecodeLaunchSlices(SlicesBatch(num_seqs, dtype, head_dim, group, max_kv_len), 132);
+  return {s.max_splits, s.tail_splits};
+}
+
+// Without a promise, the full grid: DecodeMaxSplits' main slices and DecodeTailSplits' tails.
+TEST(DecodeSplitPolicyTest, WithoutAKvLengthPromiseLaunchesEverySlice) {
+  using S = std::pair<int, int>;
+  EXPECT_EQ(LaunchSlices(1, DType::kBF16, 128, 4, 0), S(32, 0));
+  EXPECT_EQ(LaunchSlices(8, DType::kBF16, 128, 4, 0), S(8, 4));
+  EXPECT_EQ(LaunchSlices(64, DType::kBF16, 128, 4, 0), S(1, 0));
+  EXPECT_EQ(LaunchSlices(1, DType::kF32, 128, 4, 0), S(32, 0));
+}
+
+// With one, the main slices the longest context wants (bf16, head_dim 128: granules of 64
+// keys, 16 splits up to 8k keys, then one more per 512), and the tails only where it takes
+// them (8 x 4k's splits are too short for any; 4 x 128k's and 16 x 16k's are not).
+TEST(DecodeSplitPolicyTest, AKvLengthPromiseLeavesOutSlicesNoContextUses) {
+  using S = std::pair<int, int>;
+  auto slices = [](int num_seqs, int max_kv_len) {
+    return LaunchSlices(num_seqs, DType::kBF16, 128, 4, max_kv_len);
+  };
+  EXPECT_EQ(slices(1, 1), S(1, 0));
+  EXPECT_EQ(slices(1, 512), S(8, 0));
+  EXPECT_EQ(slices(1, 4096), S(16, 0));
+  EXPECT_EQ(slices(1, 12288), S(24, 0));
+  EXPECT_EQ(slices(1, 32768), S(32, 0));
+  EXPECT_EQ(slices(8, 4096), S(4, 0));
+  EXPECT_EQ(slices(8, 100), S(2, 0));
+  EXPECT_EQ(slices(16, 16384), S(4, 2));
+  EXPECT_EQ(slices(4, 131072), S(16, 8));
+  EXPECT_EQ(slices(64, 4096), S(1, 0));
+  // Past what PlanSplits takes, no promise.
+  EXPECT_EQ(slices(1, cuda::decode::kMaxPlannedKeys), S(32, 0));
+}
+
+// The promise changes no context's cut: every context up to the promised length is cut
+// (PlanSplits, with the workspace's defaults) as in the full grid, for both kernels' granules
+// and batches with and without tail slices; a longer one, breaking it, still gets a cut that
+// covers it within the launched slices.
+TEST(DecodeSplitPolicyTest, AKvLengthPromiseChangesNoContextsCut) {
+  const cuda::DecodeWorkspace defaults;
+  struct Kernel {
+    DType dtype;
+    int head_dim, group, granule;
+  };
+  const Kernel kernels[] = {
+      {DType::kBF16, 128, 4, cuda::DecodeMmaSplitGranule(128)},
+      {DType::kF32, 128, 8, cuda::DecodeSimtSplitGranule(DType::kF32, 128, 8)},
+      {DType::kF32, 64, 1, cuda::DecodeSimtSplitGranule(DType::kF32, 64, 1)},
+  };
+  auto cut = [&](int kv_len, const cuda::DecodeSlices& s, int granule) {
+    return cuda::decode::PlanSplits(kv_len, s.max_splits, granule, defaults.min_split_granules,
+                                    s.tail_splits, defaults.tail_divisor, defaults.tail_min_keys);
+  };
+  for (const Kernel& k : kernels) {
+    ASSERT_GT(k.granule, 0);
+    for (const int num_seqs : {1, 2, 4, 8, 16}) {
+      const cuda::DecodeSlices full =
+          cuda::DecodeLaunchSlices(SlicesBatch(num_seqs, k.dtype, k.head_dim, k.group, 0), 132);
+      for (int promise = 1; promise <= 300000; promise += promise < 20000 ? 97 : 1999) {
+        SCOPED_TRACE(testing::Message() << "granule " << k.granule << ", " << num_seqs
+                                        << " sequences, max_kv_len " << promise);
+        const cuda::DecodeSlices trimmed = cuda::DecodeLaunchSlices(
+            SlicesBatch(num_seqs, k.dtype, k.head_dim, k.group, promise), 132);
+        ASSERT_LE(trimmed.max_splits, full.max_splits);
+        for (int kv_len = 1; kv_len <= promise; kv_len += 1 + kv_len / 16) {
+          const cuda::decode::SplitPlan a = cut(kv_len, full, k.granule);
+          const cuda::decode::SplitPlan b = cut(kv_len, trimmed, k.granule);
+          ASSERT_TRUE(a.num_splits == b.num_splits && a.main_splits == b.main_splits &&
+                      a.main_len == b.main_len && a.tail_len == b.tail_len)
+              << "kv_len " << kv_len << ": " << b.num_splits << " splits of " << b.main_len
+              << " keys against " << a.num_splits << " of " << a.main_len;
+        }
+        const int longer = 2 * promise + 1000;  // a broken promise
+        const cuda::decode::SplitPlan c = cut(longer, trimmed, k.granule);
+        ASSERT_LE(c.num_splits, trimmed.max_splits);
+        ASSERT_GE(c.Begin(c.num_splits - 1) + c.Len(c.num_splits - 1), longer);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -247,6 +247,9 @@ TEST(PagedAttentionTest, BadParamsAreInvalidArgumentAndWriteNothing) {
   {
     AttentionProblem good(c, {{3, 9}, {1, 6}}, 11);
     ASSERT_TRUE(backend.PagedAttention(good.params()).ok());
+    good.params().max_kv_len = 9;  // kept promises
+    good.params().max_q_len = 3;
+    ASSERT_TRUE(backend.PagedAttention(good.params()).ok());
   }
   auto expect_invalid = [&](const char* field, auto mutate) {
     AttentionProblem bad(c, {{3, 9}, {1, 6}}, 11);
@@ -309,6 +312,9 @@ TEST(PagedAttentionTest, BadParamsAreInvalidArgumentAndWriteNothing) {
   // Sequence 0 has 3 query rows: a promise of at most 1 (or a negative one) is broken.
   expect_invalid("max_q_len 1", [](P& p) { p.params().max_q_len = 1; });
   expect_invalid("max_q_len is -1", [](P& p) { p.params().max_q_len = -1; });
+  // Sequence 0 has the longest context, 9 keys: a promise of 8 is broken (9 is kept, above).
+  expect_invalid("sequence 0 has kv_len 9 > max_kv_len 8", [](P& p) { p.params().max_kv_len = 8; });
+  expect_invalid("max_kv_len is -1", [](P& p) { p.params().max_kv_len = -1; });
   expect_invalid("no blocks", [](P& p) { p.block_indptr()[2] = p.block_indptr()[1]; });
 }
 

@@ -151,6 +151,28 @@ TEST(LlamaModelGraphsTest, BatchesPaddedToTheirBucketEqualUncapturedSteps) {
   EXPECT_EQ(models.stats().capture_failures, 0);
 }
 
+// A graph promises its attention the longest context of its class (the power of two at or
+// above it, 256 keys at least), which the CPU backend holds it to: a longer context records
+// the next class's graph instead of replaying the last one, and a batch back in an earlier
+// class replays that class's graph.
+TEST(LlamaModelGraphsTest, GraphsAreRecordedPerContextClass) {
+  GraphedAndReference models(/*max_batch_size=*/2, /*chunk_shift=*/7);
+  models.ExpectSameLogits(Decode({200}, {0}));  // class 256: recorded
+  models.ExpectSameLogits(Decode({256}, {0}));  // replayed
+  EXPECT_EQ(models.stats().captures, 1);
+  EXPECT_EQ(models.stats().replays, 1);
+  models.ExpectSameLogits(Decode({257}, {0}));  // class 512: recorded
+  models.ExpectSameLogits(Decode({512}, {0}));
+  EXPECT_EQ(models.stats().captures, 2);
+  EXPECT_EQ(models.stats().replays, 2);
+  models.ExpectSameLogits(Decode({250}, {0}));          // class 256 again: replayed
+  models.ExpectSameLogits(Decode({30, 513}, {0, 40}));  // bucket 2, class 1024: recorded
+  models.ExpectSameLogits(Decode({31, 300}, {0, 40}));  // bucket 2, class 512: recorded
+  EXPECT_EQ(models.stats().captures, 4);
+  EXPECT_EQ(models.stats().replays, 3);
+  EXPECT_EQ(models.stats().capture_failures, 0);
+}
+
 // Runs `warmup` and two decode steps (recorded, replayed) on both models, then `prefill` on
 // the graphed one with its allocation `fail` failing, then two more decode steps.
 void DecodeAroundAFailedPrefill(const std::vector<ForwardBatch>& warmup,

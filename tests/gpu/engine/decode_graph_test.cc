@@ -5,8 +5,8 @@
 // tokens and every step's logits are compared. A batch that fills its bucket must match bit
 // for bit (same kernels, same shapes); a padded batch runs the GEMMs with more rows, so it
 // must match to bf16 accuracy. Contexts cross the decode kernel's split boundaries (whole
-// granules of at most 128 keys) between replays, a new KV chunk and grown scratch force a new
-// recording, and batches that are not pure decodes never record.
+// granules of at most 128 keys) between replays, a new KV chunk, grown scratch and a longer
+// context class force a new recording, and batches that are not pure decodes never record.
 
 #include <gtest/gtest.h>
 
@@ -200,12 +200,32 @@ TEST_F(DecodeGraphTest, ANewKvChunkIsRecordedAgainAndRead) {
   // The chunk table keeps its address but num_chunks changes: the graph is recorded anew,
   // and sequences whose blocks all live in the new chunk decode correctly through it.
   twin.AddChunk();
-  for (int32_t i = 0; i < 4; ++i) second.push_back(twin.AddSequence(70 + 60 * i, 8));
+  // Their longest context in the first batch's class (257 to 512 keys), so that the first
+  // batch comes back to the graph recorded here.
+  for (int32_t i = 0; i < 4; ++i) second.push_back(twin.AddSequence(70 + 80 * i, 8));
   for (int32_t step = 0; step < 3; ++step) EXPECT_TRUE(twin.Step(second).bitwise_equal);
   EXPECT_EQ(twin.stats().captures, 2);
   EXPECT_EQ(twin.stats().replays, 4);
   EXPECT_TRUE(twin.Step(first).bitwise_equal);  // the old chunk through the new graph
   EXPECT_EQ(twin.stats().replays, 5);
+  EXPECT_EQ(twin.stats().capture_failures, 0) << twin.stats().last_failure;
+}
+
+// A graph promises its attention the longest context of its class (a power of two of at
+// least 256 keys): a step whose context passes it records the next class's graph, bit for
+// bit the uncaptured step (whose promise is the exact length), and a batch back in the
+// earlier class replays that class's graph.
+TEST_F(DecodeGraphTest, EachContextClassHasItsGraph) {
+  TwinDecode twin(&gpu(), /*max_batch=*/2);
+  const std::vector<int32_t> ids = {twin.AddSequence(254, 8), twin.AddSequence(40, 8)};
+  // Contexts of 255 and 256 keys (class 256), then 257 to 259 (class 512).
+  for (int32_t step = 0; step < 5; ++step) EXPECT_TRUE(twin.Step(ids).bitwise_equal);
+  EXPECT_EQ(twin.stats().captures, 2);
+  EXPECT_EQ(twin.stats().replays, 3);
+  const int32_t short_one = twin.AddSequence(100, 8);
+  EXPECT_TRUE(twin.Step({short_one, ids[1]}).bitwise_equal);  // class 256 again: replayed
+  EXPECT_EQ(twin.stats().captures, 2);
+  EXPECT_EQ(twin.stats().replays, 4);
   EXPECT_EQ(twin.stats().capture_failures, 0) << twin.stats().last_failure;
 }
 
