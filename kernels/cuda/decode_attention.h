@@ -97,7 +97,13 @@
 // decode, three rounds alternating with the kept kernel in one run, 16 launches back to back
 // in a graph: 8 x 4k 0.860-0.864 of copy against 0.858-0.861, 1 x 4k 0.436-0.440 against
 // 0.428-0.431; from a one-launch graph within the rounds' spread, 1 x 4k 0.281-0.294 against
-// 0.276-0.294).
+// 0.276-0.294). Nor did a round trip fewer before the first copy: each lane loading one entry
+// of the chunk table at the CTA's start, beside the metadata, and a block's address taking its
+// chunk's base from that lane instead of from the table after the block id. The first K/V
+// landed no sooner (1 x 4k, KVD_DECODE_TRACE: 2.69/3.58/4.10 us against 2.72/3.62/4.19), and
+// three rounds alternating in one run measured 8 x 4k back to back 0.885-0.887 of copy
+// against 0.878-0.881, 1 x 4k from a one-launch graph 0.268-0.292 against 0.267-0.285,
+// kvd_e2e_bench steps within the spread: not kept.
 //
 // Workspace layout (only touched when max_splits > 1):
 //   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)

@@ -55,6 +55,8 @@ struct AttentionCase {
   bool no_wgmma = false;
   // Odd Q and output row strides (q_stride and out_stride need no alignment).
   bool odd_strides = false;
+  // Chunks of the arena, one of them released.
+  int arena_chunks = 4;
   // Also give the GPU Q as bf16 (PagedAttentionParams::q_bf16, the fp32 rows rounded), rows
   // q_bf16_stride apart, from q_bf16_offset elements into its buffer. In prefill-only batches
   // whichever copy the kernels must not read is poisoned (NaN): on Hopper at head_dim 128 with
@@ -162,15 +164,17 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
   const int num_q_heads = c.num_kv_heads * c.group;
   const int row = c.num_kv_heads * c.head_dim;
 
-  // Arena: four chunks, chunk 1 released, ~25% spare blocks so ids scatter everywhere.
+  // Arena: c.arena_chunks chunks, chunk 1 released, ~25% spare blocks so ids scatter
+  // everywhere.
   int64_t blocks_needed = 0;
   for (const SeqShape& s : c.seqs) blocks_needed += (s.kv_len + c.block_size - 1) / c.block_size;
   ArenaShape shape;
   shape.num_kv_heads = c.num_kv_heads;
   shape.head_dim = c.head_dim;
   shape.block_size = c.block_size;
-  shape.chunk_shift = NextPowerOfTwo((blocks_needed * 5 / 4 + 3) / 3);
-  shape.num_chunks = 4;
+  const int present = c.arena_chunks - 1;
+  shape.chunk_shift = NextPowerOfTwo((blocks_needed * 5 / 4 + present - 1) / present);
+  shape.num_chunks = c.arena_chunks;
   shape.released = {1};
   shape.gpu_dtype = c.kv_dtype;
   TwinArena arena(cpu(), gpu(), shape);
@@ -523,6 +527,15 @@ std::vector<AttentionCase> Cases() {
   add("hinted_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}}, DType::kBF16, 128, 16, 2,
       4);
   cases.back().hint_max_q_len = true;
+  // Blocks scattered over 40 chunks (more than a warp has lanes).
+  add("many_chunks_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}, {1, 2000}},
+      DType::kBF16, 128, 16, 2, 4);
+  cases.back().arena_chunks = 40;
+  add("many_chunks_decode_f32_d64_bs1_g8", {{1, 17}, {1, 1029}, {1, 3000}}, DType::kF32, 64, 1, 1,
+      8);
+  cases.back().arena_chunks = 40;
+  add("many_chunks_mixed_bf16_d128_bs16_g4", mixed, DType::kBF16, 128, 16, 2, 4);
+  cases.back().arena_chunks = 40;
   // Fewer split slices than the full grid: one sequence of 700 keys (11 slices of 128), and
   // three whose longest, 1000 keys, wants 16 (of 87), on both kernels.
   add("hinted_decode_bf16_d128_bs16_g4_one", {{1, 700}}, DType::kBF16, 128, 16, 2, 4);
