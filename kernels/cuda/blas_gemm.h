@@ -54,7 +54,15 @@ struct CublasApi;
 //     gains: qkv's and o's 48 and 32 blocks of 128 rows leave most multiprocessors idle
 //     unsplit (0.63, 0.44), and split they gain little (o 0.52 in four) or lose (qkv 0.59
 //     in two).
-// So decode batches past the skinny kernel's eight rows stay on cuBLAS.
+// So decode batches past the skinny kernel's eight rows stay on cuBLAS. Nor does cuBLASLt
+// hold much better configurations than its heuristic's first eight (H200, 64 rows, graphs of
+// 16 calls over rotating weight copies, fraction of copy bandwidth): over every tile (634),
+// nine cluster shapes and split-k 1-4 of the one algorithm it offers (id 66), qkv's best read
+// 0.741 against the heuristic's best 0.724, o's and gate_up's none more (0.666, 0.891 against
+// 0.669, 0.895). Only down gains, from split-k variants of the heuristic's candidates: 0.851
+// unsplit against 0.798 for its best, which splits k in two (its others split in three to
+// six; two of them read 0.79-0.80 in two). Timing such variants in TuneUpTo would save about
+// 2 us a layer at 64 rows, about 1% of kvd_e2e_bench's 64 x 1k step; not built.
 //
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
 // Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
