@@ -202,7 +202,7 @@ struct PagedAttentionParams {
   // max_kv_len keys (0 = no promise). The CUDA backend launches only the decode split slices
   // contexts that long use (DecodeLaunchSlices in kernels/cuda/decode_attention.h), with the
   // same results; a batch that broke it would still be computed in full there, its longer
-  // contexts in fewer splits. The CPU backend refuses a batch that breaks it.
+  // contexts in at most as many splits. The CPU backend refuses a batch that breaks it.
   int32_t max_kv_len = 0;
 };
 

@@ -141,7 +141,8 @@ class LlamaModel {
     int32_t max_q_len = 0;   // most new tokens of one sequence (0 = unknown)
     int32_t max_kv_len = 0;  // most keys of a sequence with new tokens (0 = unknown)
   };
-  // A recorded decode step for one bucket and what it was recorded against.
+  // A recorded decode step for one bucket and context class, and what it was recorded
+  // against.
   struct BucketGraph {
     std::unique_ptr<OpGraphRecorder::Graph> graph;
     std::vector<KvCacheView> views;

@@ -63,9 +63,11 @@ int32_t BucketIndex(int32_t n) {
 
 // A graph promises its attention the longest context of its class: the smallest power of two,
 // at least kMinKvClass keys, that holds the batch's longest context. Classes a power of two
-// apart keep the graphs recorded as contexts grow to a few (a batch whose longest context
-// grows from 1 to 32k keys records 8); and the CUDA backend launches no more attention work
-// for a class than for its longest context (PagedAttentionParams::max_kv_len).
+// apart keep the graphs recorded as contexts grow to a few (a bucket whose longest context
+// grows from 1 to 32k keys records 8); the CUDA backend launches no more attention work for a
+// class than for a context of the class's length (PagedAttentionParams::max_kv_len). A class
+// whose launch needs a larger attention workspace grows it, which records every graph again
+// once (the backend's scratch epoch), as any scratch growth does.
 constexpr int32_t kMinKvClass = 256;
 
 }  // namespace

@@ -56,7 +56,9 @@ struct CublasApi;
 //     in two).
 // So decode batches past the skinny kernel's eight rows stay on cuBLAS. Nor does cuBLASLt
 // hold much better configurations than its heuristic's first eight (H200, 64 rows, graphs of
-// 16 calls over rotating weight copies, fraction of copy bandwidth): over every tile (634),
+// 16 calls over rotating weight copies, fraction of copy bandwidth; a harness of its own,
+// not kept, whose figures for the same algorithms run up to 8% below gpu_bench gemv's above,
+// so they compare among themselves): over every tile (634),
 // nine cluster shapes and split-k 1-4 of the one algorithm it offers (id 66), qkv's best read
 // 0.741 against the heuristic's best 0.724, o's and gate_up's none more (0.666, 0.891 against
 // 0.669, 0.895). Only down gains, from split-k variants of the heuristic's candidates: 0.851

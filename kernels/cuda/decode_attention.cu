@@ -43,19 +43,10 @@ DecodeSlices DecodeLaunchSlices(const PagedAttentionParams& p, int num_sms) {
                           : DecodeSimtSplitGranule(p.cache.dtype, p.cache.head_dim, group);
   if (p.max_kv_len <= 0 || p.max_kv_len >= decode::kMaxPlannedKeys || granule <= 0) return full;
   const DecodeWorkspace defaults;
-  const decode::SplitPlan plan =
-      decode::PlanSplits(p.max_kv_len, full.max_splits, granule, defaults.min_split_granules,
-                         tail_splits, defaults.tail_divisor, defaults.tail_min_keys);
-  if (plan.num_splits > plan.main_splits) return full;
-  // The longest context's wanted main splits, not its plan's count (which can be fewer than a
-  // shorter context's): every context as long or shorter wants as many or fewer, so
-  // PlanSplits cuts it as in the full grid. Nor does a shorter one take tails where the
-  // longest does not: below the cap on main splits a split averages at most 544 keys or one
-  // granule, under tail_min_keys (8192), and at the cap its keys grow with the context. So
-  // the promise changes which slices are launched, not any context's cut.
-  return {decode::WantedMainSplits(p.max_kv_len, full.max_splits, granule,
-                                   defaults.min_split_granules, tail_splits),
-          0};
+  const decode::PromisedSlices used =
+      decode::SlicesForContexts(p.max_kv_len, main_splits, tail_splits, granule,
+                                defaults.min_split_granules, defaults.tail_min_keys);
+  return {used.slices, used.tail_slices};
 }
 
 int64_t DecodeArrivalCount(int num_seqs, int num_kv_heads, int group_size) {

@@ -103,7 +103,8 @@
 // landed no sooner (1 x 4k, KVD_DECODE_TRACE: 2.69/3.58/4.10 us against 2.72/3.62/4.19), and
 // three rounds alternating in one run measured 8 x 4k back to back 0.885-0.887 of copy
 // against 0.878-0.881, 1 x 4k from a one-launch graph 0.268-0.292 against 0.267-0.285,
-// kvd_e2e_bench steps within the spread: not kept.
+// kvd_e2e_bench steps within the spread: not kept, its one gain under 1% and not in the
+// engine's steps, for a second way to address blocks.
 //
 // Workspace layout (only touched when max_splits > 1):
 //   partial_out: [num_seqs][max_splits][num_q_heads][head_dim] fp32 (16-byte aligned)
@@ -191,12 +192,13 @@ int DecodeTailSplits(int main_splits);
 
 // The split slices to launch a batch like `p` with (DecodeWorkspace::max_splits and
 // tail_splits) on `num_sms` multiprocessors: DecodeMaxSplits' main slices and
-// DecodeTailSplits' tails; or, where p.max_kv_len promises the longest context and that
-// context's plan (PlanSplits, at the granule of the kernel LaunchDecodeAttention runs) takes no
-// tail, only the main slices it wants (WantedMainSplits) and no tail slices. Every context of
-// the batch is cut as in the full grid (a batch that broke the promise would have its longer
-// contexts cut into fewer, longer splits), but slices no context uses are not launched: such
-// a slice still costs a CTA for each (sequence, head subgroup). On an H200 (three rounds
+// DecodeTailSplits' tails; or, where p.max_kv_len promises the longest context, of those only
+// the ones contexts that long use (SlicesForContexts, at the granule of the kernel
+// LaunchDecodeAttention runs): the longest context's wanted main splits and no tail slice,
+// unless its cut could end in tails. Every context of the batch is cut as in the full grid (a
+// batch that broke the promise would have its longer contexts cut into at most as many
+// splits), but slices no context uses are not launched: such a slice still costs a CTA for
+// each (sequence, head subgroup). On an H200 (three rounds
 // alternating with a build that launched every slice, in one run): gpu_bench decode at 8 x 4k
 // (4 slices of 8) read 0.723-0.730 of copy per call against 0.706-0.710 (from graphs, within
 // the rounds' spread); at 1 x 4k (16 of 32) 0.432 back to back in a graph against 0.427-0.429

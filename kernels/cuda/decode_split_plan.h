@@ -94,6 +94,37 @@ KVD_SPLIT_PLAN_FN SplitPlan PlanSplits(int kv_len, int max_splits, int granule, 
   return {wanted + tails, wanted, main_g * granule, tail_g * granule};
 }
 
+// Split slices to launch for contexts of at most max_kv_len keys: `slices` in all, the last
+// `tail_slices` of them for tails.
+struct PromisedSlices {
+  int slices;
+  int tail_slices;
+};
+
+// The slices of a grid of main_splits main and tail_splits tail slices (PlanSplits' max_splits
+// = main_splits + tail_splits) that contexts of at most max_kv_len keys use, cut with these
+// parameters: all of them where the longest context's cut goes into the tail branch (it ends in
+// tails, or could); otherwise that context's wanted main splits (WantedMainSplits, not its cut's
+// count, which can be fewer than a shorter context's) and no tail slice. Every context as long
+// or shorter wants as many main splits or fewer, so PlanSplits cuts it over these slices as over
+// the full grid, provided it does not go into the tail branch where the longest does not: a
+// context does so only where its main splits average tail_min_keys keys or more, which below the
+// cap on main splits (WantedMainSplits) they never do while tail_min_keys exceeds both 1024 and
+// min_granules granules, and at the cap they grow with the context. (The decode kernels' are
+// 8192 keys and granules of 32 or 64 keys; tests check this by brute force up to granules of
+// 128.) A longer context, breaking the promise, is cut into at most as many splits.
+// REQUIRES: 0 < max_kv_len < kMaxPlannedKeys, main_splits >= 1, tail_splits >= 0, granule >= 1.
+KVD_SPLIT_PLAN_FN PromisedSlices SlicesForContexts(int max_kv_len, int main_splits, int tail_splits,
+                                                   int granule, int min_granules,
+                                                   int tail_min_keys) {
+  const int max_splits = main_splits + tail_splits;
+  const int wanted = WantedMainSplits(max_kv_len, max_splits, granule, min_granules, tail_splits);
+  if (tail_splits > 0 && SplitCeilDiv(max_kv_len, wanted) >= tail_min_keys) {
+    return {max_splits, tail_splits};
+  }
+  return {wanted, 0};
+}
+
 }  // namespace kvd::cuda::decode
 
 #undef KVD_SPLIT_PLAN_FN

@@ -195,9 +195,9 @@ TEST_F(InvalidParamsTest, RopeAndAppendKvRefuseWhatTheCpuBackendRefuses) {
 
 // PagedAttention refuses on the host what the CPU reference refuses on the host
 // (ValidatePagedAttentionArgs): null output, query or block-table arrays and a negative
-// max_q_len, naming the field, before anything is launched. The batch has no query row (q_len
-// 0), so a launch that slipped through would touch none of the null pointers and return OK
-// (with a query row it would fault and lose the context).
+// max_q_len or max_kv_len, naming the field, before anything is launched. The batch has no query
+// row (q_len 0), so a launch that slipped through would touch none of the null pointers and return
+// OK (with a query row it would fault and lose the context).
 TEST_F(InvalidParamsTest, PagedAttentionRefusesWhatTheCpuBackendRefuses) {
   DeviceBuffer scratch = Poisoned(gpu(), 4096);
   DeviceBuffer table = Upload(gpu(), std::vector<void*>{scratch.data()});
@@ -232,6 +232,8 @@ TEST_F(InvalidParamsTest, PagedAttentionRefusesWhatTheCpuBackendRefuses) {
                              "PagedAttention", "blocks.indices is null"));
   EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.max_q_len = -1; }),
                              "PagedAttention", "max_q_len is -1"));
+  EXPECT_TRUE(RejectedNaming(with([](PagedAttentionParams& p) { p.max_kv_len = -1; }),
+                             "PagedAttention", "max_kv_len is -1"));
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 

@@ -57,6 +57,9 @@ struct AttentionCase {
   bool odd_strides = false;
   // Chunks of the arena, one of them released.
   int arena_chunks = 4;
+  // Given to the GPU backend alone as max_kv_len (0: none): a promise the batch breaks, which
+  // the CPU reference would refuse; the GPU must still compute every key.
+  int gpu_broken_kv_promise = 0;
   // Also give the GPU Q as bf16 (PagedAttentionParams::q_bf16, the fp32 rows rounded), rows
   // q_bf16_stride apart, from q_bf16_offset elements into its buffer. In prefill-only batches
   // whichever copy the kernels must not read is poisoned (NaN): on Hopper at head_dim 128 with
@@ -275,6 +278,7 @@ TEST_P(PagedAttentionTest, MatchesCpuReference) {
     p.out_stride = out_stride;
     p.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.causal = c.causal;
+    if (c.gpu_broken_kv_promise > 0 && &b == &gpu()) p.max_kv_len = c.gpu_broken_kv_promise;
     if (c.hint_max_q_len) {
       for (const SeqShape& seq : c.seqs) {
         p.max_q_len = std::max(p.max_q_len, seq.q_len);
@@ -527,6 +531,11 @@ std::vector<AttentionCase> Cases() {
   add("hinted_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}}, DType::kBF16, 128, 16, 2,
       4);
   cases.back().hint_max_q_len = true;
+  // A broken promise (256 keys, for contexts up to 4100): 4 split slices of the 43 the batch
+  // would get, and every key still read.
+  add("broken_kv_promise_decode_bf16_d128_bs16_g4", {{1, 4100}, {1, 300}, {1, 2000}}, DType::kBF16,
+      128, 16, 2, 4);
+  cases.back().gpu_broken_kv_promise = 256;
   // Blocks scattered over 40 chunks (more than a warp has lanes).
   add("many_chunks_decode_bf16_d128_bs16_g4", {{1, 1}, {1, 300}, {1, 4100}, {1, 2000}},
       DType::kBF16, 128, 16, 2, 4);
@@ -900,6 +909,48 @@ TEST(DecodeSplitPolicyTest, AKvLengthPromiseLeavesOutSlicesNoContextUses) {
   EXPECT_EQ(slices(64, 4096), S(1, 0));
   // Past what PlanSplits takes, no promise.
   EXPECT_EQ(slices(1, cuda::decode::kMaxPlannedKeys), S(32, 0));
+}
+
+// SlicesForContexts, for every main split count a grid can have beside DecodeTailSplits'
+// tails, granules of 32 to 128 keys and the workspace's tail parameters: every context up to
+// the promised length is cut as over the full grid. Among them, a grid of 15 main slices and 1
+// tail at granules of 128: a promise of 124032 keys goes into the tail branch without ending
+// in a tail, and a context of 123904 keys ends in one.
+TEST(DecodeSplitPolicyTest, SlicesForContextsChangeNoCutAtAnyGranule) {
+  const cuda::DecodeWorkspace defaults;
+  auto cut = [&](int kv_len, int slices, int tails, int granule) {
+    return cuda::decode::PlanSplits(kv_len, slices, granule, defaults.min_split_granules, tails,
+                                    defaults.tail_divisor, defaults.tail_min_keys);
+  };
+  auto same = [](const cuda::decode::SplitPlan& a, const cuda::decode::SplitPlan& b) {
+    return a.num_splits == b.num_splits && a.main_splits == b.main_splits &&
+           a.main_len == b.main_len && a.tail_len == b.tail_len;
+  };
+  {
+    const cuda::decode::PromisedSlices s = cuda::decode::SlicesForContexts(
+        124032, 15, 1, 128, defaults.min_split_granules, defaults.tail_min_keys);
+    EXPECT_EQ(s.slices, 16);
+    EXPECT_EQ(s.tail_slices, 1);
+    EXPECT_TRUE(same(cut(123904, 16, 1, 128), cut(123904, s.slices, s.tail_slices, 128)));
+    EXPECT_EQ(cut(123904, 16, 1, 128).num_splits, 16);  // it does end in a tail
+  }
+  for (const int granule : {32, 64, 128}) {
+    for (int main_splits = 1; main_splits <= 128; ++main_splits) {
+      const int tails = cuda::DecodeTailSplits(main_splits);
+      for (int promise = 1; promise <= 300000; promise += promise < 20000 ? 211 : 4999) {
+        const cuda::decode::PromisedSlices s =
+            cuda::decode::SlicesForContexts(promise, main_splits, tails, granule,
+                                            defaults.min_split_granules, defaults.tail_min_keys);
+        ASSERT_LE(s.slices, main_splits + tails);
+        for (int kv_len = 1; kv_len <= promise; kv_len += 1 + kv_len / 8) {
+          ASSERT_TRUE(same(cut(kv_len, main_splits + tails, tails, granule),
+                           cut(kv_len, s.slices, s.tail_slices, granule)))
+              << "granule " << granule << ", " << main_splits << " + " << tails
+              << " slices, promise " << promise << ", kv_len " << kv_len;
+        }
+      }
+    }
+  }
 }
 
 // The promise changes no context's cut: every context up to the promised length is cut

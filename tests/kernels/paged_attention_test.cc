@@ -318,6 +318,20 @@ TEST(PagedAttentionTest, BadParamsAreInvalidArgumentAndWriteNothing) {
   expect_invalid("no blocks", [](P& p) { p.block_indptr()[2] = p.block_indptr()[1]; });
 }
 
+// max_kv_len promises the longest context of a sequence with query rows: one without any
+// may be longer.
+TEST(PagedAttentionTest, TheKvLengthPromiseCoversSequencesWithQueryRows) {
+  CpuBackend backend(1);
+  AttentionProblem problem(Config{4, 2, 8}, {{3, 9}, {0, 12}, {1, 6}}, 5);
+  problem.params().max_kv_len = 9;
+  const absl::Status kept = backend.PagedAttention(problem.params());
+  EXPECT_TRUE(kept.ok()) << kept;
+  problem.params().max_kv_len = 8;
+  const absl::Status broken = backend.PagedAttention(problem.params());
+  EXPECT_EQ(broken.code(), absl::StatusCode::kInvalidArgument) << broken;
+  EXPECT_THAT(broken.message(), HasSubstr("sequence 0 has kv_len 9 > max_kv_len 8"));
+}
+
 TEST(PagedAttentionTest, NonF32CacheIsUnimplemented) {
   CpuBackend backend(1);
   AttentionProblem problem(Config{4, 1, 8}, {{1, 3}}, 12);
