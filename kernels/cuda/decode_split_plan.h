@@ -48,9 +48,9 @@ KVD_SPLIT_PLAN_FN int SplitMax(int a, int b) { return a > b ? a : b; }
 KVD_SPLIT_PLAN_FN int SplitMin(int a, int b) { return a < b ? a : b; }
 
 // The main splits PlanSplits aims for (below), from which it cuts the context: the cap on
-// main splits, or one a min_granules run of granules of the context, whichever is fewer. The
-// plan may make fewer (splits of whole granules cover the context sooner). Never fewer for a
-// longer context: both bounds grow with kv_len.
+// main splits, or as many as the context has runs of min_granules granules, whichever is
+// fewer. The plan may make fewer (splits of whole granules cover the context sooner). Never
+// fewer for a longer context: both bounds grow with kv_len.
 // REQUIRES: as PlanSplits.
 KVD_SPLIT_PLAN_FN int WantedMainSplits(int kv_len, int max_splits, int granule, int min_granules,
                                        int tail_splits = 0) {
