@@ -83,13 +83,14 @@ absl::Status Validate(const PagedAttentionParams& p) {
       return Invalid(absl::StrCat("blocks.last_block_len[", s, "] is ", b.last_block_len[s],
                                   ", not in [1, block_size=", p.cache.block_size, "]"));
     }
-    if (p.causal && q_len > KvLen(b, p.cache.block_size, s)) {
-      return Invalid(absl::StrCat("sequence ", s, " has q_len ", q_len, " > kv_len ",
-                                  KvLen(b, p.cache.block_size, s), " with causal"));
+    const int64_t kv_len = KvLen(b, p.cache.block_size, s);
+    if (p.causal && q_len > kv_len) {
+      return Invalid(
+          absl::StrCat("sequence ", s, " has q_len ", q_len, " > kv_len ", kv_len, " with causal"));
     }
-    if (p.max_kv_len > 0 && KvLen(b, p.cache.block_size, s) > p.max_kv_len) {
-      return Invalid(absl::StrCat("sequence ", s, " has kv_len ", KvLen(b, p.cache.block_size, s),
-                                  " > max_kv_len ", p.max_kv_len, " (the batch's promise)"));
+    if (p.max_kv_len > 0 && kv_len > p.max_kv_len) {
+      return Invalid(absl::StrCat("sequence ", s, " has kv_len ", kv_len, " > max_kv_len ",
+                                  p.max_kv_len, " (the batch's promise)"));
     }
   }
   return absl::OkStatus();

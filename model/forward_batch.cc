@@ -7,6 +7,15 @@
 
 namespace kvd {
 
+namespace {
+
+// Keys of sequence s of `b` (its new tokens included), from its block table.
+int32_t SeqKvLen(const ForwardBatch& b, int32_t s, int32_t block_size) {
+  return (b.kv_indptr[s + 1] - b.kv_indptr[s] - 1) * block_size + b.kv_last_block_len[s];
+}
+
+}  // namespace
+
 void ForwardBatch::AddSequence(absl::Span<const int32_t> tokens, int32_t start_pos,
                                absl::Span<const int32_t> blocks, int32_t block_size,
                                bool want_logits) {
@@ -61,15 +70,14 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
     const int32_t q_len = q_indptr[s + 1] - q_indptr[s];
     const int32_t blocks = kv_indptr[s + 1] - kv_indptr[s];
     const int32_t last = kv_last_block_len[s];
-    if (q_len < 0 || blocks <= 0 || last < 1 || last > block_size ||
-        (blocks - 1) * block_size + last < q_len) {
+    const int32_t kv_len = SeqKvLen(*this, s, block_size);
+    if (q_len < 0 || blocks <= 0 || last < 1 || last > block_size || kv_len < q_len) {
       return absl::InvalidArgumentError(absl::StrCat("forward batch: sequence ", s, " has ", q_len,
                                                      " new tokens but ", blocks, " blocks with ",
                                                      last, " tokens in the last"));
     }
     // Attention puts the chunk's row j at kv_len - q_len + j, RoPE reads positions[] and the
     // K/V append slot_mapping[]: a batch where they disagree would run, with wrong logits.
-    const int32_t kv_len = (blocks - 1) * block_size + last;
     for (int32_t j = 0; j < q_len; ++j) {
       const int32_t row = q_indptr[s] + j;
       const int32_t pos = kv_len - q_len + j;
@@ -95,11 +103,7 @@ absl::Status ForwardBatch::Validate(int32_t vocab_size, int32_t block_size) cons
 int32_t ForwardBatch::MaxKvLen(int32_t block_size) const {
   int32_t longest = 0;
   for (int32_t s = 0; s < num_seqs(); ++s) {
-    if (q_indptr[s + 1] == q_indptr[s]) continue;
-    // As Validate computes it: the position of the sequence's last new token, plus one.
-    const int32_t kv_len =
-        (kv_indptr[s + 1] - kv_indptr[s] - 1) * block_size + kv_last_block_len[s];
-    longest = std::max(longest, kv_len);
+    if (q_indptr[s + 1] != q_indptr[s]) longest = std::max(longest, SeqKvLen(*this, s, block_size));
   }
   return longest;
 }

@@ -47,19 +47,15 @@ struct GraphBatchLayout {
   size_t token_ids, positions, q_indptr, kv_indptr, kv_last, logit_rows, kv_indices;
 };
 
-// Smallest power of two >= n.
-int32_t BucketFor(int32_t n) {
-  int32_t bucket = 1;
-  while (bucket < n) bucket *= 2;
-  return bucket;
-}
-
-// log2 of BucketFor(n).
+// log2 of the smallest power of two >= n. REQUIRES: n <= 2^30.
 int32_t BucketIndex(int32_t n) {
   int32_t index = 0;
   while ((int32_t{1} << index) < n) ++index;
   return index;
 }
+
+// Smallest power of two >= n. REQUIRES: n <= 2^30.
+int32_t BucketFor(int32_t n) { return int32_t{1} << BucketIndex(n); }
 
 // A graph promises its attention the longest context of its class: the smallest power of two,
 // at least kMinKvClass keys, that holds the batch's longest context. Classes a power of two

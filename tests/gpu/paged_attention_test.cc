@@ -880,6 +880,19 @@ std::pair<int, int> LaunchSlices(int num_seqs, DType dtype, int head_dim, int gr
   return {s.max_splits, s.tail_splits};
 }
 
+// PlanSplits' cut of a kv_len-key context over `slices` slices, `tails` of them for tails,
+// with the workspace's defaults.
+cuda::decode::SplitPlan DefaultCut(int kv_len, int slices, int tails, int granule) {
+  const cuda::DecodeWorkspace defaults;
+  return cuda::decode::PlanSplits(kv_len, slices, granule, defaults.min_split_granules, tails,
+                                  defaults.tail_divisor, defaults.tail_min_keys);
+}
+
+bool SameCut(const cuda::decode::SplitPlan& a, const cuda::decode::SplitPlan& b) {
+  return a.num_splits == b.num_splits && a.main_splits == b.main_splits &&
+         a.main_len == b.main_len && a.tail_len == b.tail_len;
+}
+
 // Without a promise, the full grid: DecodeMaxSplits' main slices and DecodeTailSplits' tails.
 TEST(DecodeSplitPolicyTest, WithoutAKvLengthPromiseLaunchesEverySlice) {
   using S = std::pair<int, int>;
@@ -918,21 +931,14 @@ TEST(DecodeSplitPolicyTest, AKvLengthPromiseLeavesOutSlicesNoContextUses) {
 // in a tail, and a context of 123904 keys ends in one.
 TEST(DecodeSplitPolicyTest, SlicesForContextsChangeNoCutAtAnyGranule) {
   const cuda::DecodeWorkspace defaults;
-  auto cut = [&](int kv_len, int slices, int tails, int granule) {
-    return cuda::decode::PlanSplits(kv_len, slices, granule, defaults.min_split_granules, tails,
-                                    defaults.tail_divisor, defaults.tail_min_keys);
-  };
-  auto same = [](const cuda::decode::SplitPlan& a, const cuda::decode::SplitPlan& b) {
-    return a.num_splits == b.num_splits && a.main_splits == b.main_splits &&
-           a.main_len == b.main_len && a.tail_len == b.tail_len;
-  };
   {
     const cuda::decode::PromisedSlices s = cuda::decode::SlicesForContexts(
         124032, 15, 1, 128, defaults.min_split_granules, defaults.tail_min_keys);
     EXPECT_EQ(s.slices, 16);
     EXPECT_EQ(s.tail_slices, 1);
-    EXPECT_TRUE(same(cut(123904, 16, 1, 128), cut(123904, s.slices, s.tail_slices, 128)));
-    EXPECT_EQ(cut(123904, 16, 1, 128).num_splits, 16);  // it does end in a tail
+    EXPECT_TRUE(
+        SameCut(DefaultCut(123904, 16, 1, 128), DefaultCut(123904, s.slices, s.tail_slices, 128)));
+    EXPECT_EQ(DefaultCut(123904, 16, 1, 128).num_splits, 16);  // it does end in a tail
   }
   for (const int granule : {32, 64, 128}) {
     for (int main_splits = 1; main_splits <= 128; ++main_splits) {
@@ -943,8 +949,8 @@ TEST(DecodeSplitPolicyTest, SlicesForContextsChangeNoCutAtAnyGranule) {
                                             defaults.min_split_granules, defaults.tail_min_keys);
         ASSERT_LE(s.slices, main_splits + tails);
         for (int kv_len = 1; kv_len <= promise; kv_len += 1 + kv_len / 8) {
-          ASSERT_TRUE(same(cut(kv_len, main_splits + tails, tails, granule),
-                           cut(kv_len, s.slices, s.tail_slices, granule)))
+          ASSERT_TRUE(SameCut(DefaultCut(kv_len, main_splits + tails, tails, granule),
+                              DefaultCut(kv_len, s.slices, s.tail_slices, granule)))
               << "granule " << granule << ", " << main_splits << " + " << tails
               << " slices, promise " << promise << ", kv_len " << kv_len;
         }
@@ -958,7 +964,6 @@ TEST(DecodeSplitPolicyTest, SlicesForContextsChangeNoCutAtAnyGranule) {
 // and batches with and without tail slices; a longer one, breaking it, still gets a cut that
 // covers it within the launched slices.
 TEST(DecodeSplitPolicyTest, AKvLengthPromiseChangesNoContextsCut) {
-  const cuda::DecodeWorkspace defaults;
   struct Kernel {
     DType dtype;
     int head_dim, group, granule;
@@ -968,9 +973,8 @@ TEST(DecodeSplitPolicyTest, AKvLengthPromiseChangesNoContextsCut) {
       {DType::kF32, 128, 8, cuda::DecodeSimtSplitGranule(DType::kF32, 128, 8)},
       {DType::kF32, 64, 1, cuda::DecodeSimtSplitGranule(DType::kF32, 64, 1)},
   };
-  auto cut = [&](int kv_len, const cuda::DecodeSlices& s, int granule) {
-    return cuda::decode::PlanSplits(kv_len, s.max_splits, granule, defaults.min_split_granules,
-                                    s.tail_splits, defaults.tail_divisor, defaults.tail_min_keys);
+  auto cut = [](int kv_len, const cuda::DecodeSlices& s, int granule) {
+    return DefaultCut(kv_len, s.max_splits, s.tail_splits, granule);
   };
   for (const Kernel& k : kernels) {
     ASSERT_GT(k.granule, 0);
@@ -986,8 +990,7 @@ TEST(DecodeSplitPolicyTest, AKvLengthPromiseChangesNoContextsCut) {
         for (int kv_len = 1; kv_len <= promise; kv_len += 1 + kv_len / 16) {
           const cuda::decode::SplitPlan a = cut(kv_len, full, k.granule);
           const cuda::decode::SplitPlan b = cut(kv_len, trimmed, k.granule);
-          ASSERT_TRUE(a.num_splits == b.num_splits && a.main_splits == b.main_splits &&
-                      a.main_len == b.main_len && a.tail_len == b.tail_len)
+          ASSERT_TRUE(SameCut(a, b))
               << "kv_len " << kv_len << ": " << b.num_splits << " splits of " << b.main_len
               << " keys against " << a.num_splits << " of " << a.main_len;
         }
