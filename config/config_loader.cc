@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "config/config_key.h"
+#include "yaml-cpp/anchor.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace kvd {
@@ -131,20 +133,58 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
   return absl::OkStatus();
 }
 
+// Where each document of a YAML stream starts, from yaml-cpp's event parser; the events
+// inside a document are not needed.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  std::vector<YAML::Mark> marks;
+};
+
+// Where each document of `yaml` starts. Instead of YAML::LoadAll, which in yaml-cpp 0.7
+// (Debian 12's) never returns on a document that starts with a ',', and allocates all the
+// while: the parser reports an empty document and leaves the ',' for the next one
+// (jbeder/yaml-cpp#1040, fixed upstream after 0.7). Any other document consumes input, so
+// one that starts where the one before it did is that loop: a syntax error at that place.
+std::vector<YAML::Mark> DocumentMarks(const std::string& yaml) {
+  std::istringstream stream(yaml);
+  YAML::Parser parser(stream);
+  DocumentStarts starts;
+  while (parser.HandleNextDocument(starts)) {
+    const std::vector<YAML::Mark>& marks = starts.marks;
+    if (marks.size() >= 2 && marks.back().pos == marks[marks.size() - 2].pos) {
+      throw YAML::ParserException(marks.back(), "no YAML node starts here");
+    }
+  }
+  return starts.marks;
+}
+
 // ParseConfigYaml without the checks between keys.
 absl::StatusOr<InferenceConfig> ParseUnvalidated(std::string_view yaml) {
   InferenceConfig config;
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
-    if (documents.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(documents[1]), "a config file holds one YAML document, found ", documents.size()));
+    const std::string text(yaml);
+    if (const std::vector<YAML::Mark> documents = DocumentMarks(text); documents.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", documents[1].line + 1,
+                                                     ": a config file holds one YAML document, "
+                                                     "found ",
+                                                     documents.size()));
     }
     std::set<std::string> seen;
-    if (!documents.empty()) {
-      if (absl::Status status = ApplySection(documents[0], "", config, seen); !status.ok()) {
-        return status;
-      }
+    if (absl::Status status = ApplySection(YAML::Load(text), "", config, seen); !status.ok()) {
+      return status;
     }
   } catch (const YAML::Exception& e) {
     // Syntax errors (and anything else yaml-cpp throws) stop here; marks are 0-based.

@@ -49,7 +49,9 @@ absl::StatusOr<InferenceConfig> LoadConfig(const std::optional<std::string>& pat
 
 // The whole config as YAML, every key present, in the README's order, values in their
 // canonical spelling (e.g. 16GB, 30s). ParseConfigYaml(DumpConfigYaml(c)) == c for any c
-// that passes Validate().
+// that passes Validate() and whose strings are UTF-8. YAML is Unicode text: bytes that are
+// not UTF-8 (a path may hold them, and a config file passes them through as they are) may
+// come out as U+FFFD.
 std::string DumpConfigYaml(const InferenceConfig& config);
 
 }  // namespace kvd

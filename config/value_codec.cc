@@ -48,7 +48,12 @@ ValueCodec<bool> BoolCodec() {
 }
 
 ValueCodec<std::string> StringCodec() {
-  return {[](std::string_view text) -> absl::StatusOr<std::string> { return std::string(text); },
+  return {[](std::string_view text) -> absl::StatusOr<std::string> {
+            if (text.find('\0') != std::string_view::npos) {
+              return absl::InvalidArgumentError("contains a NUL character");
+            }
+            return std::string(text);
+          },
           [](const std::string& v) { return v; }};
 }
 

@@ -46,7 +46,8 @@ ValueCodec<double> NumberCodec();
 // true/yes/on/1 and false/no/off/0, any case; printed as true/false.
 ValueCodec<bool> BoolCodec();
 
-// Any text, verbatim.
+// Any text without a NUL character, verbatim. Every string key is a path or an address, which
+// a NUL would cut short where the OS reads it (YAML's "\0" escape makes one).
 ValueCodec<std::string> StringCodec();
 
 // ParseByteSize / FormatByteSize.

@@ -219,6 +219,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "model:\n  seed: 1\n---\nmodel:\n  seed: 2\n",
                 {"one YAML document", "found 2"}},
         BadCase{"ScalarDocument", "just a string\n", {"the document must be a map"}},
+        // yaml-cpp 0.7's LoadAll loops forever, allocating, on a document that starts so.
+        BadCase{"StrayComma", ",\n", {"invalid YAML at line 1, column 1"}},
+        BadCase{"StrayCommaInSecondDocument",
+                "model:\n  seed: 1\n---\n  ,\n",
+                {"invalid YAML at line 4, column 3"}},
         BadCase{"BatchAboveTokenBudget",
                 "kv_cache_config:\n  max_batch_size: 64\nscheduler:\n  max_num_batched_tokens: "
                 "32\n",
@@ -384,6 +389,41 @@ TEST(DumpConfigYamlTest, RoundTripsThroughParse) {
     ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
     EXPECT_EQ(*parsed, config) << yaml;
   }
+}
+
+// A path or address is handed to the OS as a C string, which ends at a NUL: "a\0b" would
+// open "a". YAML's "\0" escape, an override and a config built in code are all refused.
+TEST(ConfigStringKeyTest, ANulCharacterIsRefusedWhereverItComesFrom) {
+  const absl::StatusOr<InferenceConfig> parsed =
+      ParseConfigYaml("model:\n  path: \"/models/a\\0b.bin\"\n");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(Message(parsed.status()),
+              AllOf(HasSubstr("model.path: invalid value"), HasSubstr("contains a NUL character")));
+
+  InferenceConfig config;
+  const absl::Status set =
+      ApplyOverride(config, "server.grpc_address", std::string("unix:/run/kvd\0.sock", 19));
+  EXPECT_THAT(Message(set), HasSubstr("server.grpc_address: invalid value"));
+  EXPECT_EQ(config, InferenceConfig{});
+
+  config.model.tokenizer = std::string("tok\0.bin", 8);
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("model.tokenizer"));
+}
+
+// Strings round trip when they are UTF-8, spaces at either end included. Bytes that are
+// not UTF-8, which a path may hold, load from a file as they are, but need not come back
+// through DumpConfigYaml: YAML is Unicode text (yaml-cpp writes U+FFFD in quoted strings).
+TEST(DumpConfigYamlTest, RoundTripsUtf8StringsAndLoadsOtherBytesAsTheyAre) {
+  InferenceConfig config;
+  config.model.path = " /leading space/caf\xC3\xA9 \xE2\x98\x83.bin ";
+  ASSERT_TRUE(config.Validate().ok());
+  absl::StatusOr<InferenceConfig> parsed = ParseConfigYaml(DumpConfigYaml(config));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->model.path, config.model.path);
+
+  parsed = ParseConfigYaml("model:\n  path: /models/caf\xE9.bin\n");  // Latin-1
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->model.path, "/models/caf\xE9.bin");
 }
 
 TEST(DumpConfigYamlTest, UsesCanonicalSpellings) {
