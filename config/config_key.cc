@@ -120,10 +120,10 @@ ConfigKey EnumKey(std::string path, std::string description, Access access) {
 template <typename Access>
 ConfigKey StringKey(std::string path, std::string allowed, std::string description, Access access,
                     std::function<bool(const std::string&)> ok) {
-  // Validate() refuses a NUL in a config built in code too, as the codec does in text.
+  // Validate() refuses control characters in a config built in code too, as the codec does.
   return MakeKey<std::string>(std::move(path), "string", std::move(allowed), std::move(description),
                               access, StringCodec(), [ok = std::move(ok)](const std::string& v) {
-                                return v.find('\0') == std::string::npos && ok(v);
+                                return FindControlCharacter(v) == std::string::npos && ok(v);
                               });
 }
 

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "config/byte_size.h"
 #include "config/duration.h"
 
@@ -47,10 +48,20 @@ ValueCodec<bool> BoolCodec() {
           [](const bool& v) { return std::string(v ? "true" : "false"); }};
 }
 
+size_t FindControlCharacter(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+  }
+  return std::string_view::npos;
+}
+
 ValueCodec<std::string> StringCodec() {
   return {[](std::string_view text) -> absl::StatusOr<std::string> {
-            if (text.find('\0') != std::string_view::npos) {
-              return absl::InvalidArgumentError("contains a NUL character");
+            if (const size_t at = FindControlCharacter(text); at != std::string_view::npos) {
+              return absl::InvalidArgumentError(
+                  absl::StrFormat("contains the control character 0x%02x at byte %d",
+                                  static_cast<unsigned char>(text[at]), at));
             }
             return std::string(text);
           },

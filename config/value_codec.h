@@ -46,9 +46,14 @@ ValueCodec<double> NumberCodec();
 // true/yes/on/1 and false/no/off/0, any case; printed as true/false.
 ValueCodec<bool> BoolCodec();
 
-// Any text without a NUL character, verbatim. Every string key is a path or an address, which
-// a NUL would cut short where the OS reads it (YAML's "\0" escape makes one).
+// Any text without control characters, verbatim. Every string key is a path or an address:
+// a NUL (YAML's "\0") would cut it short where the OS reads it, and a CR (a script with
+// Windows line ends) or a tab would name another file than the one meant, as would
+// the other C0 controls and DEL, none of which YAML's emitter writes back faithfully.
 ValueCodec<std::string> StringCodec();
+
+// Where the first control character (0x00-0x1F or 0x7F) of `text` is, or npos.
+size_t FindControlCharacter(std::string_view text);
 
 // ParseByteSize / FormatByteSize.
 ValueCodec<int64_t> ByteSizeCodec();

@@ -391,22 +391,26 @@ TEST(DumpConfigYamlTest, RoundTripsThroughParse) {
   }
 }
 
-// A path or address is handed to the OS as a C string, which ends at a NUL: "a\0b" would
-// open "a". YAML's "\0" escape, an override and a config built in code are all refused.
-TEST(ConfigStringKeyTest, ANulCharacterIsRefusedWhereverItComesFrom) {
+// Every string key is a path or an address. A NUL would cut it short where the OS reads it
+// ("a\0b" opens "a"); a CR (a script with Windows line ends) or a tab would name another
+// file than the one meant. Refused from YAML, from an override and in a config built in code.
+TEST(ConfigStringKeyTest, AControlCharacterIsRefusedWhereverItComesFrom) {
   const absl::StatusOr<InferenceConfig> parsed =
       ParseConfigYaml("model:\n  path: \"/models/a\\0b.bin\"\n");
   ASSERT_FALSE(parsed.ok());
   EXPECT_THAT(Message(parsed.status()),
-              AllOf(HasSubstr("model.path: invalid value"), HasSubstr("contains a NUL character")));
+              AllOf(HasSubstr("model.path: invalid value"),
+                    HasSubstr("contains the control character 0x00 at byte 9")));
 
   InferenceConfig config;
-  const absl::Status set =
-      ApplyOverride(config, "server.grpc_address", std::string("unix:/run/kvd\0.sock", 19));
-  EXPECT_THAT(Message(set), HasSubstr("server.grpc_address: invalid value"));
+  const absl::Status set = ApplyOverride(config, "server.grpc_address", "unix:/run/kvd.sock\r");
+  EXPECT_THAT(Message(set), AllOf(HasSubstr("server.grpc_address: invalid value"),
+                                  HasSubstr("control character 0x0d at byte 18")));
   EXPECT_EQ(config, InferenceConfig{});
 
-  config.model.tokenizer = std::string("tok\0.bin", 8);
+  config.model.tokenizer = "tok\t.bin";
+  EXPECT_THAT(Message(config.Validate()), HasSubstr("model.tokenizer"));
+  config.model.tokenizer = "tok\x7f.bin";
   EXPECT_THAT(Message(config.Validate()), HasSubstr("model.tokenizer"));
 }
 
