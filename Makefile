@@ -4,10 +4,13 @@
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps test-deps configure build test test-sanitize bench serve clean format
+.PHONY: all deps test-deps configure build test test-sanitize fuzz bench serve clean format
 
 all: build
 
@@ -34,6 +37,16 @@ test-sanitize: test-deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer over tests/fuzz/'s targets (scripts/fuzz), built with clang, ASan and UBSan in
+# build-fuzz/: FUZZ_SECONDS each (default 60), all targets or those in FUZZ_TARGETS. Not part
+# of `make test`, which replays their corpus (tests/fuzz/corpus/) on every run instead.
+fuzz:
+	@scripts/install-deps --fuzz
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DKVD_FUZZ=ON -DKVD_CUDA=OFF $(CMAKE_ARGS) > /dev/null
+	@cmake --build $(FUZZ_BUILD) --target kvd_fuzz_targets -j $(JOBS)
+	@scripts/fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The CPU engine benchmark on stories260K, found or downloaded as `make serve` does.
 bench: build
@@ -67,4 +80,4 @@ format:
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD) $(ASAN_BUILD)
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
