@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -17,9 +18,14 @@ namespace {
 
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// The value as an error quotes it: escaped (\r, \x01) when it holds a control character, which
+// printed raw would garble the message on a terminal or cut it short at a NUL.
 absl::Status BadValue(const std::string& path, std::string_view text, std::string_view why,
                       const std::string& allowed) {
-  std::string message = absl::StrCat(path, ": invalid value '", AsAbsl(text), "'");
+  const std::string quoted = FindControlCharacter(text) == std::string_view::npos
+                                 ? std::string(text)
+                                 : absl::CHexEscape(AsAbsl(text));
+  std::string message = absl::StrCat(path, ": invalid value '", quoted, "'");
   if (!why.empty()) absl::StrAppend(&message, " (", AsAbsl(why), ")");
   absl::StrAppend(&message, "; allowed: ", allowed);
   return absl::InvalidArgumentError(message);
@@ -155,13 +161,14 @@ std::vector<ConfigKey> BuildKeys() {
   std::vector<ConfigKey> keys;
   // model
   keys.push_back(StringKey(
-      "model.path", "any path, or empty",
+      "model.path", "any path without control characters, or empty",
       "Model to serve: a llama2.c .bin checkpoint or synthetic:<preset> (GGUF and HF "
       "safetensors are not loaded yet); empty = the default model, stories260K.bin from "
       "../shared/models, else $KVD_MODEL_CACHE (default ~/.cache/kvd)",
       [](auto& c) -> auto& { return c.model.path; }, [](const std::string&) { return true; }));
   keys.push_back(StringKey(
-      "model.tokenizer", "any path, or empty", "Tokenizer file; empty = the one beside the model",
+      "model.tokenizer", "any path without control characters, or empty",
+      "Tokenizer file; empty = the one beside the model",
       [](auto& c) -> auto& { return c.model.tokenizer; }, [](const std::string&) { return true; }));
   keys.push_back(EnumKey<DeviceKind>(
       "model.device", "Where to run: auto = CUDA when a GPU and a CUDA build are present, else CPU",

@@ -135,8 +135,7 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
 
 // Where each document of a YAML stream starts, from yaml-cpp's event parser; the events
 // inside a document are not needed.
-class DocumentStarts : public YAML::EventHandler {
- public:
+struct DocumentStarts : public YAML::EventHandler {
   void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
@@ -156,7 +155,8 @@ class DocumentStarts : public YAML::EventHandler {
 // Where each document of `yaml` starts. Instead of YAML::LoadAll, which in yaml-cpp 0.7
 // (Debian 12's) never returns on a document that starts with a ',', and allocates all the
 // while: the parser reports an empty document and leaves the ',' for the next one
-// (jbeder/yaml-cpp#1040, fixed upstream after 0.7). Any other document consumes input, so
+// (jbeder/yaml-cpp#1040; fixed by #1319 in September 2024, after the 0.8.0 release). Any
+// other document consumes input, so
 // one that starts where the one before it did is that loop: a syntax error at that place.
 std::vector<YAML::Mark> DocumentMarks(const std::string& yaml) {
   std::istringstream stream(yaml);

@@ -46,10 +46,10 @@ ValueCodec<double> NumberCodec();
 // true/yes/on/1 and false/no/off/0, any case; printed as true/false.
 ValueCodec<bool> BoolCodec();
 
-// Any text without control characters, verbatim. Every string key is a path or an address:
-// a NUL (YAML's "\0") would cut it short where the OS reads it, and a CR (a script with
-// Windows line ends) or a tab would name another file than the one meant, as would
-// the other C0 controls and DEL, none of which YAML's emitter writes back faithfully.
+// Any text without control characters (0x00-0x1F, 0x7F), verbatim. Every string key is a
+// path or an address: a NUL (YAML's "\0") would cut it short where the OS reads it, and a CR
+// (a script with Windows line ends), a tab or another control character is far likelier a
+// mistake than part of a name, and would name another file than the one meant.
 ValueCodec<std::string> StringCodec();
 
 // Where the first control character (0x00-0x1F or 0x7F) of `text` is, or npos.

@@ -404,12 +404,17 @@ TEST(ConfigStringKeyTest, AControlCharacterIsRefusedWhereverItComesFrom) {
 
   InferenceConfig config;
   const absl::Status set = ApplyOverride(config, "server.grpc_address", "unix:/run/kvd.sock\r");
-  EXPECT_THAT(Message(set), AllOf(HasSubstr("server.grpc_address: invalid value"),
-                                  HasSubstr("control character 0x0d at byte 18")));
+  // The value is shown escaped: a raw CR would send the terminal's cursor back over the line.
+  EXPECT_THAT(Message(set),
+              AllOf(HasSubstr("server.grpc_address: invalid value 'unix:/run/kvd.sock\\r'"),
+                    HasSubstr("control character 0x0d at byte 18")));
+  EXPECT_EQ(Message(set).find('\r'), std::string::npos);
   EXPECT_EQ(config, InferenceConfig{});
 
   config.model.tokenizer = "tok\t.bin";
-  EXPECT_THAT(Message(config.Validate()), HasSubstr("model.tokenizer"));
+  EXPECT_THAT(Message(config.Validate()),
+              AllOf(HasSubstr("model.tokenizer: invalid value 'tok\\t.bin'"),
+                    HasSubstr("without control characters")));
   config.model.tokenizer = "tok\x7f.bin";
   EXPECT_THAT(Message(config.Validate()), HasSubstr("model.tokenizer"));
 }
