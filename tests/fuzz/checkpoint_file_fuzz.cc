@@ -5,8 +5,9 @@
 // the reader refuses a file for its size alone, the same header is tried again at the size
 // the reader said it expects (when that is small), padded with the input's bytes and zeros.
 //
-// Invariants: every refusal is a status with a message, never a crash or an allocation the
-// header asked for before the size check; a file the reader accepts gives a spec that
+// Invariants: every refusal is a status with a message, never a crash (nor, under
+// scripts/fuzz, one allocation over its -malloc_limit_mb, such as a header's before the size
+// check); a file the reader accepts gives a spec that
 // passes ModelSpec::Validate() and, loaded, weights of exactly the spec's shapes (or a refusal
 // naming a float that is not finite); a NaN planted in its first weight is refused.
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "config/config_key.h"
@@ -24,6 +25,7 @@ namespace {
 using kvd::fuzz::Require;
 
 void CheckRoundTrip(const kvd::InferenceConfig& config) {
+  bool all_utf8 = true;
   for (const kvd::ConfigKey& key : kvd::ConfigKeys()) {
     if (key.type != "string") continue;
     const std::string value = key.get(config);
@@ -31,8 +33,9 @@ void CheckRoundTrip(const kvd::InferenceConfig& config) {
       Require(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f,
               "a string value holds a control character");
     }
-    if (!kvd::IsValidUtf8(value)) return;  // YAML text cannot carry it back
+    all_utf8 = all_utf8 && kvd::IsValidUtf8(value);
   }
+  if (!all_utf8) return;  // YAML text cannot carry it back
   const std::string dumped = kvd::DumpConfigYaml(config);
   const absl::StatusOr<kvd::InferenceConfig> reloaded = kvd::ParseConfigYaml(dumped);
   Require(reloaded.ok(), "a dumped config does not load");

@@ -9,10 +9,12 @@
 // it was preempted (the CPU backend is exact, so batching and recompute change nothing).
 //
 // Invariants: every accepted request gets exactly one final event and none after it; one
-// that ends by length produced exactly the expected tokens, one cancelled or stopped a
-// prefix of them; no request fails; usage counts what was streamed; the cache's invariants
-// hold at every event; when every round is done no block is in use but sessions' pins.
+// that ends by length produced exactly the expected tokens, one cancelled (by its own stream
+// callback, the only way here: no golden output holds the stop token 1) a prefix of them; no
+// request fails; usage counts what was streamed; the cache's invariants hold at every event;
+// when every round is done no block is in use but sessions' pins.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -65,6 +67,7 @@ World& TheWorld() {
                            j["output_tokens"].get<std::vector<int32_t>>()});
     }
     Require(w->golden.size() == 12, "the golden file does not hold 12 stories");
+    for (const Golden& g : w->golden) Require(g.output.size() >= 2, "a golden output under 2");
     return w;
   }();
   return *world;

@@ -5,11 +5,13 @@
 // ("max_tokens: ..."); a request that passes is one the engine can run as it stands: prompt
 // ids in the vocabulary, prompt + max_tokens within the context (+ 1), sampling options the
 // Sampler accepts (its constructor aborts on others), stop strings non-empty UTF-8, stop ids
-// in the vocabulary with the model's end of text unless ignore_eos, identifiers UTF-8.
+// in the vocabulary with the model's end of text unless ignore_eos, identifiers UTF-8
+// without control characters.
 
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -126,8 +128,8 @@ void Check(const kvd::v1::GenerateRequest& in) {
     const size_t colon = message.find(": ");
     Require(colon != absl::string_view::npos && colon > 0, "the message names no field");
     for (char c : message.substr(0, colon)) {
-      Require(std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '_' ||
-                  c == '[' || c == ']',
+      Require(std::islower(static_cast<unsigned char>(c)) ||
+                  std::isdigit(static_cast<unsigned char>(c)) || c == '_' || c == '[' || c == ']',
               "the message does not start with a field name");
     }
     return;
@@ -152,7 +154,12 @@ void Check(const kvd::v1::GenerateRequest& in) {
   const bool has_end = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), kEndOfText) !=
                        r.stop_token_ids.end();
   Require(in.ignore_eos() || has_end, "the model's end of text is not a stop id");
-  Require(kvd::IsValidUtf8(r.session_id) && kvd::IsValidUtf8(r.request_id), "ids not UTF-8");
+  for (const std::string* id : {&r.session_id, &r.request_id}) {
+    Require(kvd::IsValidUtf8(*id), "an id that is not UTF-8");
+    for (char c : *id) {
+      Require(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f, "an id with a control character");
+    }
+  }
   Require(r.expected_output_tokens >= 0 && r.expected_output_tokens <= kContext,
           "expected_output_tokens out of range");
 }

@@ -106,7 +106,7 @@ int CheckReply(absl::string_view reply, bool head_request) {
       head.substr(length_at + 18, head.find("\r\n", length_at + 2) - (length_at + 18));
   size_t length = 0;
   Require(absl::SimpleAtoi(length_text, &length), "Content-Length is not a number");
-  // HEAD gets the headers of the GET reply and no body; errors always carry theirs.
+  // HEAD gets the headers of the GET reply (200 or 404) and no body; 400 and 405 carry theirs.
   const bool body_sent = !(head_request && (status == 200 || status == 404));
   Require(body.size() == (body_sent ? length : 0), "the body is not Content-Length bytes");
   Require(absl::StrContains(head, "\r\nConnection: close\r\n"), "no Connection: close");

@@ -10,11 +10,14 @@
 
 namespace kvd::fuzz {
 
-// llama2.c's run.c encoder as it is written there, quadratic: the oracle for
+// llama2.c's run.c encoder, quadratic as it is written there: the oracle for
 // Tokenizer::Encode, whose heap of merge candidates must give the same tokens. Bytes are
 // grouped as run.c does (a new group at each byte that is not a continuation byte, or once
 // four bytes are in), each group looked up as a piece or spelled as byte tokens; then the
-// best-scoring pair (> -1e10, leftmost on ties) merges until none does. BOS never merges.
+// best-scoring pair (> -1e10, leftmost on ties) merges until none does. Where Encode's
+// contract (tokenizer.h) departs from run.c this follows the contract: BOS never merges, a
+// NUL byte is encoded (run.c stops at it), and without a " " piece the dummy prefix is the
+// byte token <0x20> (run.c would push id -1).
 inline std::vector<int32_t> RunCEncode(const Tokenizer& tokenizer, std::string_view text,
                                        bool add_bos) {
   std::vector<int32_t> tokens;

@@ -6,6 +6,7 @@
 // proper prefix of some stop string (the held-back part, which Flush() returns). The
 // reference below rescans the whole text each time; the matcher must agree with it.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>

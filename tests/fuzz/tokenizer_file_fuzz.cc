@@ -1,9 +1,11 @@
 // Fuzz target: Tokenizer::LoadLlama2c on any file (written to a memfd and opened by path).
 //
-// Invariants: loading returns a status, never crashes or allocates past the file's own size;
-// a vocabulary it accepts has the 256 byte pieces at ids 3..258, and encoding any text with
-// it gives exactly run.c's tokens (reference_encoder.h: any scores, ties and duplicate
-// pieces included), in the vocabulary and at least MinEncodedTokens of them.
+// Invariants: loading returns a status, never crashes (nor, under scripts/fuzz, makes one
+// allocation over its -malloc_limit_mb); a vocabulary it accepts has the 256 byte pieces at
+// ids 3..258, and encoding any text with it gives exactly the tokens of run.c's encoder
+// (reference_encoder.h, whatever the scores and ties; a piece given twice is looked up as
+// its lowest id on both sides, where run.c's binary search may take either), in the
+// vocabulary and at least MinEncodedTokens of them.
 
 #include <unistd.h>
 

@@ -12,6 +12,7 @@
 //   UTF-8 the deltas add up to exactly Decode()'s text.
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
