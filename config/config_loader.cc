@@ -156,8 +156,8 @@ struct DocumentStarts : public YAML::EventHandler {
 // (Debian 12's) never returns on a document that starts with a ',', and allocates all the
 // while: the parser reports an empty document and leaves the ',' for the next one
 // (jbeder/yaml-cpp#1040; fixed by #1319 in September 2024, after the 0.8.0 release). Any
-// other document consumes input, so
-// one that starts where the one before it did is that loop: a syntax error at that place.
+// other document consumes input, so one that starts where the one before it did is that
+// loop: a syntax error at that place.
 std::vector<YAML::Mark> DocumentMarks(const std::string& yaml) {
   std::istringstream stream(yaml);
   YAML::Parser parser(stream);
@@ -177,10 +177,9 @@ absl::StatusOr<InferenceConfig> ParseUnvalidated(std::string_view yaml) {
   try {
     const std::string text(yaml);
     if (const std::vector<YAML::Mark> documents = DocumentMarks(text); documents.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", documents[1].line + 1,
-                                                     ": a config file holds one YAML document, "
-                                                     "found ",
-                                                     documents.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", documents[1].line + 1,
+                       ": a config file holds one YAML document, found ", documents.size()));
     }
     std::set<std::string> seen;
     if (absl::Status status = ApplySection(YAML::Load(text), "", config, seen); !status.ok()) {
