@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/value_codec.h"
 #include "kvd/v1/kvd.pb.h"
 #include "server/utf8.h"
 
@@ -29,12 +30,11 @@ absl::Status CheckId(absl::string_view field, const std::string& id, int32_t max
     return Bad(field, absl::StrCat("is ", id.size(), " bytes long"), allowed);
   }
   if (!IsValidUtf8(id)) return Bad(field, "is not valid UTF-8", allowed);
-  for (size_t i = 0; i < id.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(id[i]);
-    if (c < 0x20 || c == 0x7f) {
-      return Bad(field, absl::StrFormat("contains a control character (0x%02x at byte %d)", c, i),
-                 allowed);
-    }
+  if (const size_t at = FindControlCharacter(id); at != std::string::npos) {
+    return Bad(field,
+               absl::StrFormat("contains a control character (0x%02x at byte %d)",
+                               static_cast<unsigned char>(id[at]), at),
+               allowed);
   }
   return absl::OkStatus();
 }

@@ -12,9 +12,6 @@
 //   UTF-8 the deltas add up to exactly Decode()'s text.
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,26 +21,16 @@
 #include "server/utf8.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/reference_encoder.h"
+#include "tests/fuzz/stories260k_tokenizer.h"
 
 namespace {
 
 using kvd::Tokenizer;
 using kvd::fuzz::Require;
+using kvd::fuzz::Stories260kTokenizer;
 
 // The reference encoder is quadratic: longer texts are checked without it.
 constexpr size_t kMaxReferenceBytes = 512;
-
-const Tokenizer& Stories260kTokenizer() {
-  static const Tokenizer* tokenizer = [] {
-    auto loaded = Tokenizer::LoadLlama2c(KVD_SHARED_DIR "/models/tok512.bin", 512);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
-      std::abort();
-    }
-    return loaded->release();
-  }();
-  return *tokenizer;
-}
 
 // Streams `ids` (the prompt ended in `prev`) and checks the deltas against Decode().
 void CheckStreaming(const Tokenizer& tokenizer, int32_t prev, const std::vector<int32_t>& ids) {
