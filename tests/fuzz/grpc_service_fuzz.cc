@@ -1,0 +1,591 @@
+// Fuzz target: the gRPC service's streaming path end to end. InferenceService over the
+// running EngineLoop (its own thread, stories260K, the CPU backend, a pool small enough to
+// preempt), wired as the daemon wires them (CacheOptionsFrom, EngineOptionsFrom), behind a
+// gRPC server reached through an in-process channel. Each input runs 1..6 calls at once, each
+// on its own client thread, as wire bytes through a generic stub:
+// - golden: a golden prompt followed by k of its output tokens, greedy, sometimes in a
+//   session, with a request id, a client that cancels after n messages, a deadline of a few
+//   milliseconds or a client slow to read;
+// - fields: a request built from the input (text or ids, sampling options, stop strings and
+//   ids, sessions, priorities), valid or not;
+// - wire: any bytes as the request message, or no message at all;
+// - CloseSession, with a session of this input or any id;
+// - GetCacheStats.
+// Sometimes the service begins draining while the calls run. The server is built for each
+// input and shut down at its end, which waits for every handler; the engine runs on.
+//
+// Invariants:
+// - A Generate request the server refuses gets exactly the error ParseGenerateRequest and
+//   RequestValidator give in-process (or UNAVAILABLE once draining, which is checked after
+//   parsing and before validation), and no message.
+// - A stream's messages parse (so their text is UTF-8), carry the request's id (or the
+//   server's "kvd-N"), ids in the vocabulary, at most max_tokens of them, text without any
+//   stop string; only the last has a finish reason, and its usage counts what was streamed.
+// - A call that ends OK ended for length, a stop or the context, and by length with exactly
+//   max_tokens; a golden one produced llama2.c's greedy tokens (a prefix of them when
+//   cancelled or past its deadline: CANCELLED and DEADLINE_EXCEEDED only then).
+// - CloseSession is OK or NOT_FOUND for an id of 1..max_id_bytes bytes, INVALID_ARGUMENT
+//   otherwise; GetCacheStats is a consistent snapshot (free + used + cached = total).
+// - Once the server has shut down the engine goes idle, and once this input's sessions are
+//   closed no KV block is in use.
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cache/clock.h"
+#include "cache/kv_cache_manager.h"
+#include "cache/kv_layout.h"
+#include "config/inference_config.h"
+#include "kernels/cpu_backend.h"
+#include "kvd/v1/kvd.grpc.pb.h"
+#include "model/llama2c_loader.h"
+#include "model/llama_model.h"
+#include "scheduler/engine_loop.h"
+#include "server/inference_service.h"
+#include "server/request_validator.h"
+#include "server/serve_options.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/stories260k_tokenizer.h"
+
+namespace {
+
+using kvd::fuzz::InputReader;
+using kvd::fuzz::Require;
+
+constexpr char kGenerate[] = "/kvd.v1.Inference/Generate";
+constexpr char kCloseSession[] = "/kvd.v1.Inference/CloseSession";
+constexpr int kMaxIdBytes = 16;
+constexpr int kSessions = 3;  // golden calls use sessions "s1".."s3"
+
+struct Golden {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+};
+
+// The engine and what the service needs, built once and running for the whole process.
+struct World {
+  kvd::RealClock clock;
+  kvd::CpuBackend backend{1};
+  kvd::ModelSpec spec;
+  std::unique_ptr<kvd::LlamaModel> model;
+  std::unique_ptr<kvd::KvCacheManager> cache;
+  std::unique_ptr<kvd::EngineLoop> engine;
+  std::optional<kvd::RequestValidator> validator;
+  kvd::ServedModelInfo info;
+  int64_t pool_tokens = 0;
+  std::vector<Golden> golden;
+};
+
+World& TheWorld() {
+  static World* world = [] {
+    auto* w = new World;
+    const std::string models = std::string(KVD_SHARED_DIR) + "/models";
+    auto weights = kvd::LoadLlama2cCheckpoint(models + "/stories260K.bin");
+    Require(weights.ok(), "stories260K.bin did not load");
+    w->spec = weights->spec;
+    auto model = kvd::LlamaModel::Create(*std::move(weights), &w->backend);
+    Require(model.ok(), "the model did not build");
+    w->model = *std::move(model);
+
+    // A pool of 32 blocks (512 tokens, one full context), so that a few calls at once
+    // preempt one another; chunked prefill and small batches, so that they interleave.
+    const kvd::KvShape shape{w->spec.num_layers, w->spec.num_kv_heads, w->spec.head_dim};
+    const int64_t block_bytes = kvd::KvLayout::Create(shape, kvd::DType::kF32, 16)->block_bytes();
+    kvd::InferenceConfig config;
+    config.kv_cache.max_batch_size = 4;
+    config.kv_cache.max_seq_length = w->spec.max_context_tokens;
+    config.kv_cache.memory_pool.initial_size_bytes = 8 * block_bytes;
+    config.kv_cache.memory_pool.max_size_bytes = 32 * block_bytes;
+    config.scheduler.max_num_batched_tokens = 48;
+    config.scheduler.prefill_chunk_tokens = 16;
+    Require(config.Validate().ok(), "the config is invalid");
+    const kvd::KvCacheOptions options =
+        kvd::CacheOptionsFrom(config.kv_cache, kvd::DType::kF32, shape);
+    Require(kvd::CheckPoolSize(config.kv_cache, options, shape).ok(), "the pool is refused");
+    auto cache = kvd::KvCacheManager::Create(options, shape, &w->backend, &w->clock);
+    Require(cache.ok(), cache.status().ToString());
+    w->cache = *std::move(cache);
+    w->engine = std::make_unique<kvd::EngineLoop>(kvd::EngineOptionsFrom(config), w->model.get(),
+                                                  w->cache.get(),
+                                                  &kvd::fuzz::Stories260kTokenizer(), &w->clock);
+    w->engine->Start();
+
+    kvd::RequestLimits limits;
+    limits.vocab_size = w->spec.vocab_size;
+    limits.max_context_tokens = w->spec.max_context_tokens;
+    limits.default_max_tokens = 24;  // keeps an input's run short
+    w->pool_tokens = w->cache->stats().max_blocks * int64_t{16};
+    limits.pool_tokens = w->pool_tokens;
+    limits.max_prompt_bytes = 512;
+    limits.max_stop_strings = 4;
+    limits.max_stop_string_bytes = 8;
+    limits.max_stop_token_ids = 4;
+    limits.max_id_bytes = kMaxIdBytes;
+    limits.default_stop_token_ids = {w->spec.StopTokenId()};
+    w->validator.emplace(limits, &kvd::fuzz::Stories260kTokenizer());
+    w->info.spec = w->spec;
+    w->info.backend = "cpu";
+    w->info.kv_dtype = "f32";
+    w->info.block_size = 16;
+    w->info.max_context_tokens = limits.max_context_tokens;
+
+    std::ifstream in(models + "/golden/stories260K_greedy.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      w->golden.push_back({j["prompt_tokens"].get<std::vector<int32_t>>(),
+                           j["output_tokens"].get<std::vector<int32_t>>()});
+    }
+    Require(w->golden.size() == 12, "the golden file does not hold 12 stories");
+    for (const Golden& g : w->golden) Require(g.output.size() >= 2, "a golden output under 2");
+    return w;
+  }();
+  return *world;
+}
+
+enum class Kind { kGolden, kFields, kWire, kClose, kStats };
+
+// One call: what it sends, what the in-process oracle expects, what the client saw.
+struct Call {
+  Kind kind = Kind::kGolden;
+  bool send_message = true;  // false: half-close without a request message
+  std::string wire;
+  int cancel_after = -1;     // TryCancel once this many messages arrived (-1: never)
+  int deadline_ms = 0;       // 0: a minute, which no call here should need
+  bool slow = false;         // sleeps a millisecond before each read
+  bool after_drain = false;  // started once the service had begun draining
+
+  // Generate's oracle: refused while parsing (before the drain check), refused by the
+  // validator (after it), or the request the engine runs.
+  std::optional<absl::Status> parse_error;
+  std::optional<absl::Status> validate_error;
+  std::optional<kvd::Request> request;
+  std::vector<int32_t> expected;  // golden calls: the greedy tokens due
+
+  grpc::Status status;
+  std::vector<std::string> replies;  // the messages' wire bytes
+};
+
+// A length-delimited protobuf field (its tag, its length as a varint, the bytes), built by
+// hand so that any bytes can be sent (the CloseSession request's session_id is field 1).
+std::string LengthDelimited(int field, std::string_view bytes) {
+  std::string out(1, static_cast<char>(field << 3 | 2));
+  for (uint64_t n = bytes.size();; n >>= 7) {
+    out.push_back(static_cast<char>((n & 0x7f) | (n > 0x7f ? 0x80 : 0)));
+    if (n <= 0x7f) break;
+  }
+  out.append(bytes);
+  return out;
+}
+
+// Sends `call.wire` on `method` and reads every reply, as the client options say.
+void RunCall(const std::shared_ptr<grpc::Channel>& channel, const char* method, Call& call) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       (call.deadline_ms > 0 ? std::chrono::milliseconds(call.deadline_ms)
+                                             : std::chrono::milliseconds(60000)));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> rw =
+      stub.PrepareCall(&context, method, &cq);
+  // One operation at a time, so the queue answers the one just started.
+  auto await = [&cq](intptr_t expected_tag) {
+    void* tag = nullptr;
+    bool ok = false;
+    Require(cq.Next(&tag, &ok), "the completion queue shut down");
+    Require(reinterpret_cast<intptr_t>(tag) == expected_tag, "an unexpected completion");
+    return ok;
+  };
+  rw->StartCall(reinterpret_cast<void*>(1));
+  bool live = await(1);
+  if (live && call.send_message) {
+    grpc::Slice slice(call.wire);
+    grpc::ByteBuffer buffer(&slice, 1);
+    rw->Write(buffer, reinterpret_cast<void*>(2));
+    live = await(2);
+  }
+  if (live) {
+    rw->WritesDone(reinterpret_cast<void*>(3));
+    live = await(3);
+  }
+  if (call.cancel_after == 0) context.TryCancel();
+  while (live) {
+    if (call.slow) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    grpc::ByteBuffer reply;
+    rw->Read(&reply, reinterpret_cast<void*>(4));
+    if (!await(4)) break;
+    std::vector<grpc::Slice> slices;
+    Require(reply.Dump(&slices).ok(), "a reply could not be read");
+    std::string bytes;
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    call.replies.push_back(std::move(bytes));
+    if (static_cast<int>(call.replies.size()) == call.cancel_after) context.TryCancel();
+  }
+  rw->Finish(&call.status, reinterpret_cast<void*>(5));
+  await(5);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// The Generate oracle's expectations for `call.wire`, as the service will decide them.
+void Expect(const World& world, Call& call) {
+  kvd::v1::GenerateRequest proto;
+  if (!call.send_message) {
+    call.parse_error = absl::InvalidArgumentError("request: no request message sent");
+    return;
+  }
+  if (absl::Status s = kvd::ParseGenerateRequest(call.wire, &proto); !s.ok()) {
+    call.parse_error = s;
+    return;
+  }
+  absl::StatusOr<kvd::Request> request = world.validator->Validate(proto);
+  if (!request.ok()) {
+    call.validate_error = request.status();
+  } else {
+    call.request = *std::move(request);
+  }
+}
+
+// A golden prompt plus the first k tokens of its output; the next 1..40 tokens are due.
+Call GoldenCall(const World& world, InputReader& input) {
+  Call call;
+  call.kind = Kind::kGolden;
+  const Golden& g = world.golden[input.Byte() % world.golden.size()];
+  const int total = static_cast<int>(g.output.size());
+  const int k = input.Byte() % 4 == 0 ? input.Byte() % (total - 1) : 0;
+  const int m = 1 + input.Byte() % std::min(40, total - k);
+  kvd::v1::GenerateRequest r;
+  for (int32_t id : g.prompt) r.add_prompt_token_ids(static_cast<uint32_t>(id));
+  for (int i = 0; i < k; ++i) r.add_prompt_token_ids(static_cast<uint32_t>(g.output[i]));
+  r.set_max_tokens(static_cast<uint32_t>(m));
+  const unsigned char options = input.Byte();
+  if (options % 4 != 0) r.set_session_id(absl::StrCat("s", options % 4));
+  if (options & 4) r.set_request_id(absl::StrCat("golden-", input.Byte()));
+  if (options & 8) r.set_expected_output_tokens(input.Byte() % 64);
+  r.set_priority((options >> 4) % 3 - 1);
+  call.wire = r.SerializeAsString();
+  call.expected.assign(g.output.begin() + k, g.output.begin() + k + m);
+  const unsigned char client = input.Byte();
+  if (client & 1) call.cancel_after = input.Byte() % (m + 1);
+  if (client & 2) call.deadline_ms = 1 + input.Byte() % 40;
+  call.slow = client & 4;
+  return call;
+}
+
+// A request from fields the input picks: often valid, sometimes not.
+Call FieldsCall(InputReader& input) {
+  static constexpr std::string_view kWords[] = {"Once", " upon", " a time", " Lily", " the",
+                                                ".",    "\n",    " é",      "🙂",  ""};
+  static constexpr std::string_view kStops[] = {".", " the", "Lily", "\n", "", "a"};
+  Call call;
+  call.kind = Kind::kFields;
+  kvd::v1::GenerateRequest r;
+  const unsigned char present = input.Byte();
+  if (present & 1) {
+    std::string text;
+    for (int n = input.Byte() % 8; n > 0; --n) text += kWords[input.Byte() % std::size(kWords)];
+    r.set_prompt(text);
+  }
+  if (present & 2) {
+    for (int n = input.Byte() % 24; n > 0; --n) r.add_prompt_token_ids(input.Byte() * 3u % 520);
+  }
+  if (present & 4) r.set_max_tokens(input.Byte() % 48);
+  if (present & 8) r.set_temperature(static_cast<float>(input.Byte() % 160) / 64.0f);
+  if (present & 16) r.set_top_p(static_cast<float>(input.Byte() % 20) / 16.0f);
+  if (present & 32) r.set_top_k(input.Byte() * 3u);
+  if (present & 64) r.set_min_p(static_cast<float>(input.Byte() % 20) / 16.0f);
+  if (present & 128) {
+    for (int n = input.Byte() % 3; n > 0; --n) r.add_stop(std::string(kStops[input.Byte() % 6]));
+  }
+  const unsigned char more = input.Byte();
+  if (more & 1) {
+    for (int n = input.Byte() % 3; n > 0; --n) r.add_stop_token_ids(input.Byte() * 3u % 520);
+  }
+  if (more & 2) r.set_session_id(absl::StrCat("f", input.Byte() % 4));
+  if (more & 4) r.set_request_id(std::string(input.Byte() % 24, 'r'));
+  if (more & 8) r.set_expected_output_tokens(input.Byte());
+  r.set_ignore_eos(more & 16);
+  r.set_seed(input.Byte());
+  r.set_priority(static_cast<int8_t>(input.Byte()) % 4);
+  call.wire = r.SerializeAsString();
+  const unsigned char client = input.Byte();
+  if (client & 1) call.cancel_after = input.Byte() % 8;
+  if (client & 2) call.deadline_ms = 1 + input.Byte() % 40;
+  call.slow = client & 4;
+  return call;
+}
+
+std::string Why(const Call& c, absl::string_view what) {
+  return absl::StrCat(what, " (status ", static_cast<int>(c.status.error_code()), " '",
+                      c.status.error_message(), "', ", c.replies.size(), " messages, deadline ",
+                      c.deadline_ms, " ms, cancel after ", c.cancel_after, ")");
+}
+
+bool SameError(const grpc::Status& got, const absl::Status& want) {
+  return static_cast<int>(got.error_code()) == static_cast<int>(want.code()) &&
+         got.error_message() == want.message();
+}
+
+// The invariants of a Generate call (see the top of the file).
+void CheckGenerate(const World& world, const Call& c, bool draining) {
+  const grpc::StatusCode code = c.status.error_code();
+  const bool client_cut = (code == grpc::StatusCode::CANCELLED && c.cancel_after >= 0) ||
+                          (code == grpc::StatusCode::DEADLINE_EXCEEDED && c.deadline_ms > 0);
+  if (!c.request.has_value()) Require(c.replies.empty(), Why(c, "a refused request got messages"));
+  if (c.parse_error.has_value()) {
+    Require(client_cut || SameError(c.status, *c.parse_error), Why(c, "not the parser's error"));
+    return;
+  }
+  // The service checks for the drain after parsing and before validating.
+  if (c.after_drain || (draining && code == grpc::StatusCode::UNAVAILABLE)) {
+    Require(c.replies.empty(), Why(c, "a call refused for the drain got messages"));
+    Require(client_cut || (code == grpc::StatusCode::UNAVAILABLE &&
+                           absl::StrContains(c.status.error_message(), "draining")),
+            Why(c, "a call made while draining not refused for it"));
+    return;
+  }
+  if (!c.request.has_value()) {
+    Require(client_cut || SameError(c.status, *c.validate_error),
+            Why(c, "not the validator's error"));
+    return;
+  }
+  const kvd::Request& request = *c.request;
+  if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    // Only a request the whole pool cannot hold runs out of room (Submit refuses it).
+    Require(c.replies.empty(), Why(c, "RESOURCE_EXHAUSTED after messages"));
+    Require(static_cast<int64_t>(request.prompt.size()) + request.max_tokens > world.pool_tokens,
+            Why(c, "RESOURCE_EXHAUSTED for a request the pool holds"));
+    return;
+  }
+  Require(code == grpc::StatusCode::OK || client_cut, Why(c, "an unexpected status"));
+
+  std::vector<int32_t> tokens;
+  std::string text;
+  kvd::v1::GenerateResponse last;
+  for (size_t i = 0; i < c.replies.size(); ++i) {
+    kvd::v1::GenerateResponse r;
+    Require(r.ParseFromString(c.replies[i]), Why(c, "a message does not parse"));
+    if (request.request_id.empty()) {
+      Require(absl::StartsWith(r.request_id(), "kvd-"), Why(c, "no server request id"));
+    } else {
+      Require(r.request_id() == request.request_id, Why(c, "another request's id"));
+    }
+    Require(i + 1 == c.replies.size() || r.finish_reason().empty(),
+            Why(c, "a finish reason before the last message"));
+    for (uint32_t id : r.token_ids()) {
+      Require(id < static_cast<uint32_t>(world.spec.vocab_size), Why(c, "an id past the vocab"));
+      tokens.push_back(static_cast<int32_t>(id));
+    }
+    text += r.text();
+    last = r;
+  }
+  Require(static_cast<int32_t>(tokens.size()) <= request.max_tokens, Why(c, "past max_tokens"));
+  for (const std::string& stop : request.stop) {
+    Require(!absl::StrContains(text, stop), Why(c, "the text holds a stop string"));
+  }
+  if (!c.expected.empty()) {
+    Require(tokens.size() <= c.expected.size() &&
+                std::equal(tokens.begin(), tokens.end(), c.expected.begin()),
+            Why(c, "the output differs from llama2.c's greedy output"));
+  }
+  Require(code != grpc::StatusCode::OK || !last.finish_reason().empty(),
+          Why(c, "an OK call without a final message"));
+  if (last.finish_reason().empty()) return;  // cut short by the client before the end
+  const kvd::v1::Usage& usage = last.usage();
+  Require(usage.completion_tokens() == tokens.size(), Why(c, "usage does not count the tokens"));
+  Require(usage.prompt_tokens() == request.prompt.size(), Why(c, "usage miscounts the prompt"));
+  Require(usage.cached_prompt_tokens() <= usage.prompt_tokens(), Why(c, "more cached than sent"));
+  Require(usage.queue_time_seconds() >= 0 && usage.time_to_first_token_seconds() >= 0 &&
+              usage.total_time_seconds() >= usage.time_to_first_token_seconds(),
+          Why(c, "usage times out of order"));
+  if (code != grpc::StatusCode::OK) return;
+  const std::string& reason = last.finish_reason();
+  Require(reason == "length" || reason == "stop" || reason == "context_limit",
+          Why(c, absl::StrCat("an OK call ended for '", reason, "'")));
+  if (reason == "length") {
+    Require(static_cast<int32_t>(tokens.size()) == request.max_tokens,
+            Why(c, "ended by length early"));
+  }
+  if (!c.expected.empty()) {
+    Require(reason == "length", Why(c, "a golden call did not end by length"));
+  }
+}
+
+void CheckCloseSession(const Call& c) {
+  const grpc::StatusCode code = c.status.error_code();
+  if ((code == grpc::StatusCode::CANCELLED && c.cancel_after >= 0) ||
+      (code == grpc::StatusCode::DEADLINE_EXCEEDED && c.deadline_ms > 0)) {
+    return;
+  }
+  kvd::v1::CloseSessionRequest request;
+  if (!c.send_message || !kvd::ParseRequestMessage(c.wire, &request).ok() ||
+      request.session_id().empty() || request.session_id().size() > kMaxIdBytes) {
+    Require(code == grpc::StatusCode::INVALID_ARGUMENT, Why(c, "a bad CloseSession not refused"));
+    Require(c.replies.empty(), Why(c, "a refused CloseSession answered"));
+    return;
+  }
+  Require(code == grpc::StatusCode::OK || code == grpc::StatusCode::NOT_FOUND,
+          Why(c, "CloseSession neither closed nor found nothing"));
+  Require(c.replies.size() == (code == grpc::StatusCode::OK ? 1u : 0u),
+          Why(c, "CloseSession's answer"));
+}
+
+void CheckStats(const kvd::v1::CacheStats& s) {
+  Require(s.free_blocks() + s.used_blocks() + s.cached_blocks() == s.total_blocks(),
+          "free + used + cached blocks differ from the total");
+  Require(s.total_blocks() <= s.max_blocks(), "more blocks than the pool's most");
+  Require(s.pinned_blocks() <= s.used_blocks(), "more pinned blocks than used");
+  Require(s.used_bytes() == s.used_blocks() * s.block_bytes(), "used bytes differ from blocks");
+  Require(s.prefix_hit_tokens() <= s.prefix_query_tokens(), "more prefix hits than lookups");
+}
+
+template <typename Pred>
+bool WaitFor(Pred pred) {
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (!pred()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  World& world = TheWorld();
+  InputReader input(data, size);
+
+  std::vector<Call> calls;
+  std::set<std::string> sessions;
+  for (int n = 1 + input.Byte() % 6; n > 0 && !input.empty(); --n) {
+    Call call;
+    switch (input.Byte() % 8) {
+      case 0:
+      case 1:
+      case 2:
+        call = GoldenCall(world, input);
+        break;
+      case 3:
+      case 4:
+        call = FieldsCall(input);
+        break;
+      case 5:
+        call.kind = Kind::kWire;
+        call.send_message = input.Byte() % 8 != 0;
+        call.wire = std::string(input.Bytes(input.Byte()));
+        break;
+      case 6: {
+        call.kind = Kind::kClose;
+        const unsigned char b = input.Byte();
+        call.send_message = b % 16 != 0;
+        call.wire = b & 1 ? LengthDelimited(1, input.Bytes(input.Byte() % 24))
+                          : LengthDelimited(1, absl::StrCat("s", 1 + b / 2 % kSessions));
+        break;
+      }
+      default:
+        call.kind = Kind::kStats;
+        break;
+    }
+    if (call.kind != Kind::kClose && call.kind != Kind::kStats) {
+      Expect(world, call);
+      if (call.kind == Kind::kGolden) Require(call.request.has_value(), "a golden call refused");
+      if (call.request.has_value() && !call.request->session_id.empty()) {
+        sessions.insert(call.request->session_id);
+      }
+    }
+    calls.push_back(std::move(call));
+  }
+  const unsigned char drain = input.Byte();
+
+  const kvd::EngineStats before = world.engine->Stats();
+  {
+    kvd::InferenceService service(world.engine.get(), *world.validator, world.info);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    Require(server != nullptr, "the gRPC server did not start");
+    std::shared_ptr<grpc::Channel> channel = server->InProcessChannel(grpc::ChannelArguments());
+    std::unique_ptr<kvd::v1::Inference::Stub> stub = kvd::v1::Inference::NewStub(channel);
+
+    // Draining begins after the first `before_drain` calls started (maybe while they run);
+    // the calls after it start once it has begun.
+    const bool draining = drain % 4 == 0;
+    const size_t before_drain = draining ? drain / 4 % (calls.size() + 1) : calls.size();
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (draining && i == before_drain) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(drain / 16 % 8));
+        service.BeginDrain();
+      }
+      Call& call = calls[i];
+      call.after_drain = i >= before_drain;
+      threads.emplace_back([&call, &channel, &stub] {
+        switch (call.kind) {
+          case Kind::kClose:
+            RunCall(channel, kCloseSession, call);
+            break;
+          case Kind::kStats: {
+            grpc::ClientContext context;
+            kvd::v1::CacheStats stats;
+            call.status = stub->GetCacheStats(&context, kvd::v1::GetCacheStatsRequest(), &stats);
+            Require(call.status.ok(), "GetCacheStats failed");
+            CheckStats(stats);
+            break;
+          }
+          default:
+            RunCall(channel, kGenerate, call);
+        }
+      });
+    }
+    if (draining && before_drain == calls.size()) service.BeginDrain();
+    for (std::thread& t : threads) t.join();
+    // Waits for every handler, including those of calls their clients gave up on.
+    server->Shutdown();
+
+    for (const Call& call : calls) {
+      if (call.kind == Kind::kClose) CheckCloseSession(call);
+      if (call.kind == Kind::kGolden || call.kind == Kind::kFields || call.kind == Kind::kWire) {
+        CheckGenerate(world, call, draining);
+      }
+    }
+  }
+
+  Require(world.engine->WaitIdle(absl::Seconds(20)), "the engine is still busy");
+  int finished_ok = 0;
+  for (const Call& call : calls) finished_ok += call.request.has_value() && call.status.ok();
+  const kvd::EngineStats after = world.engine->Stats();
+  Require(after.requests_finished - before.requests_finished >= finished_ok,
+          "the engine counted fewer finished requests than ended OK");
+  for (int s = 1; s <= kSessions; ++s) sessions.insert(absl::StrCat("s", s));
+  for (const std::string& id : sessions) {
+    const absl::Status closed = world.engine->CloseSession(id);
+    Require(closed.ok() || absl::IsNotFound(closed), closed.ToString());
+  }
+  Require(WaitFor([&] {
+            const kvd::EngineStats s = world.engine->Stats();
+            return s.cache.used_blocks == 0 && s.cache.num_sessions == 0;
+          }),
+          "KV blocks in use after every call ended and every session closed");
+  return 0;
+}
