@@ -17,9 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,47 +25,28 @@
 #include "cache/clock.h"
 #include "cache/kv_cache_manager.h"
 #include "kernels/cpu_backend.h"
-#include "model/llama2c_loader.h"
 #include "model/llama_model.h"
 #include "scheduler/engine_loop.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/stories260k_golden.h"
 
 namespace {
 
+using kvd::fuzz::GoldenStory;
 using kvd::fuzz::InputReader;
 using kvd::fuzz::Require;
 
-struct Golden {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> output;  // greedy, up to max_new_tokens or the story's end
-};
-
-// The model and the golden outputs, loaded once.
+// The model, loaded once.
 struct World {
   kvd::CpuBackend backend{1};
   kvd::ModelSpec spec;
   std::unique_ptr<kvd::LlamaModel> model;
-  std::vector<Golden> golden;
 };
 
 World& TheWorld() {
   static World* world = [] {
     auto* w = new World;
-    const std::string models = std::string(KVD_SHARED_DIR) + "/models";
-    auto weights = kvd::LoadLlama2cCheckpoint(models + "/stories260K.bin");
-    Require(weights.ok(), "stories260K.bin did not load");
-    w->spec = weights->spec;
-    auto model = kvd::LlamaModel::Create(*std::move(weights), &w->backend);
-    Require(model.ok(), "the model did not build");
-    w->model = *std::move(model);
-    std::ifstream in(models + "/golden/stories260K_greedy.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      w->golden.push_back({j["prompt_tokens"].get<std::vector<int32_t>>(),
-                           j["output_tokens"].get<std::vector<int32_t>>()});
-    }
-    Require(w->golden.size() == 12, "the golden file does not hold 12 stories");
-    for (const Golden& g : w->golden) Require(g.output.size() >= 2, "a golden output under 2");
+    w->model = kvd::fuzz::LoadStories260k(&w->backend, &w->spec);
     return w;
   }();
   return *world;
@@ -90,6 +69,7 @@ struct Client {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   World& world = TheWorld();
+  const std::vector<GoldenStory>& golden = kvd::fuzz::Stories260kGolden();
   InputReader input(data, size);
 
   // The pool: 16-token blocks, 2..64 a chunk, 1..4 chunks.
@@ -118,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int round = 0; round < 3 && !input.empty(); ++round) {
     for (int n = 1 + input.Byte() % 6; n > 0 && !input.empty(); --n) {
-      const Golden& g = world.golden[input.Byte() % world.golden.size()];
+      const GoldenStory& g = golden[input.Byte() % golden.size()];
       const int total = static_cast<int>(g.output.size());
       // A golden prompt plus the first k tokens of its output (a later turn, or a prompt
       // that shares a prefix with others); the next 1..40 tokens are expected.

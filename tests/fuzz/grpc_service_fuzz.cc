@@ -36,10 +36,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -56,13 +54,13 @@
 #include "config/inference_config.h"
 #include "kernels/cpu_backend.h"
 #include "kvd/v1/kvd.grpc.pb.h"
-#include "model/llama2c_loader.h"
 #include "model/llama_model.h"
 #include "scheduler/engine_loop.h"
 #include "server/inference_service.h"
 #include "server/request_validator.h"
 #include "server/serve_options.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/stories260k_golden.h"
 #include "tests/fuzz/stories260k_tokenizer.h"
 
 namespace {
@@ -75,11 +73,6 @@ constexpr char kCloseSession[] = "/kvd.v1.Inference/CloseSession";
 constexpr int kMaxIdBytes = 16;
 constexpr int kSessions = 3;  // golden calls use sessions "s1".."s3"
 
-struct Golden {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> output;
-};
-
 // The engine and what the service needs, built once and running for the whole process.
 struct World {
   kvd::RealClock clock;
@@ -91,19 +84,12 @@ struct World {
   std::optional<kvd::RequestValidator> validator;
   kvd::ServedModelInfo info;
   int64_t pool_tokens = 0;
-  std::vector<Golden> golden;
 };
 
 World& TheWorld() {
   static World* world = [] {
     auto* w = new World;
-    const std::string models = std::string(KVD_SHARED_DIR) + "/models";
-    auto weights = kvd::LoadLlama2cCheckpoint(models + "/stories260K.bin");
-    Require(weights.ok(), "stories260K.bin did not load");
-    w->spec = weights->spec;
-    auto model = kvd::LlamaModel::Create(*std::move(weights), &w->backend);
-    Require(model.ok(), "the model did not build");
-    w->model = *std::move(model);
+    w->model = kvd::fuzz::LoadStories260k(&w->backend, &w->spec);
 
     // A pool of 32 blocks (512 tokens, one full context), so that a few calls at once
     // preempt one another; chunked prefill and small batches, so that they interleave.
@@ -147,14 +133,6 @@ World& TheWorld() {
     w->info.block_size = 16;
     w->info.max_context_tokens = limits.max_context_tokens;
 
-    std::ifstream in(models + "/golden/stories260K_greedy.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      w->golden.push_back({j["prompt_tokens"].get<std::vector<int32_t>>(),
-                           j["output_tokens"].get<std::vector<int32_t>>()});
-    }
-    Require(w->golden.size() == 12, "the golden file does not hold 12 stories");
-    for (const Golden& g : w->golden) Require(g.output.size() >= 2, "a golden output under 2");
     return w;
   }();
   return *world;
@@ -268,10 +246,11 @@ void Expect(const World& world, Call& call) {
 }
 
 // A golden prompt plus the first k tokens of its output; the next 1..40 tokens are due.
-Call GoldenCall(const World& world, InputReader& input) {
+Call GoldenCall(InputReader& input) {
+  const std::vector<kvd::fuzz::GoldenStory>& golden = kvd::fuzz::Stories260kGolden();
   Call call;
   call.kind = Kind::kGolden;
-  const Golden& g = world.golden[input.Byte() % world.golden.size()];
+  const kvd::fuzz::GoldenStory& g = golden[input.Byte() % golden.size()];
   const int total = static_cast<int>(g.output.size());
   const int k = input.Byte() % 4 == 0 ? input.Byte() % (total - 1) : 0;
   const int m = 1 + input.Byte() % std::min(40, total - k);
@@ -484,7 +463,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
       case 1:
       case 2:
-        call = GoldenCall(world, input);
+        call = GoldenCall(input);
         break;
       case 3:
       case 4:
