@@ -10,24 +10,34 @@
 //   ids, sessions, priorities), valid or not;
 // - wire: any bytes as the request message, or no message at all;
 // - CloseSession, with a session of this input or any id;
-// - GetCacheStats.
+// - GetCacheStats or GetModelInfo.
 // Sometimes the service begins draining while the calls run. The server is built for each
-// input and shut down at its end, which waits for every handler; the engine runs on.
+// input and shut down at its end, which waits for every handler; the engine runs on (so its
+// own drain, which the daemon begins beside the service's, is engine_fuzz's and the
+// integration tests' to cover).
 //
 // Invariants:
 // - A Generate request the server refuses gets exactly the error ParseGenerateRequest and
 //   RequestValidator give in-process (or UNAVAILABLE once draining, which is checked after
-//   parsing and before validation), and no message.
-// - A stream's messages parse (so their text is UTF-8), carry the request's id (or the
-//   server's "kvd-N"), ids in the vocabulary, at most max_tokens of them, text without any
-//   stop string; only the last has a finish reason, and its usage counts what was streamed.
+//   parsing and before validation; always for a call made after the drain began), and no
+//   message. The pool holds a whole context, so the engine refuses nothing the validator
+//   passes.
+// - A stream's messages parse, all carry the request's id (or one "kvd-N" of the server's,
+//   another for each call), ids in the vocabulary, at most max_tokens of them, text without
+//   any stop string; only the last has a finish reason, never `cancelled` or `aborted` (the
+//   service writes no final event to a client that left), `deadline` only past the call's
+//   deadline; the final usage counts what was streamed.
 // - A call that ends OK ended for length, a stop or the context, and by length with exactly
-//   max_tokens; a golden one produced llama2.c's greedy tokens (a prefix of them when
-//   cancelled or past its deadline: CANCELLED and DEADLINE_EXCEEDED only then).
+//   max_tokens; without stop strings its text is its tokens' (Tokenizer::Decode) where those
+//   make whole characters; a golden one produced llama2.c's greedy tokens (a prefix of them
+//   when cancelled or past its deadline: CANCELLED and DEADLINE_EXCEEDED only then).
 // - CloseSession is OK or NOT_FOUND for an id of 1..max_id_bytes bytes, INVALID_ARGUMENT
-//   otherwise; GetCacheStats is a consistent snapshot (free + used + cached = total).
-// - Once the server has shut down the engine goes idle, and once this input's sessions are
-//   closed no KV block is in use.
+//   otherwise; GetCacheStats is a consistent snapshot of this pool (free + used + cached =
+//   total, bytes = blocks x block bytes); GetModelInfo is what the service was given.
+// - Once the server has shut down the engine goes idle without a failure, having refused
+//   nothing, finished at least the calls that ended OK and at most those it was given, and
+//   generated at least what was streamed; once this input's sessions are closed no KV block
+//   is in use.
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -59,6 +69,7 @@
 #include "server/inference_service.h"
 #include "server/request_validator.h"
 #include "server/serve_options.h"
+#include "server/utf8.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/stories260k_golden.h"
 #include "tests/fuzz/stories260k_tokenizer.h"
@@ -113,6 +124,8 @@ World& TheWorld() {
                                                   w->cache.get(),
                                                   &kvd::fuzz::Stories260kTokenizer(), &w->clock);
     w->engine->Start();
+    // Stopped before the process's other statics go (World itself is never destroyed).
+    std::atexit([] { TheWorld().engine->Stop(); });
 
     kvd::RequestLimits limits;
     limits.vocab_size = w->spec.vocab_size;
@@ -138,7 +151,7 @@ World& TheWorld() {
   return *world;
 }
 
-enum class Kind { kGolden, kFields, kWire, kClose, kStats };
+enum class Kind { kGolden, kFields, kWire, kClose, kInfo };
 
 // One call: what it sends, what the in-process oracle expects, what the client saw.
 struct Call {
@@ -149,6 +162,7 @@ struct Call {
   int deadline_ms = 0;       // 0: a minute, which no call here should need
   bool slow = false;         // sleeps a millisecond before each read
   bool after_drain = false;  // started once the service had begun draining
+  bool model_info = false;   // kInfo: GetModelInfo rather than GetCacheStats
 
   // Generate's oracle: refused while parsing (before the drain check), refused by the
   // validator (after it), or the request the engine runs.
@@ -252,7 +266,7 @@ Call GoldenCall(InputReader& input) {
   call.kind = Kind::kGolden;
   const kvd::fuzz::GoldenStory& g = golden[input.Byte() % golden.size()];
   const int total = static_cast<int>(g.output.size());
-  const int k = input.Byte() % 4 == 0 ? input.Byte() % (total - 1) : 0;
+  const int k = input.Byte() % 4 == 0 ? (input.Byte() << 8 | input.Byte()) % (total - 1) : 0;
   const int m = 1 + input.Byte() % std::min(40, total - k);
   kvd::v1::GenerateRequest r;
   for (int32_t id : g.prompt) r.add_prompt_token_ids(static_cast<uint32_t>(id));
@@ -326,15 +340,23 @@ bool SameError(const grpc::Status& got, const absl::Status& want) {
          got.error_message() == want.message();
 }
 
+// What a Generate call streamed, for the checks across calls.
+struct Streamed {
+  std::string server_id;  // the "kvd-N" the server gave it, if any
+  int64_t tokens = 0;
+  int64_t preemptions = 0;  // from the final usage, if it came
+};
+
 // The invariants of a Generate call (see the top of the file).
-void CheckGenerate(const World& world, const Call& c, bool draining) {
+Streamed CheckGenerate(const World& world, const Call& c, bool draining) {
+  Streamed streamed;
   const grpc::StatusCode code = c.status.error_code();
   const bool client_cut = (code == grpc::StatusCode::CANCELLED && c.cancel_after >= 0) ||
                           (code == grpc::StatusCode::DEADLINE_EXCEEDED && c.deadline_ms > 0);
   if (!c.request.has_value()) Require(c.replies.empty(), Why(c, "a refused request got messages"));
   if (c.parse_error.has_value()) {
     Require(client_cut || SameError(c.status, *c.parse_error), Why(c, "not the parser's error"));
-    return;
+    return streamed;
   }
   // The service checks for the drain after parsing and before validating.
   if (c.after_drain || (draining && code == grpc::StatusCode::UNAVAILABLE)) {
@@ -342,21 +364,14 @@ void CheckGenerate(const World& world, const Call& c, bool draining) {
     Require(client_cut || (code == grpc::StatusCode::UNAVAILABLE &&
                            absl::StrContains(c.status.error_message(), "draining")),
             Why(c, "a call made while draining not refused for it"));
-    return;
+    return streamed;
   }
   if (!c.request.has_value()) {
     Require(client_cut || SameError(c.status, *c.validate_error),
             Why(c, "not the validator's error"));
-    return;
+    return streamed;
   }
   const kvd::Request& request = *c.request;
-  if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-    // Only a request the whole pool cannot hold runs out of room (Submit refuses it).
-    Require(c.replies.empty(), Why(c, "RESOURCE_EXHAUSTED after messages"));
-    Require(static_cast<int64_t>(request.prompt.size()) + request.max_tokens > world.pool_tokens,
-            Why(c, "RESOURCE_EXHAUSTED for a request the pool holds"));
-    return;
-  }
   Require(code == grpc::StatusCode::OK || client_cut, Why(c, "an unexpected status"));
 
   std::vector<int32_t> tokens;
@@ -365,11 +380,17 @@ void CheckGenerate(const World& world, const Call& c, bool draining) {
   for (size_t i = 0; i < c.replies.size(); ++i) {
     kvd::v1::GenerateResponse r;
     Require(r.ParseFromString(c.replies[i]), Why(c, "a message does not parse"));
-    if (request.request_id.empty()) {
-      Require(absl::StartsWith(r.request_id(), "kvd-"), Why(c, "no server request id"));
-    } else {
-      Require(r.request_id() == request.request_id, Why(c, "another request's id"));
+    if (i == 0 && request.request_id.empty()) {
+      const std::string& id = r.request_id();
+      Require(
+          id.size() > 4 && absl::StartsWith(id, "kvd-") &&
+              std::all_of(id.begin() + 4, id.end(), [](char ch) { return ch >= '0' && ch <= '9'; }),
+          Why(c, "no request id of the server's"));
+      streamed.server_id = id;
     }
+    Require(
+        r.request_id() == (request.request_id.empty() ? streamed.server_id : request.request_id),
+        Why(c, "another request's id"));
     Require(i + 1 == c.replies.size() || r.finish_reason().empty(),
             Why(c, "a finish reason before the last message"));
     for (uint32_t id : r.token_ids()) {
@@ -388,20 +409,29 @@ void CheckGenerate(const World& world, const Call& c, bool draining) {
                 std::equal(tokens.begin(), tokens.end(), c.expected.begin()),
             Why(c, "the output differs from llama2.c's greedy output"));
   }
+  streamed.tokens = static_cast<int64_t>(tokens.size());
   Require(code != grpc::StatusCode::OK || !last.finish_reason().empty(),
           Why(c, "an OK call without a final message"));
-  if (last.finish_reason().empty()) return;  // cut short by the client before the end
+  if (last.finish_reason().empty()) return streamed;  // cut short by the client before the end
+  const std::string& reason = last.finish_reason();
+  Require(reason == "length" || reason == "stop" || reason == "context_limit" ||
+              (reason == "deadline" && code != grpc::StatusCode::OK && c.deadline_ms > 0),
+          Why(c, absl::StrCat("a call ended for '", reason, "'")));
   const kvd::v1::Usage& usage = last.usage();
+  streamed.preemptions = usage.num_preemptions();
   Require(usage.completion_tokens() == tokens.size(), Why(c, "usage does not count the tokens"));
   Require(usage.prompt_tokens() == request.prompt.size(), Why(c, "usage miscounts the prompt"));
   Require(usage.cached_prompt_tokens() <= usage.prompt_tokens(), Why(c, "more cached than sent"));
   Require(usage.queue_time_seconds() >= 0 && usage.time_to_first_token_seconds() >= 0 &&
               usage.total_time_seconds() >= usage.time_to_first_token_seconds(),
           Why(c, "usage times out of order"));
-  if (code != grpc::StatusCode::OK) return;
-  const std::string& reason = last.finish_reason();
-  Require(reason == "length" || reason == "stop" || reason == "context_limit",
-          Why(c, absl::StrCat("an OK call ended for '", reason, "'")));
+  if (code != grpc::StatusCode::OK) return streamed;
+  Require(reason != "deadline", Why(c, "an OK call past its deadline"));
+  if (request.stop.empty()) {
+    const std::string decoded =
+        kvd::fuzz::Stories260kTokenizer().Decode(tokens, request.prompt.back());
+    Require(!kvd::IsValidUtf8(decoded) || text == decoded, Why(c, "not the tokens' text"));
+  }
   if (reason == "length") {
     Require(static_cast<int32_t>(tokens.size()) == request.max_tokens,
             Why(c, "ended by length early"));
@@ -409,14 +439,11 @@ void CheckGenerate(const World& world, const Call& c, bool draining) {
   if (!c.expected.empty()) {
     Require(reason == "length", Why(c, "a golden call did not end by length"));
   }
+  return streamed;
 }
 
 void CheckCloseSession(const Call& c) {
   const grpc::StatusCode code = c.status.error_code();
-  if ((code == grpc::StatusCode::CANCELLED && c.cancel_after >= 0) ||
-      (code == grpc::StatusCode::DEADLINE_EXCEEDED && c.deadline_ms > 0)) {
-    return;
-  }
   kvd::v1::CloseSessionRequest request;
   if (!c.send_message || !kvd::ParseRequestMessage(c.wire, &request).ok() ||
       request.session_id().empty() || request.session_id().size() > kMaxIdBytes) {
@@ -430,13 +457,35 @@ void CheckCloseSession(const Call& c) {
           Why(c, "CloseSession's answer"));
 }
 
-void CheckStats(const kvd::v1::CacheStats& s) {
+void CheckStats(const World& world, const kvd::v1::CacheStats& s) {
+  Require(s.block_size() == 16 && s.max_blocks() == static_cast<uint64_t>(world.pool_tokens / 16),
+          "not this pool's geometry");
   Require(s.free_blocks() + s.used_blocks() + s.cached_blocks() == s.total_blocks(),
           "free + used + cached blocks differ from the total");
   Require(s.total_blocks() <= s.max_blocks(), "more blocks than the pool's most");
   Require(s.pinned_blocks() <= s.used_blocks(), "more pinned blocks than used");
-  Require(s.used_bytes() == s.used_blocks() * s.block_bytes(), "used bytes differ from blocks");
-  Require(s.prefix_hit_tokens() <= s.prefix_query_tokens(), "more prefix hits than lookups");
+  Require(s.total_bytes() == s.total_blocks() * s.block_bytes() &&
+              s.used_bytes() == s.used_blocks() * s.block_bytes() &&
+              s.cached_bytes() == s.cached_blocks() * s.block_bytes() &&
+              s.max_bytes() == s.max_blocks() * s.block_bytes(),
+          "bytes differ from blocks");
+  Require(s.prefix_hit_tokens() + s.session_hit_tokens() <= s.prefix_query_tokens(),
+          "more prompt tokens found than looked up");
+}
+
+void CheckModelInfo(const World& world, const kvd::v1::ModelInfo& m) {
+  const kvd::ModelSpec& spec = world.spec;
+  Require(m.name() == spec.name && m.num_layers() == static_cast<uint32_t>(spec.num_layers) &&
+              m.dim() == static_cast<uint32_t>(spec.dim) &&
+              m.num_heads() == static_cast<uint32_t>(spec.num_heads) &&
+              m.num_kv_heads() == static_cast<uint32_t>(spec.num_kv_heads) &&
+              m.head_dim() == static_cast<uint32_t>(spec.head_dim) &&
+              m.vocab_size() == static_cast<uint32_t>(spec.vocab_size) &&
+              m.max_context_tokens() == static_cast<uint32_t>(world.info.max_context_tokens) &&
+              m.bos_token_id() == static_cast<uint32_t>(spec.bos_token_id) &&
+              m.eos_token_id() == static_cast<uint32_t>(spec.eos_token_id) &&
+              m.backend() == "cpu" && m.kv_dtype() == "f32" && m.block_size() == 16,
+          "GetModelInfo is not the model served");
 }
 
 template <typename Pred>
@@ -483,10 +532,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       default:
-        call.kind = Kind::kStats;
+        call.kind = Kind::kInfo;
+        call.model_info = input.Byte() % 2;
         break;
     }
-    if (call.kind != Kind::kClose && call.kind != Kind::kStats) {
+    if (call.kind != Kind::kClose && call.kind != Kind::kInfo) {
       Expect(world, call);
       if (call.kind == Kind::kGolden) Require(call.request.has_value(), "a golden call refused");
       if (call.request.has_value() && !call.request->session_id.empty()) {
@@ -498,6 +548,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const unsigned char drain = input.Byte();
 
   const kvd::EngineStats before = world.engine->Stats();
+  int64_t streamed_tokens = 0;
+  int64_t preemptions = 0;
+  int finished_ok = 0;
+  int submitted = 0;  // requests that passed validation before the drain began
   {
     kvd::InferenceService service(world.engine.get(), *world.validator, world.info);
     grpc::ServerBuilder builder;
@@ -508,8 +562,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::unique_ptr<kvd::v1::Inference::Stub> stub = kvd::v1::Inference::NewStub(channel);
 
     // Draining begins after the first `before_drain` calls started (maybe while they run);
-    // the calls after it start once it has begun.
-    const bool draining = drain % 4 == 0;
+    // the calls after it start once it has begun. (Not on 0, the byte past the input's end.)
+    const bool draining = drain % 4 == 3;
     const size_t before_drain = draining ? drain / 4 % (calls.size() + 1) : calls.size();
     std::vector<std::thread> threads;
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -519,17 +573,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       Call& call = calls[i];
       call.after_drain = i >= before_drain;
-      threads.emplace_back([&call, &channel, &stub] {
+      threads.emplace_back([&world, &call, &channel, &stub] {
         switch (call.kind) {
           case Kind::kClose:
             RunCall(channel, kCloseSession, call);
             break;
-          case Kind::kStats: {
+          case Kind::kInfo: {
             grpc::ClientContext context;
-            kvd::v1::CacheStats stats;
-            call.status = stub->GetCacheStats(&context, kvd::v1::GetCacheStatsRequest(), &stats);
-            Require(call.status.ok(), "GetCacheStats failed");
-            CheckStats(stats);
+            if (call.model_info) {
+              kvd::v1::ModelInfo info;
+              call.status = stub->GetModelInfo(&context, kvd::v1::GetModelInfoRequest(), &info);
+              Require(call.status.ok(), "GetModelInfo failed");
+              CheckModelInfo(world, info);
+            } else {
+              kvd::v1::CacheStats stats;
+              call.status = stub->GetCacheStats(&context, kvd::v1::GetCacheStatsRequest(), &stats);
+              Require(call.status.ok(), "GetCacheStats failed");
+              CheckStats(world, stats);
+            }
             break;
           }
           default:
@@ -542,20 +603,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Waits for every handler, including those of calls their clients gave up on.
     server->Shutdown();
 
+    std::set<std::string> server_ids;
     for (const Call& call : calls) {
       if (call.kind == Kind::kClose) CheckCloseSession(call);
       if (call.kind == Kind::kGolden || call.kind == Kind::kFields || call.kind == Kind::kWire) {
-        CheckGenerate(world, call, draining);
+        const Streamed s = CheckGenerate(world, call, draining);
+        Require(s.server_id.empty() || server_ids.insert(s.server_id).second,
+                "two calls got the same request id from the server");
+        streamed_tokens += s.tokens;
+        preemptions += s.preemptions;
+        finished_ok += call.request.has_value() && call.status.ok();
+        submitted += call.request.has_value() && !call.after_drain;
       }
     }
   }
 
   Require(world.engine->WaitIdle(absl::Seconds(20)), "the engine is still busy");
-  int finished_ok = 0;
-  for (const Call& call : calls) finished_ok += call.request.has_value() && call.status.ok();
+  Require(world.engine->Failure().ok(), "the engine failed");
   const kvd::EngineStats after = world.engine->Stats();
-  Require(after.requests_finished - before.requests_finished >= finished_ok,
-          "the engine counted fewer finished requests than ended OK");
+  Require(after.requests_waiting == 0 && after.requests_running == 0,
+          "requests left in the engine");
+  Require(after.requests_rejected == before.requests_rejected, "the engine refused a request");
+  Require(after.requests_finished - before.requests_finished >= finished_ok &&
+              after.requests_finished - before.requests_finished <= submitted,
+          "the engine finished fewer requests than ended OK, or more than it was given");
+  Require(after.generated_tokens - before.generated_tokens >= streamed_tokens,
+          "the engine generated fewer tokens than were streamed");
+  Require(after.preemptions - before.preemptions >= preemptions,
+          "the engine counted fewer preemptions than the calls' usage");
   for (int s = 1; s <= kSessions; ++s) sessions.insert(absl::StrCat("s", s));
   for (const std::string& id : sessions) {
     const absl::Status closed = world.engine->CloseSession(id);
