@@ -1,0 +1,376 @@
+// Fuzz target: command lines. The first byte picks one of two:
+// - FlagSet (tools/flags.h), which every kvd subcommand parses its flags with, on any
+//   arguments for a set with one flag of each kind, against a model of the contract its
+//   header states: `--name value` and `--name=value`, boolean flags without a value, a value
+//   starting with "--" only after '=', unknown flags, missing values, integers as written
+//   (whitespace, a sign, decimal digits) and within their range, never wrapped or clamped,
+//   a second value for a flag an error (but for list flags, which keep every value), `--help`
+//   and `-h` anywhere. The model decides every verdict but a float's, which it checks
+//   instead: a float32 flag never takes a finite number a float turns into inf or 0.
+//   Invariants: the same verdict; an error names the flag (or the argument); an accepted
+//   line's values read back as given.
+// - `kvd estimate` (RunEstimateCommand) end to end on any flags, with synthetic presets and
+//   stories260K's header as models. Invariants: exit 0, 1 or 2; 2 prints the error and the
+//   usage, 1 the error alone, 0 nothing on stderr; its JSON is one object whose numbers agree
+//   (blocks per sequence, paged bytes, the pool within the budget and what fits in it).
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tools/estimate_command.h"
+#include "tools/flags.h"
+
+namespace {
+
+using kvd::fuzz::InputReader;
+using kvd::fuzz::Require;
+
+// Values that sit on the edges of what the parsers take.
+constexpr std::string_view kValues[] = {"0",
+                                        "-0",
+                                        "+7",
+                                        " 12 ",
+                                        "\t-3\n",
+                                        "- 5",
+                                        "007",
+                                        "",
+                                        "1.5",
+                                        "16",
+                                        "64",
+                                        "256",
+                                        "1000",
+                                        "1001",
+                                        "-1",
+                                        "1e3",
+                                        "0x10",
+                                        "1_0",
+                                        "true",
+                                        "--x",
+                                        "nan",
+                                        "-inf",
+                                        "1e39",
+                                        "1e-46",
+                                        "3e38",
+                                        "1e-300",
+                                        "80GB",
+                                        "64GiB",
+                                        "1KB",
+                                        "0B",
+                                        "9EB",
+                                        "bf16",
+                                        "INT4",
+                                        "none",
+                                        "f32",
+                                        "fp8",
+                                        "int8",
+                                        "-",
+                                        "+",
+                                        "synthetic:tiny",
+                                        "synthetic:llama3-8b",
+                                        "synthetic:nope",
+                                        KVD_SHARED_DIR "/models/stories260K.bin",
+                                        "9223372036854775807",
+                                        "9223372036854775808",
+                                        "-9223372036854775808",
+                                        "-9223372036854775809",
+                                        "18446744073709551615",
+                                        "18446744073709551616",
+                                        "99999999999999999999999999"};
+
+// An argument: a flag of `names` (or an unknown one), with or without "=value", a value
+// from kValues, or any bytes.
+std::string Argument(InputReader& input, const std::vector<std::string>& names) {
+  const unsigned char b = input.Byte();
+  const std::string name =
+      b / 8 % (names.size() + 1) < names.size() ? names[b / 8 % (names.size() + 1)] : "nope";
+  auto value = [&input]() -> std::string {
+    const unsigned char v = input.Byte();
+    if (v < 240) return std::string(kValues[v % std::size(kValues)]);
+    return std::string(input.Bytes(v - 240));
+  };
+  switch (b % 8) {
+    case 0:
+    case 1:
+    case 2:
+      return "--" + name;
+    case 3:
+    case 4:
+      return "--" + name + "=" + value();
+    case 5:
+      return b & 64 ? "--help" : "-h";
+    default:
+      return value();
+  }
+}
+
+// The set of flags the FlagSet half parses with: one of each kind.
+kvd::FlagSet MakeFlags() {
+  kvd::FlagSet f("fuzz");
+  f.AddString("str", "a string", std::string("dflt"));
+  f.AddInt("int", "any int64");
+  f.AddInt("pow", "a power of two in [1, 256]", 16, kvd::IntRange{1, 256, true});
+  f.AddInt("ranged", "in [-5, 1000]", std::nullopt, kvd::IntRange{-5, 1000});
+  f.AddUint64("u64", "a uint64", 7);
+  f.AddFloat("f", "a double", 0.5);
+  f.AddFloat32("f32", "a float");
+  f.AddBool("b", "a boolean");
+  f.AddStringList("list", "any number of strings");
+  return f;
+}
+
+enum class Kind { kString, kInt, kUint64, kFloat, kFloat32, kBool, kList };
+
+struct ModelFlag {
+  Kind kind;
+  int64_t min = 0;
+  int64_t max = 0;
+  bool power_of_two = false;
+};
+
+const std::map<std::string, ModelFlag>& ModelFlags() {
+  static const auto* flags = new std::map<std::string, ModelFlag>{
+      {"str", {Kind::kString}},
+      {"int",
+       {Kind::kInt, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}},
+      {"pow", {Kind::kInt, 1, 256, true}},
+      {"ranged", {Kind::kInt, -5, 1000}},
+      {"u64", {Kind::kUint64}},
+      {"f", {Kind::kFloat}},
+      {"f32", {Kind::kFloat32}},
+      {"b", {Kind::kBool}},
+      {"list", {Kind::kList}},
+  };
+  return *flags;
+}
+
+// An integer as the header says the flags take it: ASCII whitespace around an optional sign
+// and decimal digits; nullopt for anything else. `*negative` is the sign; the magnitude is
+// capped just past 2^64 (then nothing is in range).
+std::optional<unsigned __int128> Magnitude(absl::string_view text, bool* negative) {
+  text = absl::StripAsciiWhitespace(text);
+  *negative = false;
+  if (!text.empty() && (text[0] == '+' || text[0] == '-')) {
+    *negative = text[0] == '-';
+    text.remove_prefix(1);
+  }
+  if (text.empty()) return std::nullopt;
+  unsigned __int128 m = 0;
+  const unsigned __int128 cap = (static_cast<unsigned __int128>(1) << 64) + 1;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    m = m * 10 + static_cast<unsigned>(c - '0');
+    if (m > cap) m = cap;
+  }
+  return m;
+}
+
+// The model's verdict: the error's start (empty when the line is accepted) and, when
+// accepted, the values each flag got.
+struct Verdict {
+  std::string error_prefix;
+  bool help = false;
+  std::map<std::string, std::string> last;
+  std::map<std::string, std::vector<std::string>> lists;
+};
+
+Verdict Model(const std::vector<std::string>& args) {
+  Verdict v;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      v.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--") || arg == "--") {
+      v.error_prefix = absl::StrCat("unexpected argument '", arg, "'");
+      return v;
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    const auto it = ModelFlags().find(name);
+    if (it == ModelFlags().end()) {
+      v.error_prefix = absl::StrCat("unknown flag --", name);
+      return v;
+    }
+    const ModelFlag& flag = it->second;
+    const std::string named = absl::StrCat("flag --", name);
+    if (flag.kind == Kind::kBool) {
+      if (value.has_value() && *value != "true") {
+        v.error_prefix = absl::StrCat(named, " takes no value");
+        return v;
+      }
+      v.last[name] = "true";
+      continue;
+    }
+    if (!value.has_value()) {
+      if (i + 1 == args.size() || absl::StartsWith(args[i + 1], "--")) {
+        v.error_prefix = absl::StrCat(named, " needs a value");
+        return v;
+      }
+      value = args[++i];
+    }
+    if (flag.kind == Kind::kInt || flag.kind == Kind::kUint64) {
+      bool negative;
+      const std::optional<unsigned __int128> m = Magnitude(*value, &negative);
+      if (!m.has_value()) {
+        v.error_prefix = absl::StrCat(named, " wants an integer");
+        return v;
+      }
+      bool in_range;
+      if (flag.kind == Kind::kUint64) {
+        in_range = !negative && *m <= std::numeric_limits<uint64_t>::max();
+      } else {
+        const __int128 x = negative ? -static_cast<__int128>(*m) : static_cast<__int128>(*m);
+        in_range =
+            x >= flag.min && x <= flag.max && (!flag.power_of_two || (x > 0 && (x & (x - 1)) == 0));
+      }
+      if (!in_range) {
+        v.error_prefix = absl::StrCat(named, ": ", *value, " is outside ");
+        return v;
+      }
+    } else if (flag.kind == Kind::kFloat || flag.kind == Kind::kFloat32) {
+      // The number syntax is absl::SimpleAtod's: the parser's own verdict on this value
+      // alone stands in for the model's, and is checked against the float rules.
+      kvd::FlagSet one = MakeFlags();
+      const absl::Status s = one.Parse({absl::StrCat("--", name, "=", *value)});
+      if (!s.ok()) {
+        Require(absl::StartsWith(s.message(), named), "a float error that does not name its flag");
+        v.error_prefix = std::string(s.message());
+        return v;
+      }
+      const double x = one.GetFloat(name);
+      if (flag.kind == Kind::kFloat32 && std::isfinite(x)) {
+        const float narrowed = static_cast<float>(x);
+        Require(std::isfinite(narrowed), "a float32 flag took a value a float makes inf");
+        Require(narrowed != 0 || x == 0, "a float32 flag took a value a float makes 0");
+      }
+    }
+    if (flag.kind == Kind::kList) {
+      v.lists[name].push_back(*value);
+      v.last[name] = *value;
+      continue;
+    }
+    if (v.last.contains(name)) {
+      v.error_prefix = absl::StrCat(named, " is given twice");
+      return v;
+    }
+    v.last[name] = *value;
+  }
+  return v;
+}
+
+void FuzzFlagSet(InputReader& input) {
+  std::vector<std::string> names;
+  for (const auto& [name, flag] : ModelFlags()) names.push_back(name);
+  std::vector<std::string> args;
+  for (int n = input.Byte() % 12; n > 0 && !input.empty(); --n) {
+    args.push_back(Argument(input, names));
+  }
+  kvd::FlagSet flags = MakeFlags();
+  const absl::Status s = flags.Parse(args);
+  const Verdict want = Model(args);
+  if (!want.error_prefix.empty()) {
+    Require(!s.ok(), absl::StrCat("accepted, but the contract says: ", want.error_prefix));
+    Require(absl::StartsWith(s.message(), want.error_prefix),
+            absl::StrCat("error '", s.message(), "', the contract's: '", want.error_prefix, "'"));
+    return;
+  }
+  Require(s.ok(), absl::StrCat("refused a line the contract accepts: ", s.message()));
+  Require(flags.help() == want.help, "--help not seen as given");
+  for (const auto& [name, flag] : ModelFlags()) {
+    const auto given = want.last.find(name);
+    Require(flags.Has(name) == (given != want.last.end()), absl::StrCat("--", name, " Has()"));
+    if (given == want.last.end()) continue;
+    Require(flags.GetString(name) == given->second, absl::StrCat("--", name, " reads back"));
+    bool negative;
+    if (flag.kind == Kind::kInt) {
+      const unsigned __int128 m = *Magnitude(given->second, &negative);
+      const __int128 x = negative ? -static_cast<__int128>(m) : static_cast<__int128>(m);
+      Require(flags.GetInt(name) == x, absl::StrCat("--", name, " is not the integer given"));
+    }
+    if (flag.kind == Kind::kUint64) {
+      Require(flags.GetUint64(name) == *Magnitude(given->second, &negative),
+              absl::StrCat("--", name, " is not the integer given"));
+    }
+  }
+  Require(flags.GetStrings("list") ==
+              (want.lists.contains("list") ? want.lists.at("list") : std::vector<std::string>{}),
+          "--list does not keep every value in order");
+}
+
+void FuzzEstimate(InputReader& input) {
+  static const std::vector<std::string> kNames = {"model",      "batch",  "seq-len", "kv-dtype",
+                                                  "block-size", "budget", "json"};
+  std::vector<std::string> args;
+  for (int n = input.Byte() % 14; n > 0 && !input.empty(); --n) {
+    args.push_back(Argument(input, kNames));
+  }
+  std::ostringstream out, err;
+  const int rc = kvd::RunEstimateCommand(args, out, err);
+  Require(rc == 0 || rc == 1 || rc == 2, "an exit code other than 0, 1 and 2");
+  if (rc == 2) {
+    Require(absl::StartsWith(err.str(), "kvd estimate: ") &&
+                absl::StrContains(err.str(), "\n\nusage: kvd estimate"),
+            "a usage error without its message and the usage");
+    Require(out.str().empty(), "a usage error printed to stdout");
+    return;
+  }
+  if (rc == 1) {
+    Require(
+        absl::StartsWith(err.str(), "kvd estimate: ") && !absl::StrContains(err.str(), "usage:"),
+        "a failure without its message, or with the usage");
+    Require(out.str().empty(), "a failure printed to stdout");
+    return;
+  }
+  Require(err.str().empty(), "a success that printed to stderr");
+  const std::string& text = out.str();
+  if (absl::StartsWith(text, "usage: kvd estimate")) return;  // --help
+  if (!absl::StartsWith(text, "{")) {
+    Require(absl::StartsWith(text, "model "), "neither a table nor JSON");
+    return;
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  Require(j.is_object(), "--json printed no JSON object");
+  const int64_t block = j["block_size"], seq_len = j["seq_len"], batch = j["batch"];
+  const int64_t blocks = j["blocks_per_sequence"], block_bytes = j["bytes_per_block"];
+  Require(blocks == (seq_len + block - 1) / block, "blocks per sequence");
+  Require(
+      static_cast<__int128>(batch) * blocks * block_bytes == j["batch_bytes_paged"].get<int64_t>(),
+      "paged bytes are not batch x blocks x block bytes");
+  if (!j.contains("budget_bytes")) return;
+  const int64_t pool_blocks = j["pool_blocks"], pool_bytes = j["pool_bytes"];
+  Require(pool_bytes <= j["budget_bytes"].get<int64_t>(), "a pool over the budget");
+  Require(pool_bytes == j["pool_chunks"].get<int64_t>() * j["pool_chunk_bytes"].get<int64_t>(),
+          "pool bytes are not chunks x chunk bytes");
+  Require(j["sequences_in_budget"].get<int64_t>() == pool_blocks / blocks &&
+              j["tokens_in_budget"].get<int64_t>() == pool_blocks * block,
+          "what fits is not the pool's blocks");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  InputReader input(data, size);
+  if (input.Byte() % 2 == 0) {
+    FuzzFlagSet(input);
+  } else {
+    FuzzEstimate(input);
+  }
+  return 0;
+}
