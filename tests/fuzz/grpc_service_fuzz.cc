@@ -13,8 +13,8 @@
 // - GetCacheStats or GetModelInfo.
 // Sometimes the service begins draining while the calls run. The server is built for each
 // input and shut down at its end, which waits for every handler; the engine runs on (so its
-// own drain, which the daemon begins beside the service's, is engine_fuzz's and the
-// integration tests' to cover).
+// own drain, which the daemon begins beside the service's, is left to engine_loop_test and
+// the integration tests' drain_test.py).
 //
 // Invariants:
 // - A Generate request the server refuses gets exactly the error ParseGenerateRequest and
@@ -132,6 +132,8 @@ World& TheWorld() {
     limits.max_context_tokens = w->spec.max_context_tokens;
     limits.default_max_tokens = 24;  // keeps an input's run short
     w->pool_tokens = w->cache->stats().max_blocks * int64_t{16};
+    // So the engine refuses nothing the validator passes (see the invariants).
+    Require(w->pool_tokens >= w->spec.max_context_tokens, "the pool holds less than a context");
     limits.pool_tokens = w->pool_tokens;
     limits.max_prompt_bytes = 512;
     limits.max_stop_strings = 4;
@@ -551,7 +553,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int64_t streamed_tokens = 0;
   int64_t preemptions = 0;
   int finished_ok = 0;
-  int submitted = 0;  // requests that passed validation before the drain began
+  int submitted = 0;  // valid requests of calls started before the drain began
   {
     kvd::InferenceService service(world.engine.get(), *world.validator, world.info);
     grpc::ServerBuilder builder;
