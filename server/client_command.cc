@@ -173,7 +173,7 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   // Temperature, top-p and min-p ranges are the server's to check; here only what a float holds
   // (Parse has refused a finite value that overflows a float or rounds to 0 in one).
   constexpr double kMaxFloat = std::numeric_limits<float>::max();
-  constexpr char kFloatRange[] = "a finite number within a float's range (|x| <= 3.4e38)";
+  constexpr char kFloatRange[] = "a finite number within a float's range (|x| <= about 3.4028e38)";
   const std::optional<double> temperature =
       FloatInRange(flags, "temperature", -kMaxFloat, kMaxFloat, kFloatRange, err);
   const std::optional<double> top_p =

@@ -138,14 +138,15 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       if (flag.kind == Kind::kFloat32 && std::isfinite(v)) {
         const float narrowed = static_cast<float>(v);
         if (std::isinf(narrowed)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("flag --", name, ": ", *value,
-                           " is out of range; allowed: a number a float holds (|x| <= 3.4e38)"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "flag --", name, ": ", *value,
+              " is out of range; allowed: a number a float holds (|x| <= about 3.4028e38)"));
         }
         if (narrowed == 0 && v != 0) {
           return absl::InvalidArgumentError(
               absl::StrCat("flag --", name, ": ", *value,
-                           " is not 0 but rounds to 0 as a float; allowed: 0 or |x| >= 1.4e-45"));
+                           " is not 0 but rounds to 0 as a float; allowed: 0 or |x| > 7.006e-46 "
+                           "(half the smallest float, 1.4e-45)"));
         }
       }
     }

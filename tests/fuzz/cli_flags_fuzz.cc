@@ -1,18 +1,22 @@
 // Fuzz target: command lines. The first byte picks one of two:
 // - FlagSet (tools/flags.h), which every kvd subcommand parses its flags with, on any
 //   arguments for a set with one flag of each kind, against a model of the contract its
-//   header states: `--name value` and `--name=value`, boolean flags without a value, a value
-//   starting with "--" only after '=', unknown flags, missing values, integers as written
-//   (whitespace, a sign, decimal digits) and within their range, never wrapped or clamped,
-//   a second value for a flag an error (but for list flags, which keep every value), `--help`
-//   and `-h` anywhere. The model decides every verdict but a float's, which it checks
-//   instead: a float32 flag never takes a finite number a float turns into inf or 0.
-//   Invariants: the same verdict; an error names the flag (or the argument); an accepted
-//   line's values read back as given.
+//   header states: `--name value` and `--name=value`, boolean flags without a value (or
+//   `=true`), a value starting with "--" only after '=', unknown flags, missing values,
+//   integers in SimpleAtoi's syntax (ASCII whitespace around a sign and decimal digits; no
+//   minus sign for uint64, not even -0) and within their range, never wrapped or clamped, a
+//   second value for a flag an error (but for list flags, which keep every value), `--help`
+//   and `-h` anywhere. Where the header leaves it open the model follows the parser: the
+//   first error in argument order, its wording, and `--help=x` being an unknown flag.
+//   Float syntax is SimpleAtod's, taken from the parser's plain float flag; a float32 flag
+//   must refuse exactly the finite numbers a float turns into inf or into 0.
+//   Invariants: the same verdict; an error names the flag (or the argument) and, for a bad
+//   number, the value as typed; an accepted line's values read back as given.
 // - `kvd estimate` (RunEstimateCommand) end to end on any flags, with synthetic presets and
 //   stories260K's header as models. Invariants: exit 0, 1 or 2; 2 prints the error and the
 //   usage, 1 the error alone, 0 nothing on stderr; its JSON is one object whose numbers agree
-//   (blocks per sequence, paged bytes, the pool within the budget and what fits in it).
+//   (blocks per sequence, block bytes at least the tokens', token-exact bytes within the paged
+//   ones, paged bytes, the pool within the budget and what fits in it).
 
 #include <cmath>
 #include <cstdint>
@@ -229,7 +233,7 @@ Verdict Model(const std::vector<std::string>& args) {
       bool negative;
       const std::optional<unsigned __int128> m = Magnitude(*value, &negative);
       if (!m.has_value()) {
-        v.error_prefix = absl::StrCat(named, " wants an integer");
+        v.error_prefix = absl::StrCat(named, " wants an integer, got '", *value, "'");
         return v;
       }
       bool in_range;
@@ -245,20 +249,27 @@ Verdict Model(const std::vector<std::string>& args) {
         return v;
       }
     } else if (flag.kind == Kind::kFloat || flag.kind == Kind::kFloat32) {
-      // The number syntax is absl::SimpleAtod's: the parser's own verdict on this value
-      // alone stands in for the model's, and is checked against the float rules.
+      // The number syntax is absl::SimpleAtod's: the plain float flag's verdict on this
+      // value stands in for the model's; a float32 flag then refuses what a float cannot hold.
       kvd::FlagSet one = MakeFlags();
-      const absl::Status s = one.Parse({absl::StrCat("--", name, "=", *value)});
+      const absl::Status s = one.Parse({absl::StrCat("--f=", *value)});
       if (!s.ok()) {
-        Require(absl::StartsWith(s.message(), named), "a float error that does not name its flag");
-        v.error_prefix = std::string(s.message());
+        Require(absl::StartsWith(s.message(), "flag --f wants a number"),
+                "a float refused for another reason than its syntax");
+        v.error_prefix = absl::StrCat(named, " wants a number, got '", *value, "'");
         return v;
       }
-      const double x = one.GetFloat(name);
+      const double x = one.GetFloat("f");
       if (flag.kind == Kind::kFloat32 && std::isfinite(x)) {
         const float narrowed = static_cast<float>(x);
-        Require(std::isfinite(narrowed), "a float32 flag took a value a float makes inf");
-        Require(narrowed != 0 || x == 0, "a float32 flag took a value a float makes 0");
+        if (std::isinf(narrowed)) {
+          v.error_prefix = absl::StrCat(named, ": ", *value, " is out of range");
+          return v;
+        }
+        if (narrowed == 0 && x != 0) {
+          v.error_prefix = absl::StrCat(named, ": ", *value, " is not 0 but rounds to 0");
+          return v;
+        }
       }
     }
     if (flag.kind == Kind::kList) {
@@ -332,9 +343,9 @@ void FuzzEstimate(InputReader& input) {
     return;
   }
   if (rc == 1) {
-    Require(
-        absl::StartsWith(err.str(), "kvd estimate: ") && !absl::StrContains(err.str(), "usage:"),
-        "a failure without its message, or with the usage");
+    Require(absl::StartsWith(err.str(), "kvd estimate: ") &&
+                !absl::StrContains(err.str(), "\n\nusage: kvd estimate"),
+            "a failure without its message, or with the usage");
     Require(out.str().empty(), "a failure printed to stdout");
     return;
   }
@@ -349,7 +360,11 @@ void FuzzEstimate(InputReader& input) {
   Require(j.is_object(), "--json printed no JSON object");
   const int64_t block = j["block_size"], seq_len = j["seq_len"], batch = j["batch"];
   const int64_t blocks = j["blocks_per_sequence"], block_bytes = j["bytes_per_block"];
-  Require(blocks == (seq_len + block - 1) / block, "blocks per sequence");
+  Require(blocks == seq_len / block + (seq_len % block != 0), "blocks per sequence");
+  Require(block_bytes >= j["bytes_per_token"].get<int64_t>() * block,
+          "a block smaller than its tokens' bytes");
+  Require(j["batch_bytes"].get<int64_t>() <= j["batch_bytes_paged"].get<int64_t>(),
+          "token-exact bytes over the paged ones");
   Require(
       static_cast<__int128>(batch) * blocks * block_bytes == j["batch_bytes_paged"].get<int64_t>(),
       "paged bytes are not batch x blocks x block bytes");
