@@ -22,10 +22,10 @@ struct IntRange {
 // A subcommand's flags: declared once with their help text, then parsed from argv.
 // `--name value` and `--name=value` both work; boolean flags take no value (`=true` is
 // allowed). Integers are decimal digits with an optional sign and ASCII whitespace around them
-// (absl::SimpleAtoi's syntax), floats absl::SimpleAtod's. A value that
-// starts with "--" is taken only as `--name=--value`: `--prompt --json` is a missing value, not
-// the prompt "--json". Unknown flags, missing values, malformed numbers, integers outside their
-// flag's range and a flag with a value given twice are errors that name the flag and the value as
+// (absl::SimpleAtoi's syntax), floats absl::SimpleAtod's. A value that starts with "--" is
+// taken only as `--name=--value`: `--prompt --json` is a missing value, not the prompt
+// "--json". Unknown flags, missing values, malformed numbers, integers outside their flag's
+// range and a flag with a value given twice are errors that name the flag and the value as
 // typed (and the range): a number is never wrapped or clamped, and no value silently replaces
 // another (only a list flag, AddStringList, takes a value each time it is given).
 class FlagSet {
@@ -43,9 +43,9 @@ class FlagSet {
   void AddUint64(std::string name, std::string help, std::optional<uint64_t> def = {});
   void AddFloat(std::string name, std::string help, std::optional<double> def = {});
   // A number the caller stores in a float: Parse also refuses a finite value that overflows a
-  // float (|x| above about 3.4028e38, FLT_MAX) or that is not 0 but rounds to 0 as a float (|x| <=
-  // 2^-150, about 7.006e-46: half the smallest float, 1.4e-45), rather than let it turn into inf or
-  // 0. NaN and infinities typed as such are the caller's to check.
+  // float (above about 3.4028e38, FLT_MAX) or that is not 0 but rounds to 0 as a float
+  // (|x| <= 2^-150, about 7.006e-46: half the smallest float, 1.4e-45), rather than let it
+  // turn into inf or 0. NaN and infinities typed as such are the caller's to check.
   void AddFloat32(std::string name, std::string help, std::optional<double> def = {});
   void AddBool(std::string name, std::string help);
   // A string flag that may be given any number of times, each value kept in order (stop
