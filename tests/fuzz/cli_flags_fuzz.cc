@@ -119,21 +119,6 @@ std::string Argument(InputReader& input, const std::vector<std::string>& names) 
   }
 }
 
-// The set of flags the FlagSet half parses with: one of each kind.
-kvd::FlagSet MakeFlags() {
-  kvd::FlagSet f("fuzz");
-  f.AddString("str", "a string", std::string("dflt"));
-  f.AddInt("int", "any int64");
-  f.AddInt("pow", "a power of two in [1, 256]", 16, kvd::IntRange{1, 256, true});
-  f.AddInt("ranged", "in [-5, 1000]", std::nullopt, kvd::IntRange{-5, 1000});
-  f.AddUint64("u64", "a uint64", 7);
-  f.AddFloat("f", "a double", 0.5);
-  f.AddFloat32("f32", "a float");
-  f.AddBool("b", "a boolean");
-  f.AddStringList("list", "any number of strings");
-  return f;
-}
-
 enum class Kind { kString, kInt, kUint64, kFloat, kFloat32, kBool, kList };
 
 struct ModelFlag {
@@ -157,6 +142,38 @@ const std::map<std::string, ModelFlag>& ModelFlags() {
       {"list", {Kind::kList}},
   };
   return *flags;
+}
+
+// The set of flags the FlagSet half parses with, from ModelFlags: one of each kind.
+kvd::FlagSet MakeFlags() {
+  kvd::FlagSet f("fuzz");
+  for (const auto& [name, flag] : ModelFlags()) {
+    switch (flag.kind) {
+      case Kind::kString:
+        f.AddString(name, "a string", std::string("dflt"));
+        break;
+      case Kind::kInt:
+        f.AddInt(name, "an integer", std::nullopt,
+                 kvd::IntRange{flag.min, flag.max, flag.power_of_two});
+        break;
+      case Kind::kUint64:
+        f.AddUint64(name, "a uint64", 7);
+        break;
+      case Kind::kFloat:
+        f.AddFloat(name, "a double", 0.5);
+        break;
+      case Kind::kFloat32:
+        f.AddFloat32(name, "a float");
+        break;
+      case Kind::kBool:
+        f.AddBool(name, "a boolean");
+        break;
+      case Kind::kList:
+        f.AddStringList(name, "any number of strings");
+        break;
+    }
+  }
+  return f;
 }
 
 // An integer as the header says the flags take it: ASCII whitespace around an optional sign

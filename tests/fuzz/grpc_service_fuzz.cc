@@ -486,7 +486,8 @@ void CheckModelInfo(const World& world, const kvd::v1::ModelInfo& m) {
               m.max_context_tokens() == static_cast<uint32_t>(world.info.max_context_tokens) &&
               m.bos_token_id() == static_cast<uint32_t>(spec.bos_token_id) &&
               m.eos_token_id() == static_cast<uint32_t>(spec.eos_token_id) &&
-              m.backend() == "cpu" && m.kv_dtype() == "f32" && m.block_size() == 16,
+              m.backend() == world.info.backend && m.kv_dtype() == world.info.kv_dtype &&
+              m.block_size() == static_cast<uint32_t>(world.info.block_size),
           "GetModelInfo is not the model served");
 }
 
