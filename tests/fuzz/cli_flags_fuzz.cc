@@ -14,7 +14,10 @@
 //   number, the value as typed; an accepted line's values read back as given.
 // - `kvd estimate` (RunEstimateCommand) end to end on any flags, with synthetic presets and
 //   stories260K's header as models. Invariants: exit 0, 1 or 2; 2 prints the error and the
-//   usage, 1 the error alone, 0 nothing on stderr; its JSON is one object whose numbers agree
+//   usage, 1 the error alone, 0 nothing on stderr; 1 only where every flag's value was good
+//   and the model did not load or the estimate names what is too large; 0 only on a model
+//   that loads, within its context; its JSON is one object that echoes the request (batch,
+//   sequence length, block size, KV type, budget, the model's shape) and whose numbers agree
 //   (blocks per sequence, block bytes at least the tokens', token-exact bytes within the paged
 //   ones, paged bytes, the pool within the budget and what fits in it).
 
@@ -31,7 +34,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "config/byte_size.h"
+#include "kernels/dtype.h"
+#include "model/model_loader.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tools/estimate_command.h"
 #include "tools/flags.h"
@@ -342,6 +349,32 @@ void FuzzFlagSet(InputReader& input) {
           "--list does not keep every value in order");
 }
 
+// The value each flag was given in `args`, a line FlagSet accepted for `kvd estimate`: by
+// the syntax its header states, `--name=value`, or `--name value` for all but the boolean
+// --json. None of the estimate's flags is a list, so each appears at most once.
+std::map<std::string, std::string> GivenValues(const std::vector<std::string>& args) {
+  std::map<std::string, std::string> given;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!absl::StartsWith(args[i], "--") || args[i] == "--help") continue;
+    const size_t eq = args[i].find('=');
+    if (eq != std::string::npos) {
+      given[args[i].substr(2, eq - 2)] = args[i].substr(eq + 1);
+    } else if (args[i] == "--json") {
+      given["json"] = "true";
+    } else if (i + 1 < args.size()) {
+      given[args[i].substr(2)] = args[++i];
+    }
+  }
+  return given;
+}
+
+// The integer FlagSet reads from `text` (SimpleAtoi's syntax).
+int64_t IntOf(const std::string& text) {
+  int64_t x = 0;
+  Require(absl::SimpleAtoi(text, &x), absl::StrCat("an accepted integer '", text, "' unread"));
+  return x;
+}
+
 void FuzzEstimate(InputReader& input) {
   static const std::vector<std::string> kNames = {"model",      "batch",  "seq-len", "kv-dtype",
                                                   "block-size", "budget", "json"};
@@ -359,23 +392,62 @@ void FuzzEstimate(InputReader& input) {
     Require(out.str().empty(), "a usage error printed to stdout");
     return;
   }
+  const std::string& text = out.str();
+  if (rc == 0 && absl::StartsWith(text, "usage: kvd estimate")) {
+    Require(err.str().empty(), "--help printed to stderr");
+    return;
+  }
+  // FlagSet accepted the line, and the flag values it cannot judge alone were judged good
+  // (else the exit code would be 2): the model given, a known KV type (any case, but not the
+  // config's "none"), a budget that is a byte size > 0.
+  std::map<std::string, std::string> given = GivenValues(args);
+  Require(given.contains("model") && given.contains("batch") && given.contains("seq-len"),
+          "ran without a required flag");
+  const std::string dtype_name =
+      absl::AsciiStrToLower(given.contains("kv-dtype") ? given["kv-dtype"] : std::string("bf16"));
+  const std::optional<kvd::DType> dtype = kvd::ParseDType(dtype_name);
+  Require(dtype.has_value() && dtype_name != "none", "ran with an unknown --kv-dtype");
+  std::optional<int64_t> budget;
+  if (given.contains("budget")) {
+    const absl::StatusOr<int64_t> bytes = kvd::ParseByteSize(given["budget"]);
+    Require(bytes.ok() && *bytes > 0, "ran with a --budget that is no byte size > 0");
+    budget = *bytes;
+  }
+  const absl::StatusOr<kvd::ModelSpec> spec = kvd::LoadModelSpec(given["model"]);
   if (rc == 1) {
+    // Exit code 1 is for a model that does not load and for an estimate that fails; the
+    // estimate's failures name what is too large.
     Require(absl::StartsWith(err.str(), "kvd estimate: ") &&
                 !absl::StrContains(err.str(), "\n\nusage: kvd estimate"),
             "a failure without its message, or with the usage");
     Require(out.str().empty(), "a failure printed to stdout");
+    Require(!spec.ok() || absl::StrContains(err.str(), "budget_bytes=") ||
+                absl::StrContains(err.str(), "does not fit in 64 bits"),
+            absl::StrCat("exit code 1 for a model that loads, not for the estimate: ", err.str()));
     return;
   }
+  Require(spec.ok(), "ran on a model that does not load");
   Require(err.str().empty(), "a success that printed to stderr");
-  const std::string& text = out.str();
-  if (absl::StartsWith(text, "usage: kvd estimate")) return;  // --help
+  const int64_t want_batch = IntOf(given["batch"]), want_seq_len = IntOf(given["seq-len"]);
+  const int64_t want_block = given.contains("block-size") ? IntOf(given["block-size"]) : 16;
+  Require(spec->max_context_tokens <= 0 || want_seq_len <= spec->max_context_tokens,
+          "ran with --seq-len past the model's context");
   if (!absl::StartsWith(text, "{")) {
-    Require(absl::StartsWith(text, "model "), "neither a table nor JSON");
+    Require(absl::StartsWith(text, absl::StrCat("model ", spec->name, ": ")),
+            "neither a table that names the model nor JSON");
     return;
   }
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   Require(j.is_object(), "--json printed no JSON object");
   const int64_t block = j["block_size"], seq_len = j["seq_len"], batch = j["batch"];
+  // The request echoed as given.
+  Require(batch == want_batch && seq_len == want_seq_len && block == want_block,
+          "batch, seq_len or block_size not the flags' values");
+  Require(j["kv_dtype"] == std::string(kvd::DTypeName(*dtype)), "kv_dtype not --kv-dtype's");
+  Require(j["model"] == spec->name && j["num_layers"] == spec->num_layers &&
+              j["num_kv_heads"] == spec->num_kv_heads && j["head_dim"] == spec->head_dim,
+          "the model's shape not the model's");
+  Require(j.contains("budget_bytes") == budget.has_value(), "budget_bytes without --budget");
   const int64_t blocks = j["blocks_per_sequence"], block_bytes = j["bytes_per_block"];
   Require(blocks == seq_len / block + (seq_len % block != 0), "blocks per sequence");
   Require(block_bytes >= j["bytes_per_token"].get<int64_t>() * block,
@@ -385,9 +457,10 @@ void FuzzEstimate(InputReader& input) {
   Require(
       static_cast<__int128>(batch) * blocks * block_bytes == j["batch_bytes_paged"].get<int64_t>(),
       "paged bytes are not batch x blocks x block bytes");
-  if (!j.contains("budget_bytes")) return;
+  if (!budget.has_value()) return;
+  Require(j["budget_bytes"].get<int64_t>() == *budget, "budget_bytes not --budget's");
   const int64_t pool_blocks = j["pool_blocks"], pool_bytes = j["pool_bytes"];
-  Require(pool_bytes <= j["budget_bytes"].get<int64_t>(), "a pool over the budget");
+  Require(pool_bytes <= *budget, "a pool over the budget");
   Require(pool_bytes == j["pool_chunks"].get<int64_t>() * j["pool_chunk_bytes"].get<int64_t>(),
           "pool bytes are not chunks x chunk bytes");
   Require(j["sequences_in_budget"].get<int64_t>() == pool_blocks / blocks &&
