@@ -63,8 +63,16 @@ struct CublasApi;
 // 0.741 against the heuristic's best 0.724, o's and gate_up's none more (0.666, 0.891 against
 // 0.669, 0.895). Only down gains, from split-k variants of the heuristic's candidates: 0.851
 // unsplit against 0.798 for its best, which splits k in two (its others split in three to
-// six; two of them read 0.79-0.80 in two). Timing such variants in TuneUpTo would save about
-// 2 us a layer at 64 rows, about 1% of kvd_e2e_bench's 64 x 1k step; not built.
+// six; two of them read 0.79-0.80 in two). Built into TuneUpTo later (each candidate that
+// splits k timed beside its variant with k unsplit, CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 1, as
+// cublasLtMatmulAlgoCheck accepted), that gain did not show with the heuristic's own
+// candidates: at 64 rows every unsplit variant of down read less than the algorithm it came
+// from (H200, gpu_bench gemv from graphs: 0.49-0.73 of copy against 0.72-0.81, where the
+// heuristic's first eight split k in two to six); of qkv's and o's eleven candidates that
+// split k, most read more unsplit, but none beat the first choice, which does not split
+// (qkv 0.74, o 0.71);
+// kvd_e2e_bench graphs on, three rounds alternating builds: 64 x 1k 7.124-7.188 ms a step
+// against 7.151-7.177, 64 x 4k 12.873-12.949 against 12.886-12.942. Not kept.
 //
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.
 // Create loads cuBLAS (LoadCublas) on the process's first call, and fails as that does when
