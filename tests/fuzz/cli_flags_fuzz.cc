@@ -362,7 +362,8 @@ std::map<std::string, std::string> GivenValues(const std::vector<std::string>& a
     } else if (args[i] == "--json") {
       given["json"] = "true";
     } else if (i + 1 < args.size()) {
-      given[args[i].substr(2)] = args[++i];
+      given[args[i].substr(2)] = args[i + 1];
+      ++i;
     }
   }
   return given;
