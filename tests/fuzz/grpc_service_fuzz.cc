@@ -13,8 +13,8 @@
 // - GetCacheStats or GetModelInfo.
 // Sometimes the service begins draining while the calls run. The server is built for each
 // input and shut down at its end, which waits for every handler; the engine runs on (so its
-// own drain, which the daemon begins beside the service's, is left to engine_loop_test and
-// the integration tests' drain_test.py).
+// own drain, which the daemon begins beside the service's, is left to engine_drain_fuzz,
+// engine_loop_test and the integration tests' drain_test.py).
 //
 // Invariants:
 // - A Generate request the server refuses gets exactly the error ParseGenerateRequest and
