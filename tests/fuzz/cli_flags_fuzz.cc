@@ -15,11 +15,11 @@
 // - `kvd estimate` (RunEstimateCommand) end to end on any flags, with synthetic presets and
 //   stories260K's header as models. Invariants: exit 0, 1 or 2; 2 prints the error and the
 //   usage, 1 the error alone, 0 nothing on stderr; 1 only where every flag's value was good
-//   and the model did not load or the estimate names what is too large; 0 only on a model
-//   that loads, within its context; its JSON is one object that echoes the request (batch,
-//   sequence length, block size, KV type, budget, the model's shape) and whose numbers agree
-//   (blocks per sequence, block bytes at least the tokens', token-exact bytes within the paged
-//   ones, paged bytes, the pool within the budget and what fits in it).
+//   and the model did not load or the estimate refused the budget or overflowed; 0 only on a
+//   model that loads, within its context; its JSON is one object that echoes the request
+//   (batch, sequence length, block size, KV type, budget, the model's shape) and whose numbers
+//   agree (blocks per sequence, block bytes at least the tokens', token-exact bytes within the
+//   paged ones, paged bytes, the pool within the budget and what fits in it).
 
 #include <cmath>
 #include <cstdint>
@@ -417,7 +417,8 @@ void FuzzEstimate(InputReader& input) {
   const absl::StatusOr<kvd::ModelSpec> spec = kvd::LoadModelSpec(given["model"]);
   if (rc == 1) {
     // Exit code 1 is for a model that does not load and for an estimate that fails; the
-    // estimate's failures name what is too large.
+    // estimate fails only on a budget the pool cannot be cut from (budget_bytes=...) or on
+    // sizes that overflow 64 bits.
     Require(absl::StartsWith(err.str(), "kvd estimate: ") &&
                 !absl::StrContains(err.str(), "\n\nusage: kvd estimate"),
             "a failure without its message, or with the usage");

@@ -16,17 +16,18 @@
 //   draining or not (the request's own faults come first). Any other it refuses with
 //   Unavailable once BeginDrain has returned, never before BeginDrain was called, and for no
 //   other reason.
-// - Every accepted request gets exactly one final event, and none after it. A request
-//   accepted before the drain began runs on to its end, unless Stop ended it: its tokens are
-//   llama2.c's greedy output (a prefix of it when cancelled or stopped), it ends by length
-//   with every token asked for, or cancelled only once its client asked, or aborted
-//   (Unavailable) only when the engine was stopped with it in flight. Usage counts what was
-//   streamed.
+// - Every accepted request gets exactly one final event, and none after it, not even when
+//   cancelled again once it ended or once the engine stopped. A request accepted before the
+//   drain began runs on to its end, unless Stop ended it: its tokens are llama2.c's greedy
+//   output (a prefix of it when cancelled or stopped), it ends by length with every token
+//   asked for, or cancelled only once its client asked, or aborted (Unavailable) only by
+//   Stop and only if it was still running then. Usage counts what was streamed.
+// - The cache's invariants hold at every event.
 // - CloseSession answers OK or NotFound while the engine runs, and Unavailable only once it
 //   is stopped.
-// - Draining, the engine becomes idle; its stats then hold no request, and it neither failed
-//   nor refused a request it accepted. After Stop no KV block is in use but sessions' pins,
-//   and the cache's invariants hold.
+// - Draining, the engine becomes idle, having failed nothing it accepted: its stats hold no
+//   request, count every accepted one finished, and no KV block in use but sessions' pins.
+//   Stopped, it is idle and holds no request, and the same holds of the cache.
 
 #include <algorithm>
 #include <atomic>
@@ -71,11 +72,13 @@ World& TheWorld() {
   return *world;
 }
 
-// One request and what its client saw. The stream callback runs on the engine thread, the
-// client's checks on its own: `mu` orders them.
+// One request and what its client saw. The stream callback runs on the engine thread (or,
+// for what Stop aborts, on the thread that stops it), the client's checks on its own: `mu`
+// orders them.
 struct Stream {
   std::vector<int32_t> expected;  // the golden tokens it must produce, in order
   int cancel_after = -1;          // its client cancels once this many arrived (-1: never)
+  uint64_t handle = 0;            // Submit's, once accepted
   absl::Mutex mu;
   std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
   int finals ABSL_GUARDED_BY(mu) = 0;
@@ -105,7 +108,7 @@ struct Client {
   std::vector<std::unique_ptr<Stream>> streams;
 };
 
-// Everything the threads share about the drain, and what each call saw of it.
+// What the threads share about the drain.
 struct DrainState {
   std::atomic<int> calls{0};  // Submit and CloseSession calls the clients have made
   std::atomic<bool> begun{false};
@@ -113,9 +116,10 @@ struct DrainState {
 };
 
 // Runs `client`'s script against `engine`, whose pool holds pool_blocks blocks and whose
-// model max_context tokens.
-void RunClient(Client& client, kvd::EngineLoop& engine, DrainState& drain,
-               const std::vector<GoldenStory>& golden, int64_t pool_blocks, int64_t max_context) {
+// model's context max_context tokens.
+void RunClient(Client& client, kvd::EngineLoop& engine, kvd::KvCacheManager& cache,
+               DrainState& drain, const std::vector<GoldenStory>& golden, int64_t pool_blocks,
+               int64_t max_context) {
   for (const Action& a : client.script) {
     if (a.kind == Action::kCloseSession) {
       const absl::Status s = engine.CloseSession(absl::StrCat("s", a.session));
@@ -140,9 +144,12 @@ void RunClient(Client& client, kvd::EngineLoop& engine, DrainState& drain,
       // written): Submit refuses exactly the requests it does not.
       const int64_t max_kv =
           std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + a.max_tokens - 1, max_context);
-      const bool fits = (max_kv + kBlockSize - 1) / kBlockSize <= pool_blocks;
+      const bool fits = cache.layout().BlocksForTokens(max_kv) <= pool_blocks;
       const bool drained_before = drain.done.load();
-      auto handle = engine.Submit(std::move(r), [st](const kvd::StreamEvent& event) {
+      auto handle = engine.Submit(std::move(r), [st, &cache](const kvd::StreamEvent& event) {
+        // On the engine thread, or on Stop's once that thread is gone: the cache is not
+        // being changed.
+        Require(cache.CheckInvariants().ok(), "the cache's invariants broke mid-run");
         absl::MutexLock lock(&st->mu);
         if (st->finals > 0) st->late_event = true;
         st->tokens.insert(st->tokens.end(), event.token_ids.begin(), event.token_ids.end());
@@ -171,6 +178,7 @@ void RunClient(Client& client, kvd::EngineLoop& engine, DrainState& drain,
       } else {
         Require(fits, "accepted a request the whole pool cannot hold");
         st->accepted = true;
+        st->handle = *handle;
         // A client that cancels watches its stream, as a server's handler does, and cancels
         // from its own thread (a stream callback must not call into the engine).
         auto cancel_now = [st, &a] {
@@ -181,12 +189,14 @@ void RunClient(Client& client, kvd::EngineLoop& engine, DrainState& drain,
           absl::MutexLock lock(&st->mu);
           return st->finals > 0;
         };
+        const absl::Time give_up = absl::Now() + absl::Seconds(60);
         while (a.cancel_after >= 0 && !ended()) {
           if (cancel_now()) {
             st->cancel_sent.store(true);
             engine.Cancel(*handle);
             break;
           }
+          Require(absl::Now() < give_up, "a request neither streamed n tokens nor ended in 60 s");
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       }
@@ -218,6 +228,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.enable_defrag = flags & 2;
   o.defrag_background_planning = false;
   o.session_idle_timeout = absl::Seconds(30);
+  o.block_size = kBlockSize;
   kvd::RealClock clock;
   auto cache = kvd::KvCacheManager::Create(o, shape, &world.backend, &clock);
   Require(cache.ok(), cache.status().ToString());
@@ -228,6 +239,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   e.prefill_chunk_tokens = 1 + input.Byte() % 64;
   e.admission = static_cast<kvd::AdmissionMode>((flags >> 2) % 3);
   e.idle_tick = absl::Milliseconds(5);
+  // At most 16 requests: the waiting queue never fills, so a ResourceExhausted is the pool's.
+  e.max_waiting_requests = 256;
   // How the input ends: drain and wait (0, 1), stop at once (2), drain and stop at once (3).
   const int ending = (flags >> 4) % 4;
 
@@ -261,11 +274,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int drain_after = input.Byte() % (total_calls + 2);
   const int64_t pool_blocks = (*cache)->stats().max_blocks;
   Require(pool_blocks == chunk_blocks * chunks, "the pool is not the chunks asked for");
-  const int64_t max_context = world.spec.max_context_tokens;
+  // Golden prompts with up to 255 of their output tokens stay under the context (512), so no
+  // prompt is refused as too long.
+  const int64_t max_context = world.model->spec().max_context_tokens;
 
   kvd::EngineLoop engine(e, world.model.get(), cache->get(), nullptr, &clock);
   engine.Start();
   DrainState drain;
+  // Requests accepted so far (after the clients are joined: all of them).
+  auto accepted_count = [&clients] {
+    int64_t n = 0;
+    for (const Client& c : clients) {
+      for (const auto& st : c.streams) n += st->accepted;
+    }
+    return n;
+  };
   auto begin_drain = [&] {
     drain.begun.store(true);
     engine.BeginDrain();
@@ -274,13 +297,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (drain_after == 0) begin_drain();  // before any client starts
   std::thread drainer([&] {
     if (drain_after == 0 || drain_after > total_calls) return;
-    while (drain.calls.load() < drain_after) std::this_thread::yield();
+    while (drain.calls.load() < drain_after) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
     begin_drain();
   });
   std::vector<std::thread> threads;
   for (Client& c : clients) {
-    threads.emplace_back([&c, &engine, &drain, &golden, pool_blocks, max_context] {
-      RunClient(c, engine, drain, golden, pool_blocks, max_context);
+    threads.emplace_back([&c, &engine, &cache, &drain, &golden, pool_blocks, max_context] {
+      RunClient(c, engine, **cache, drain, golden, pool_blocks, max_context);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -298,6 +323,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const kvd::EngineStats idle = engine.Stats();
       Require(idle.requests_waiting == 0 && idle.requests_running == 0,
               "idle, yet the stats hold requests");
+      Require(idle.requests_finished == accepted_count(), "finished is not what was accepted");
+      Require(idle.cache.used_blocks == idle.cache.pinned_blocks,
+              "idle, yet blocks are in use beyond sessions' pins");
     }
     // Still refusing after the drain, whatever ran.
     kvd::Request late_request;
@@ -306,8 +334,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto late = engine.Submit(late_request, [](const kvd::StreamEvent&) {});
     Require(absl::IsUnavailable(late.status()), "a Submit after the drain was not refused");
   }
+  // Streams already ended: Stop must not touch them.
+  std::vector<const Stream*> ended_before_stop;
+  for (Client& c : clients) {
+    for (const auto& st : c.streams) {
+      absl::MutexLock lock(&st->mu);
+      if (st->finals > 0) ended_before_stop.push_back(st.get());
+    }
+  }
   engine.Stop();
   Require(engine.Failure().ok(), engine.Failure().ToString());
+  Require(engine.WaitIdle(absl::ZeroDuration()), "stopped, yet not idle");
+  const kvd::EngineStats stopped = engine.Stats();
+  Require(stopped.requests_waiting == 0 && stopped.requests_running == 0,
+          "stopped, yet the stats hold requests");
+  // Cancelling what ended, or anything once stopped, changes nothing (late_event below).
+  for (Client& c : clients) {
+    for (const auto& st : c.streams) {
+      if (st->accepted) engine.Cancel(st->handle);
+    }
+  }
   Require(absl::IsUnavailable(engine.CloseSession("s1")),
           "CloseSession on a stopped engine was not refused");
   kvd::Request after_stop;
@@ -337,10 +383,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           break;
         case kvd::FinishReason::kCancelled:
           Require(st->cancel_sent.load(), "cancelled without its client asking");
+          Require(st->error.ok(), st->error.ToString());
           break;
         case kvd::FinishReason::kAborted:
           Require(stopped_busy && absl::IsUnavailable(st->error),
                   absl::StrCat("aborted, not by Stop: ", st->error.ToString()));
+          Require(std::find(ended_before_stop.begin(), ended_before_stop.end(), st.get()) ==
+                      ended_before_stop.end(),
+                  "aborted before Stop was called");
           break;
         default:
           Require(false, absl::StrCat("ended for another reason: ",
