@@ -56,22 +56,6 @@ using kvd::fuzz::Require;
 
 constexpr int kBlockSize = 16;
 
-// The model, loaded once.
-struct World {
-  kvd::CpuBackend backend{1};
-  kvd::ModelSpec spec;
-  std::unique_ptr<kvd::LlamaModel> model;
-};
-
-World& TheWorld() {
-  static World* world = [] {
-    auto* w = new World;
-    w->model = kvd::fuzz::LoadStories260k(&w->backend, &w->spec);
-    return w;
-  }();
-  return *world;
-}
-
 // One request and what its client saw. The stream callback runs on the engine thread (or,
 // for what Stop aborts, on the thread that stops it), the client's checks on its own: `mu`
 // orders them.
@@ -128,16 +112,11 @@ void RunClient(Client& client, kvd::EngineLoop& engine, kvd::KvCacheManager& cac
               absl::StrCat("CloseSession while the engine runs: ", s.ToString()));
     } else {
       const GoldenStory& g = golden[a.story];
-      kvd::Request r;
-      r.prompt = g.prompt;
-      r.prompt.insert(r.prompt.end(), g.output.begin(), g.output.begin() + a.skip);
-      r.max_tokens = a.max_tokens;
-      r.sampling.temperature = 0;
-      r.stop_token_ids = {1};
+      kvd::Request r = kvd::fuzz::GoldenRequest(g, a.skip, a.max_tokens);
       if (a.session > 0) r.session_id = absl::StrCat("s", a.session);
       r.priority = a.priority;
       auto stream = std::make_unique<Stream>();
-      stream->expected.assign(g.output.begin() + a.skip, g.output.begin() + a.skip + a.max_tokens);
+      stream->expected = kvd::fuzz::GoldenContinuation(g, a.skip, a.max_tokens);
       stream->cancel_after = a.cancel_after;
       Stream* st = stream.get();
       // Whether the whole pool holds the most KV it can need (the last token's is never
@@ -209,7 +188,7 @@ void RunClient(Client& client, kvd::EngineLoop& engine, kvd::KvCacheManager& cac
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  World& world = TheWorld();
+  kvd::fuzz::Stories260kOnCpu& world = kvd::fuzz::TheStories260kOnCpu();
   const std::vector<GoldenStory>& golden = kvd::fuzz::Stories260kGolden();
   InputReader input(data, size);
 
@@ -289,6 +268,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return n;
   };
+  // A request that fits any pool here, from the main thread; Submit's verdict.
+  auto submit_another = [&engine, &golden] {
+    return engine.Submit(kvd::fuzz::GoldenRequest(golden[0], 0, 1), [](const kvd::StreamEvent&) {})
+        .status();
+  };
   auto begin_drain = [&] {
     drain.begun.store(true);
     engine.BeginDrain();
@@ -328,11 +312,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               "idle, yet blocks are in use beyond sessions' pins");
     }
     // Still refusing after the drain, whatever ran.
-    kvd::Request late_request;
-    late_request.prompt = golden[0].prompt;
-    late_request.max_tokens = 1;
-    auto late = engine.Submit(late_request, [](const kvd::StreamEvent&) {});
-    Require(absl::IsUnavailable(late.status()), "a Submit after the drain was not refused");
+    Require(absl::IsUnavailable(submit_another()), "a Submit after the drain was not refused");
   }
   // Streams already ended: Stop must not touch them.
   std::vector<const Stream*> ended_before_stop;
@@ -356,11 +336,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Require(absl::IsUnavailable(engine.CloseSession("s1")),
           "CloseSession on a stopped engine was not refused");
-  kvd::Request after_stop;
-  after_stop.prompt = golden[0].prompt;
-  after_stop.max_tokens = 1;
-  Require(absl::IsUnavailable(engine.Submit(after_stop, [](const kvd::StreamEvent&) {}).status()),
-          "a Submit after Stop was not refused");
+  Require(absl::IsUnavailable(submit_another()), "a Submit after Stop was not refused");
 
   for (Client& c : clients) {
     for (const auto& st : c.streams) {
@@ -373,9 +349,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(!st->late_event, "an event after the final one");
       Require(st->usage.completion_tokens == static_cast<int32_t>(st->tokens.size()),
               "usage does not count the tokens streamed");
-      const bool prefix = st->tokens.size() <= st->expected.size() &&
-                          std::equal(st->tokens.begin(), st->tokens.end(), st->expected.begin());
-      Require(prefix, "the output differs from llama2.c's greedy output");
+      Require(kvd::fuzz::IsPrefixOf(st->tokens, st->expected),
+              "the output differs from llama2.c's greedy output");
       switch (st->reason) {
         case kvd::FinishReason::kLength:
           Require(st->tokens.size() == st->expected.size(), "ended by length early");

@@ -36,22 +36,6 @@ using kvd::fuzz::GoldenStory;
 using kvd::fuzz::InputReader;
 using kvd::fuzz::Require;
 
-// The model, loaded once.
-struct World {
-  kvd::CpuBackend backend{1};
-  kvd::ModelSpec spec;
-  std::unique_ptr<kvd::LlamaModel> model;
-};
-
-World& TheWorld() {
-  static World* world = [] {
-    auto* w = new World;
-    w->model = kvd::fuzz::LoadStories260k(&w->backend, &w->spec);
-    return w;
-  }();
-  return *world;
-}
-
 // One request and what its client saw.
 struct Client {
   std::vector<int32_t> expected;  // the golden tokens it must produce, in order
@@ -68,7 +52,7 @@ struct Client {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  World& world = TheWorld();
+  kvd::fuzz::Stories260kOnCpu& world = kvd::fuzz::TheStories260kOnCpu();
   const std::vector<GoldenStory>& golden = kvd::fuzz::Stories260kGolden();
   InputReader input(data, size);
 
@@ -104,17 +88,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // that shares a prefix with others); the next 1..40 tokens are expected.
       const int k = input.Byte() % 4 == 0 ? input.Byte() % (total - 1) : 0;
       const int m = 1 + input.Byte() % std::min(40, total - k);
-      kvd::Request r;
-      r.prompt = g.prompt;
-      r.prompt.insert(r.prompt.end(), g.output.begin(), g.output.begin() + k);
-      r.max_tokens = m;
-      r.sampling.temperature = 0;
-      r.stop_token_ids = {1};
+      kvd::Request r = kvd::fuzz::GoldenRequest(g, k, m);
       const unsigned char options = input.Byte();
       if (options & 3) r.session_id = absl::StrCat("s", options & 3);
       r.priority = (options >> 2) % 3 - 1;
       auto client = std::make_unique<Client>();
-      client->expected.assign(g.output.begin() + k, g.output.begin() + k + m);
+      client->expected = kvd::fuzz::GoldenContinuation(g, k, m);
       if (options & 16) client->cancel_after = input.Byte() % (m + 1);
       Client* c = client.get();
       auto handle = engine.Submit(r, [c, &engine, &cache](const kvd::StreamEvent& event) {
@@ -152,9 +131,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Require(c->error.ok(), absl::StrCat("a request failed: ", c->error.ToString()));
     Require(c->usage.completion_tokens == static_cast<int32_t>(c->tokens.size()),
             "usage does not count the tokens streamed");
-    const bool prefix = c->tokens.size() <= c->expected.size() &&
-                        std::equal(c->tokens.begin(), c->tokens.end(), c->expected.begin());
-    Require(prefix, "the output differs from llama2.c's greedy output");
+    Require(kvd::fuzz::IsPrefixOf(c->tokens, c->expected),
+            "the output differs from llama2.c's greedy output");
     if (c->reason == kvd::FinishReason::kLength) {
       Require(c->tokens.size() == c->expected.size(), "ended by length early");
     } else {

@@ -1,6 +1,7 @@
 #ifndef KVD_TESTS_FUZZ_STORIES260K_GOLDEN_H_
 #define KVD_TESTS_FUZZ_STORIES260K_GOLDEN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -10,8 +11,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
 #include "model/llama2c_loader.h"
 #include "model/llama_model.h"
+#include "scheduler/request.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace kvd::fuzz {
@@ -50,6 +53,45 @@ inline std::unique_ptr<LlamaModel> LoadStories260k(Backend* backend, ModelSpec* 
   auto model = LlamaModel::Create(*std::move(weights), backend);
   Require(model.ok(), "the model did not build");
   return *std::move(model);
+}
+
+// stories260K on a CPU backend of one thread, loaded once for the process.
+struct Stories260kOnCpu {
+  CpuBackend backend{1};
+  ModelSpec spec;
+  std::unique_ptr<LlamaModel> model;
+};
+
+inline Stories260kOnCpu& TheStories260kOnCpu() {
+  static Stories260kOnCpu* world = [] {
+    auto* w = new Stories260kOnCpu;
+    w->model = LoadStories260k(&w->backend, &w->spec);
+    return w;
+  }();
+  return *world;
+}
+
+// A greedy request for golden story g's prompt followed by the first `skip` tokens of its
+// output, for the next max_tokens of it: GoldenContinuation. It ends by length, as no golden
+// output holds the stop token 1. REQUIRES: skip + max_tokens <= g.output.size().
+inline Request GoldenRequest(const GoldenStory& g, int skip, int max_tokens) {
+  Request r;
+  r.prompt = g.prompt;
+  r.prompt.insert(r.prompt.end(), g.output.begin(), g.output.begin() + skip);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.stop_token_ids = {1};
+  return r;
+}
+
+inline std::vector<int32_t> GoldenContinuation(const GoldenStory& g, int skip, int max_tokens) {
+  return {g.output.begin() + skip, g.output.begin() + skip + max_tokens};
+}
+
+// Whether `tokens` begin `expected` (or are all of it).
+inline bool IsPrefixOf(const std::vector<int32_t>& tokens, const std::vector<int32_t>& expected) {
+  return tokens.size() <= expected.size() &&
+         std::equal(tokens.begin(), tokens.end(), expected.begin());
 }
 
 }  // namespace kvd::fuzz
