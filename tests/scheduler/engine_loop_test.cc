@@ -400,6 +400,12 @@ TEST_F(EngineLoopTest, RejectsWhatCanNeverRun) {
   engine_->BeginDrain();
   engine_->RunUntilIdle();
   EXPECT_EQ(engine_->Submit(other, nullptr).status().code(), absl::StatusCode::kUnavailable);
+  // The request's own faults are judged before the engine's state: one that could never run,
+  // or is malformed, is refused as such while draining too (Unavailable would invite a retry
+  // elsewhere that fails the same way).
+  EXPECT_EQ(engine_->Submit(too_long, nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->Submit(bad, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineLoopTest, SessionKeepsKvBetweenTurnsAndReleasesItWhenIdle) {
@@ -587,8 +593,8 @@ TEST_F(EngineLoopTest, PrefillIsChunkedPerSequence) {
   r.max_tokens = 10;
   Stream* s = Submit(r);
   engine_->RunUntilIdle();
-  EXPECT_EQ(s->tokens, std::vector<int32_t>(golden_[10].output.begin(),
-                                            golden_[10].output.begin() + 10));
+  EXPECT_EQ(s->tokens,
+            std::vector<int32_t>(golden_[10].output.begin(), golden_[10].output.begin() + 10));
   // 8 prefill steps of 4 tokens (the last one samples), then 9 decode steps.
   EXPECT_EQ(engine_->Stats().steps, 8 + 9);
 }
