@@ -63,13 +63,13 @@ class EngineLoop {
   void RunUntilIdle();
 
   // Queues a request; its events go to `on_event`. Errors, with nothing queued, judged in
-  // this order: InvalidArgument (bad fields, naming the field and allowed range);
-  // ResourceExhausted when the prompt, or the prompt with max_tokens, cannot fit the whole
-  // pool (an accepted request can always run to its end alone); then, as the engine stands,
-  // Unavailable (failed, draining or stopped) and ResourceExhausted (the waiting queue is
-  // full). So a request that could never run is refused as such even while draining (where
-  // Unavailable would invite a retry elsewhere that fails the same way).
-  // Returns an engine-wide request handle.
+  // this order: first the request itself, InvalidArgument (bad fields, naming the field and
+  // allowed range) and ResourceExhausted when the prompt, or the prompt with max_tokens,
+  // cannot fit the whole pool (an accepted request can always run to its end alone); then the
+  // engine's state, Unavailable (failed, draining or stopped) and ResourceExhausted (the
+  // waiting queue is full). So a request that could never run is refused as such even while
+  // draining (Unavailable would invite a retry elsewhere that fails the same way). Returns an
+  // engine-wide request handle.
   absl::StatusOr<uint64_t> Submit(Request request, StreamCallback on_event);
   // Cancels a request; its blocks are freed within one step and it gets a final event
   // with kCancelled. Unknown or finished handles are ignored.

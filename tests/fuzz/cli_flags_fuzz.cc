@@ -21,6 +21,7 @@
 //   agree (blocks per sequence, block bytes at least the tokens', token-exact bytes within the
 //   paged ones, paged bytes, the pool within the budget and what fits in it).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -396,6 +397,9 @@ void FuzzEstimate(InputReader& input) {
   const std::string& text = out.str();
   if (rc == 0 && absl::StartsWith(text, "usage: kvd estimate")) {
     Require(err.str().empty(), "--help printed to stderr");
+    Require(std::find(args.begin(), args.end(), "--help") != args.end() ||
+                std::find(args.begin(), args.end(), "-h") != args.end(),
+            "the usage printed without --help or -h");
     return;
   }
   // FlagSet accepted the line, and the flag values it cannot judge alone were judged good
@@ -407,7 +411,7 @@ void FuzzEstimate(InputReader& input) {
   const std::string dtype_name =
       absl::AsciiStrToLower(given.contains("kv-dtype") ? given["kv-dtype"] : std::string("bf16"));
   const std::optional<kvd::DType> dtype = kvd::ParseDType(dtype_name);
-  Require(dtype.has_value() && dtype_name != "none", "ran with an unknown --kv-dtype");
+  Require(dtype.has_value(), "ran with an unknown --kv-dtype");  // ParseDType refuses "none"
   std::optional<int64_t> budget;
   if (given.contains("budget")) {
     const absl::StatusOr<int64_t> bytes = kvd::ParseByteSize(given["budget"]);
@@ -424,7 +428,7 @@ void FuzzEstimate(InputReader& input) {
             "a failure without its message, or with the usage");
     Require(out.str().empty(), "a failure printed to stdout");
     Require(!spec.ok() || absl::StrContains(err.str(), "budget_bytes=") ||
-                absl::StrContains(err.str(), "does not fit in 64 bits"),
+                absl::StrContains(err.str(), "fit in 64 bits"),
             absl::StrCat("exit code 1 for a model that loads, not for the estimate: ", err.str()));
     return;
   }
@@ -447,7 +451,8 @@ void FuzzEstimate(InputReader& input) {
           "batch, seq_len or block_size not the flags' values");
   Require(j["kv_dtype"] == std::string(kvd::DTypeName(*dtype)), "kv_dtype not --kv-dtype's");
   Require(j["model"] == spec->name && j["num_layers"] == spec->num_layers &&
-              j["num_kv_heads"] == spec->num_kv_heads && j["head_dim"] == spec->head_dim,
+              j["d_model"] == spec->dim && j["num_kv_heads"] == spec->num_kv_heads &&
+              j["head_dim"] == spec->head_dim,
           "the model's shape not the model's");
   Require(j.contains("budget_bytes") == budget.has_value(), "budget_bytes without --budget");
   const int64_t blocks = j["blocks_per_sequence"], block_bytes = j["bytes_per_block"];
