@@ -350,13 +350,14 @@ void FuzzFlagSet(InputReader& input) {
           "--list does not keep every value in order");
 }
 
-// The value each flag was given in `args`, a line FlagSet accepted for `kvd estimate`: by
-// the syntax its header states, `--name=value`, or `--name value` for all but the boolean
-// --json. None of the estimate's flags is a list, so each appears at most once.
+// The value each flag was given in `args`, a line FlagSet accepted for `kvd estimate`
+// without --help (that prints the usage): by the syntax its header states, `--name=value`,
+// or `--name value` for all but the boolean --json. None of the estimate's flags is a list,
+// so each appears at most once.
 std::map<std::string, std::string> GivenValues(const std::vector<std::string>& args) {
   std::map<std::string, std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!absl::StartsWith(args[i], "--") || args[i] == "--help") continue;
+    if (!absl::StartsWith(args[i], "--")) continue;
     const size_t eq = args[i].find('=');
     if (eq != std::string::npos) {
       given[args[i].substr(2, eq - 2)] = args[i].substr(eq + 1);

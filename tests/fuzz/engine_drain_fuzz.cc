@@ -61,7 +61,6 @@ constexpr int kBlockSize = 16;
 // orders them.
 struct Stream {
   std::vector<int32_t> expected;  // the golden tokens it must produce, in order
-  int cancel_after = -1;          // its client cancels once this many arrived (-1: never)
   uint64_t handle = 0;            // Submit's, once accepted
   absl::Mutex mu;
   std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
@@ -117,7 +116,6 @@ void RunClient(Client& client, kvd::EngineLoop& engine, kvd::KvCacheManager& cac
       r.priority = a.priority;
       auto stream = std::make_unique<Stream>();
       stream->expected = kvd::fuzz::GoldenContinuation(g, a.skip, a.max_tokens);
-      stream->cancel_after = a.cancel_after;
       Stream* st = stream.get();
       // Whether the whole pool holds the most KV it can need (the last token's is never
       // written): Submit refuses exactly the requests it does not.
@@ -160,17 +158,15 @@ void RunClient(Client& client, kvd::EngineLoop& engine, kvd::KvCacheManager& cac
         st->handle = *handle;
         // A client that cancels watches its stream, as a server's handler does, and cancels
         // from its own thread (a stream callback must not call into the engine).
-        auto cancel_now = [st, &a] {
-          absl::MutexLock lock(&st->mu);
-          return st->finals == 0 && static_cast<int>(st->tokens.size()) >= a.cancel_after;
-        };
-        auto ended = [st] {
-          absl::MutexLock lock(&st->mu);
-          return st->finals > 0;
-        };
         const absl::Time give_up = absl::Now() + absl::Seconds(60);
-        while (a.cancel_after >= 0 && !ended()) {
-          if (cancel_now()) {
+        while (a.cancel_after >= 0) {
+          bool due;
+          {
+            absl::MutexLock lock(&st->mu);
+            if (st->finals > 0) break;  // ended first
+            due = static_cast<int>(st->tokens.size()) >= a.cancel_after;
+          }
+          if (due) {
             st->cancel_sent.store(true);
             engine.Cancel(*handle);
             break;
