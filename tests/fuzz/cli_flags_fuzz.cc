@@ -428,7 +428,14 @@ void FuzzEstimate(InputReader& input) {
                 !absl::StrContains(err.str(), "\n\nusage: kvd estimate"),
             "a failure without its message, or with the usage");
     Require(out.str().empty(), "a failure printed to stdout");
-    Require(!spec.ok() || absl::StrContains(err.str(), "budget_bytes=") ||
+    if (!spec.ok()) {
+      // The loader's own reason, as it gave it (it names the path or what was wrong).
+      Require(err.str() == absl::StrCat("kvd estimate: ", spec.status().message(), "\n"),
+              absl::StrCat("a model that does not load, not reported as the loader said: ",
+                           err.str()));
+      return;
+    }
+    Require(absl::StrContains(err.str(), "budget_bytes=") ||
                 absl::StrContains(err.str(), "fit in 64 bits"),
             absl::StrCat("exit code 1 for a model that loads, not for the estimate: ", err.str()));
     return;
