@@ -79,6 +79,27 @@
 // form, one lane expecting every box's bytes behind a __syncwarp in that warp's branch, made
 // ptxas turn each shuffle of the copy rounds into a collective sequence: twice the code, and
 // the gather itself 20% slower.)
+//
+// Against cuDNN's kernel (what PyTorch's SDPA ran at 1 x 16k causal, GQA 32/8, on an H100
+// SXM): ncu (`--clock-control none`, one launch each) timed it at 3.35 ms at 1.69 GHz, 5.66M
+// cycles, tensor-bound at 72% of the SM's throughput and 1.70 instructions a cycle; this
+// kernel at 3.50-3.53 ms at 1.72-1.73 GHz, 6.06M cycles, 68% and 1.76: about 0.93 of its
+// rate at the same clock, issuing ~10% more instructions for the same work (the paged gather
+// among them). The event-timed rows swing more than that with the clock (1 x 16k 3.57-4.02
+// ms over six rows of two runs, SDPA 3.36-3.60). Tried on that H100 and dropped, each
+// alternating with this kernel over three rounds of `gpu_bench prefill`:
+//   - Q kept in registers (ldmatrix once per item, S as register-A wgmma, the Q buffer freed
+//     at once; producer 56 / consumers 224 registers): slower at every shape in every round
+//     (1 x 16k 6-12%, 1 x 4k and 1 x 512 / 4096 6-36%); ncu: fewer warps eligible (0.51
+//     against 0.69 a scheduler). Shared memory was not the limit it was thought to be: this
+//     kernel's L1/shared throughput reads 56% of peak.
+//   - Items published by an mbarrier pair instead of the all-thread barrier, so a
+//     warpgroup need not drain at an item's end: 1 x 16k within the noise (3.87-4.23 ms),
+//     1 x 4k and 1 x 512 / 4096 4-25% slower.
+//   - Items ordered KV head by KV head instead of by tile across heads: ncu read DRAM
+//     traffic down from 400 to 133 GB/s (L2 hits 87% -> 99%) with the cycles unchanged,
+//     1 x 16k within the noise and the small shapes 2-3% slower (head 7's costliest tiles
+//     then start last, so the last wave is less balanced).
 
 #include <cuda_bf16.h>
 
