@@ -106,9 +106,10 @@
 // clocks): not in the consumers, whose turn runs 520 instructions a warp
 // against the 567 of cuDNN's loop (which computes S, waits for it, then the softmax, then
 // P V and waits again: no turns, no overlap within a warpgroup, P kept in S's registers). Of
-// this kernel's 1.55G executed instructions (cuDNN 1.24G) about 0.28G are the producer's
-// gather (the copies, two shuffles each, their addresses), where cuDNN's tensor-copy producer
-// issues ~0.02G; and 0.14G are consumers spinning on V's full barrier: 95% of turns find
+// this kernel's 1.55G instructions by the source counters (cuDNN 1.24G) about 0.28G are the
+// producer's gather (the copies, two shuffles each, their addresses), where cuDNN's
+// tensor-copy producer issues ~0.02G; and 0.14G are consumers spinning on V's full barrier
+// (ncu's summary counts 1.41G in all, 0.14G fewer: about the spins): 95% of turns find
 // tile kt's K landed but tile kt-1's V, issued right after it, not yet (23 retries of the
 // try_wait on average), so the data stream still arrives just in time. Holding the turn
 // while it lands costs a lot: waiting for V only after issuing S, within the turn, measured
