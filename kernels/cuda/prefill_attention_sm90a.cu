@@ -103,9 +103,9 @@
 //
 // Where the extra instructions are (another H100, ncu `--set full` with source counters, one
 // launch each at 1 x 16k: 6.12M cycles against cuDNN's 5.75M, 0.94 of its rate at equal
-// clocks): not in the consumers, whose turn runs 520 instructions a warp
-// against the 567 of cuDNN's loop (which computes S, waits for it, then the softmax, then
-// P V and waits again: no turns, no overlap within a warpgroup, P kept in S's registers). Of
+// clocks): not in the consumers, whose turn runs 520 instructions a warp against the 567 of
+// cuDNN's loop (which computes S, waits for it, then the softmax, then P V and waits again:
+// no turns, no overlap within a warpgroup, P kept in S's registers). Of
 // this kernel's 1.55G instructions by the source counters (cuDNN 1.24G) about 0.28G are the
 // producer's gather (the copies, two shuffles each, their addresses), where cuDNN's
 // tensor-copy producer issues ~0.02G; and 0.14G are consumers spinning on V's full barrier
