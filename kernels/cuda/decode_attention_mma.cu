@@ -313,6 +313,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // back to back, three rounds, 8 x 4k 0.763-0.767 against 0.862-0.866, 64 x 4k 0.921-0.922
 // against 1.014-1.017, 16 x 16k 0.961-0.965 against 1.008-1.014; per call 64 x 4k 0.89-0.90
 // against 0.99, its 512 CTAs now in one and a third waves.)
+// Worth measuring next, on the H200: each warp bulk-prefetching (cp.async.bulk.prefetch.L2)
+// the K and V rows of its first two iterations before the wait for the preceding grid (no
+// ordering needed: a prefetch loads nothing into the CTA, and the preceding kernel's writes
+// land in L2). On an H100 (copy ~3040 GB/s; gpu_bench decode, two rounds alternating with
+// this kernel in one run) it read 0.844-0.847 of copy per call at 8 x 4k against
+// 0.816-0.821, 0.987-0.988 back to back against 0.909-0.910; 1 x 32k 0.837-0.843 against
+// 0.805-0.808; 32 x 4k and up about 1% more; but 1 x 4k 0.303-0.309 per call against
+// 0.321-0.322 and 0.344-0.348 as a one-launch graph against 0.369-0.374 (16 back to back
+// 0.537-0.539 against 0.496-0.502); there a warp has few iterations, and probably its first
+// is copied while its prefetch is still in flight. Not landed: the tests under it were not
+// read back, and the 1 x 4k loss wants other depths tried first (iterations 1 to 3, or 1 to
+// 7, skipping the one copied at once).
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 

@@ -116,6 +116,12 @@
 // 24-36% slower at 1 x 16k (H200, three rounds alternating with this kernel in one run:
 // 4.86-4.96 ms against 3.66-3.91), 26-49% at 1 x 4k and 8 x 2k; with the other consumer's
 // turn passed on right after S, 18-24% slower at 1 x 16k.
+// Nor did three small changes help (one round on an H100, each alternating with this kernel
+// in one run): every mbarrier wait given a suspend-time hint (as CUTLASS's barrier waits), so
+// that the V spins sleep, took 4.04 ms at 1 x 16k against 3.79; V's ring released before the
+// rescale and pack instead of after it, 3.97; both, 3.90 (and 0.269 ms at 1 x 4k against
+// 0.298, 0.589 at 8 x 2k against 0.565). One round is thin evidence (rounds above spread by
+// as much), but none of them gained at 1 x 16k, the shape the target is set at.
 
 #include <cuda_bf16.h>
 
