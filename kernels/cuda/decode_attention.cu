@@ -94,6 +94,8 @@ cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const De
     case 3:
     case 4:
       return LaunchDecodeMmaShape(p, ws, variant - 2, rows_map, stream, name);
+    case 5:  // variant 0's TMA kernel without its L2 warm-up
+      return LaunchDecodeMmaShape(p, ws, HasRows(rows_map) ? 4 : 0, rows_map, stream, name);
     default:
       return cudaErrorInvalidValue;
   }

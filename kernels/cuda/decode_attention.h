@@ -231,9 +231,10 @@ cudaError_t LaunchDecodeAttention(const PagedAttentionParams& p, const DecodeWor
 // Benchmark only (gpu_bench sweep): the bf16, head_dim 128, GQA-group-4 kernel
 // under alternative launch shapes (warps per CTA, pipeline stages, resident CTAs), variant
 // in [0, kDecodeVariants); 0 is what LaunchDecodeAttention runs given `rows_map` (TMA boxes
-// with a non-empty one, else the same kernel as variant 2). Sets *name.
+// with a non-empty one, else the same kernel as variant 2), 5 the same without its L2 warm-up
+// (decode_attention_mma.cu). Sets *name.
 // cudaErrorInvalidValue for other shapes or variants.
-inline constexpr int kDecodeVariants = 5;
+inline constexpr int kDecodeVariants = 6;
 cudaError_t LaunchDecodeAttentionVariant(const PagedAttentionParams& p, const DecodeWorkspace& ws,
                                          int variant, const KvRowMap* rows_map, cudaStream_t stream,
                                          const char** name);

@@ -260,6 +260,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // the two round trips overlap, and Q still lands ahead of the KV.
   typename MmaWarpMath<kHeadDim, Cfg>::QLane q_lane;
   auto load_q = [&] {
+    // The first iterations' K/V rows start towards L2 while the preceding kernel finishes.
+    const int ahead = min(Cfg::kL2AheadIters, keys.num_iters());
+    for (int it = 0; it < ahead; ++it) loader.PrefetchL2(keys.start(it), keys.BlockPtrs(it));
     WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
     decode::TraceStart<kTrace>(ws, entry_ns, planned_ns);
     q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);
@@ -313,20 +316,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // back to back, three rounds, 8 x 4k 0.763-0.767 against 0.862-0.866, 64 x 4k 0.921-0.922
 // against 1.014-1.017, 16 x 16k 0.961-0.965 against 1.008-1.014; per call 64 x 4k 0.89-0.90
 // against 0.99, its 512 CTAs now in one and a third waves.)
-// Worth measuring next, on the H200: each warp bulk-prefetching (cp.async.bulk.prefetch.L2)
-// the K and V rows of its first two iterations before the wait for the preceding grid (no
-// ordering needed: a prefetch loads nothing into the CTA, and the preceding kernel's writes
-// land in L2). On an H100 (copy ~3040 GB/s; gpu_bench decode, two rounds alternating with
-// this kernel in one run) it read 0.844-0.847 of copy per call at 8 x 4k against
-// 0.816-0.821, 0.987-0.988 back to back against 0.909-0.910; 1 x 32k 0.837-0.843 against
-// 0.805-0.808; 32 x 4k and up about 1% more; but 1 x 4k 0.303-0.309 per call against
-// 0.321-0.322 and 0.344-0.348 as a one-launch graph against 0.369-0.374 (16 back to back
-// 0.537-0.539 against 0.496-0.502); there a warp has few iterations, and probably its first
-// is copied while its prefetch is still in flight. Not landed: the tests under it were not
-// read back, and the 1 x 4k loss wants other depths tried first (iterations 1 to 3, or 1 to
-// 7, skipping the one copied at once).
+// Each warp bulk-prefetches (cp.async.bulk.prefetch.L2) the K and V rows of its first two
+// iterations before the wait for the preceding grid: no ordering is needed, as a prefetch
+// loads nothing into the CTA and the preceding kernel's writes land in L2. Measured on an H100
+// (copy ~3040 GB/s; gpu_bench sweep at the backend's split counts, two rounds alternating
+// with the same kernel without it, variant 5, in one run), per call and 16 back to back:
+// 8 x 4k 0.852-0.853 and 0.987-0.988 against 0.810-0.812 and 0.910; 1 x 32k 0.836-0.837 and
+// 0.966-0.968 against 0.781-0.796 and 0.897-0.898; 32 x 4k and larger 1-2% more; 1 x 4k
+// 0.326-0.329 per call against 0.342-0.344 but 0.537-0.539 back to back against 0.498-0.515.
+// Other depths in the same run: iterations [0,4) and [1,4) as good at 8 x 4k back to back but
+// 0.297-0.308 per call at 1 x 4k; [1,2) best at 1 x 4k back to back (0.565) but 0.820 per call
+// at 8 x 4k; [0,8) slower than none at 8 x 4k per call (0.782).
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
-                               /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
+                               /*kL2PrefetchT=*/0, /*kTmaT=*/true, /*kL2AheadItersT=*/2>;
+using TmaColdConfig = DecodeConfig<TmaConfig::kWarps, TmaConfig::kStages, TmaConfig::kCtasPerSm,
+                                   /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
 
 template <int kHeadDim, typename Cfg = DefaultConfig, bool kTrace = false>
 cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream,
@@ -380,6 +384,10 @@ cudaError_t LaunchDecodeMmaShape(const PagedAttentionParams& p, const DecodeWork
       *name = "tensor cores, 4 warps, 2 stages, 2 CTAs/SM, TMA boxes";
       if (!HasRows(rows_map)) return cudaErrorInvalidValue;
       return LaunchMma<128, TmaConfig>(p, ws, stream, rows_map);
+    case 4:
+      *name = "tensor cores, 4 warps, 2 stages, 2 CTAs/SM, TMA boxes, no L2 warm-up";
+      if (!HasRows(rows_map)) return cudaErrorInvalidValue;
+      return LaunchMma<128, TmaColdConfig>(p, ws, stream, rows_map);
     default:
       return cudaErrorInvalidValue;
   }

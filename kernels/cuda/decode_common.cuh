@@ -28,10 +28,14 @@ inline constexpr int kMaxGroupPerCta = 8;
 inline int MergeSubgroups(int group) { return (group + kMaxGroupPerCta - 1) / kMaxGroupPerCta; }
 // Launch shape: warps per CTA, pipeline stages per warp (kStages - 1 iterations in flight
 // while one is scored) and the resident CTAs per multiprocessor the shared memory allows,
-// which the split count aims to fill once; then the cp.async L2 prefetch hint, and whether
-// K/V come as TMA boxes where they can (decode_attention_mma.cu).
-template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0, bool kTmaT = false>
+// which the split count aims to fill once; then the cp.async L2 prefetch hint, whether K/V
+// come as TMA boxes where they can, and the iterations warmed in L2 (decode_attention_mma.cu).
+template <int kWarpsT, int kStagesT, int kCtasPerSmT, int kL2PrefetchT = 0, bool kTmaT = false,
+          int kL2AheadItersT = 0>
 struct DecodeConfig {
+  // A warp's first iterations whose K/V rows it prefetches into L2 before the wait for the
+  // preceding kernel (decode_attention_mma.cu).
+  static constexpr int kL2AheadIters = kL2AheadItersT;
   static constexpr int kL2Prefetch = kL2PrefetchT;  // 0, or the cp.async L2 prefetch size
   static constexpr bool kTma = kTmaT;  // K/V through the KvRowMap's TMA boxes where they can
   static constexpr int kWarps = kWarpsT;

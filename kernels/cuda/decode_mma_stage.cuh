@@ -144,6 +144,16 @@ struct MmaStageLoader {
     }
   }
 
+  // Starts bringing the K and V rows of keys [start, start + 16) into L2 (every lane calls,
+  // lane 0 issues), where they lie in one block (blocks of 16 keys or more).
+  __device__ __forceinline__ void PrefetchL2(int start, const char* ptrs) const {
+    const char* k_row = ShflPtr(ptrs, 0) + int64_t{start & block_mask_} * kRowBytes;
+    if (block_mask_ + 1 >= Shape::kKeysPerIter && lane_ == 0) {
+      BulkPrefetchL2(k_row, Shape::kTileBytes);
+      BulkPrefetchL2(k_row + v_minus_k_, Shape::kTileBytes);
+    }
+  }
+
  private:
   // The view row of the iteration's first K row when its K and V go through TMA, else -1:
   // the 16 keys lie in lane 0's block (blocks of 16 or more keys), and both runs of 16 rows

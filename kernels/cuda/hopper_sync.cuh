@@ -114,6 +114,15 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int
       : "memory");
 }
 
+// Starts bringing `bytes` (a multiple of 16) at `src` (16-byte aligned) into L2: nothing lands
+// in the CTA and nothing waits for it, so no ordering against other writers is needed.
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile(
+      "cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(src)),
+      "r"(bytes)
+      : "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32):
 // Sync waits for all of them, Arrive counts this warp without waiting.
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {

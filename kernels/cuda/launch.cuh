@@ -19,7 +19,9 @@
 //     ops are in flight: model weights (the skinny Matmul's first loads, RmsNorm's weight;
 //     CudaBackend's UploadWeights and FillRandom return once their writes are done; not
 //     Embedding's table, which may be an activation) and a batch's block tables, sequence
-//     metadata and the KV chunk table (decode attention; written by copies);
+//     metadata and the KV chunk table (decode attention; written by copies). It may also
+//     prefetch anything into L2 (BulkPrefetchL2): that loads nothing into the CTA, and the
+//     preceding kernel's writes land in L2 all the same;
 //   - it may call AllowDependentLaunch() to let the next kernel start early (otherwise that
 //     happens as its CTAs exit): the next kernel's CTAs launch once every CTA of this one has
 //     called it or exited, so this kernel's own CTAs have all been launched by then and never
