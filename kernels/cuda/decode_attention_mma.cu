@@ -259,10 +259,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // Q's loads go out first, but the first K/V copies are issued before they are waited for:
   // the two round trips overlap, and Q still lands ahead of the KV.
   typename MmaWarpMath<kHeadDim, Cfg>::QLane q_lane;
-  auto load_q = [&] {
-    // The first iterations' K/V rows start towards L2 while the preceding kernel finishes.
-    const int ahead = min(Cfg::kL2AheadIters, keys.num_iters());
-    for (int it = 0; it < ahead; ++it) loader.PrefetchL2(keys.start(it), keys.BlockPtrs(it));
+  static_assert(Cfg::kL2AheadIters <= kStages, "the pipeline reads kStages block pointers ahead");
+  // Before the wait, the first iterations' K/V rows start towards L2 (from the pipeline's
+  // first kStages block pointers, `ptrs`) while the preceding kernel finishes.
+  auto load_q = [&](const auto& ptrs) {
+#pragma unroll
+    for (int it = 0; it < Cfg::kL2AheadIters; ++it) {
+      if (it < keys.num_iters()) loader.PrefetchL2(keys.start(it), ptrs[it]);
+    }
     WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
     decode::TraceStart<kTrace>(ws, entry_ns, planned_ns);
     q_lane = math.LoadQ(p, cta.q_row, cta.head_base, cta.heads);

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // the wait (load_q, RunWarpPipeline's start), but are waited for (scale_q, its primed)
   // only once the first K/V copies are issued, so that the round trips overlap.
   float q[kGroup][kDims];
-  auto load_q = [&] {
+  auto load_q = [&](const auto& /*block_ptrs*/) {
     WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {

@@ -182,9 +182,10 @@ class WarpKeys {
 // own barrier (TMA). The block table is read an iteration ahead; the first kStages
 // iterations' entries in one round trip, before start(). start() runs before the first copy:
 // the place to wait for the preceding kernel (launch.cuh; the block table may be read before
-// it, K/V and the query not) and to issue the query's loads. primed() runs once the first
-// copies are issued: the place to use the query, whose round trip then overlaps the KV's
-// instead of delaying it.
+// it, K/V and the query not) and to issue the query's loads; it gets those kStages
+// iterations' block pointers (for L2 prefetches ahead of the wait). primed() runs once the
+// first copies are issued: the place to use the query, whose round trip then overlaps the
+// KV's instead of delaying it.
 template <int kStages, typename Keys, typename Start, typename Issue, typename Primed,
           typename Consume>
 __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Start&& start, Issue& issue,
@@ -192,7 +193,7 @@ __device__ __forceinline__ void RunWarpPipeline(const Keys& keys, Start&& start,
   const char* ptrs[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) ptrs[i] = keys.BlockPtrs(i);
-  start();
+  start(ptrs);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, ptrs[i], i);
   primed();
