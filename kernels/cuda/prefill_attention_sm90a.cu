@@ -122,6 +122,14 @@
 // rescale and pack instead of after it, 3.97; both, 3.90 (and 0.269 ms at 1 x 4k against
 // 0.298, 0.589 at 8 x 2k against 0.565). One round is thin evidence (rounds above spread by
 // as much), but none of them gained at 1 x 16k, the shape the target is set at.
+// Nor did halving the gather's shuffles (blocks of 16 keys or more: rounds 2 i and 2 i + 1
+// copy keys eight rows apart in one block, so one shuffled row pointer serves both): H100,
+// four rounds alternating with this kernel in one run, 1 x 16k 4.036 / 3.581 / 3.581 / 4.084
+// ms against 4.031 / 3.571 / 3.975 / 4.132, 1 x 4k and 8 x 2k as mixed. The spread is by
+// process, not by build: six runs of one build read 3.55-3.61 or 3.98-4.18 ms at 1 x 16k
+// (SDPA 3.67-3.74 in the rounds above), while nvidia-smi, sampled every 50 ms, read the SM
+// clock at 1545-1980 MHz during those rows and flagged the software power cap. That spread is
+// far wider than any gain left to find here.
 
 #include <cuda_bf16.h>
 
