@@ -129,6 +129,7 @@ InferenceService::InferenceService(EngineLoop* engine, RequestValidator validato
                      new RawHandler(
                          [](InferenceService* service, grpc::ServerContext* context,
                             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                           const OpenCall open(service);
                            return service->GenerateRaw(context, stream);
                          },
                          this));
@@ -136,9 +137,31 @@ InferenceService::InferenceService(EngineLoop* engine, RequestValidator validato
                      new RawHandler(
                          [](InferenceService* service, grpc::ServerContext* context,
                             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                           const OpenCall open(service);
                            return service->CloseSessionRaw(context, stream);
                          },
                          this));
+}
+
+InferenceService::OpenCall::OpenCall(InferenceService* service) : service_(service) {
+  absl::MutexLock lock(&service_->calls_mu_);
+  ++service_->open_calls_;
+}
+
+InferenceService::OpenCall::~OpenCall() {
+  absl::MutexLock lock(&service_->calls_mu_);
+  --service_->open_calls_;
+}
+
+int InferenceService::open_calls() const {
+  absl::MutexLock lock(&calls_mu_);
+  return open_calls_;
+}
+
+bool InferenceService::WaitForCallsToEnd(absl::Duration timeout) {
+  absl::MutexLock lock(&calls_mu_);
+  auto none_open = [this]() ABSL_SHARED_LOCKS_REQUIRED(calls_mu_) { return open_calls_ == 0; };
+  return calls_mu_.AwaitWithTimeout(absl::Condition(&none_open), timeout);
 }
 
 grpc::Status InferenceService::GenerateRaw(

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvd/v1/kvd.grpc.pb.h"
 #include "model/model_spec.h"
@@ -57,6 +59,15 @@ class InferenceService final : public v1::Inference::Service {
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
 
+  // Generate and CloseSession calls whose handlers are running.
+  int open_calls() const;
+  // Blocks until no Generate or CloseSession handler runs, or `timeout` passes; false on the
+  // timeout. Once the engine has stopped, every stream has its final event and its handler
+  // only writes it and returns: the daemon waits for that before the gRPC server shuts down,
+  // so that each stream's last message and status go out before the server's GOAWAY and no
+  // connection is closed straight after a stream's last bytes.
+  bool WaitForCallsToEnd(absl::Duration timeout);
+
   grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
   grpc::Status GetCacheStats(grpc::ServerContext* context, const v1::GetCacheStatsRequest* request,
@@ -72,11 +83,25 @@ class InferenceService final : public v1::Inference::Service {
       grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   grpc::Status CloseSessionParsed(const v1::CloseSessionRequest& request);
 
+  // Counts a handler in open_calls_ for its lifetime.
+  class OpenCall {
+   public:
+    explicit OpenCall(InferenceService* service);
+    ~OpenCall();
+    OpenCall(const OpenCall&) = delete;
+    OpenCall& operator=(const OpenCall&) = delete;
+
+   private:
+    InferenceService* const service_;
+  };
+
   EngineLoop* const engine_;
   const RequestValidator validator_;
   const ServedModelInfo model_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_request_id_{1};
+  mutable absl::Mutex calls_mu_;
+  int open_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };
 
 }  // namespace kvd

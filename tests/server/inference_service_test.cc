@@ -305,6 +305,32 @@ TEST_F(InferenceServiceTest, EngineStopEndsAStreamWithAnAbortedFinalMessageThenU
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
 }
 
+// A stream's handler counts as open until it has written the final message: the daemon
+// waits for that (WaitForCallsToEnd) before shutting the gRPC server down.
+TEST_F(InferenceServiceTest, WaitForCallsToEndWaitsForEveryStreamsFinalMessage) {
+  EXPECT_EQ(service_->open_calls(), 0);
+  EXPECT_TRUE(service_->WaitForCallsToEnd(absl::ZeroDuration()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest request;
+  request.set_prompt("Once upon a time");
+  request.set_max_tokens(507);  // the whole context: still running at the checks below
+  request.set_ignore_eos(true);
+  auto reader = stub_->Generate(&context, request);
+  v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  EXPECT_EQ(service_->open_calls(), 1);
+  EXPECT_FALSE(service_->WaitForCallsToEnd(absl::Milliseconds(1)));
+  engine_->Stop();
+  EXPECT_TRUE(service_->WaitForCallsToEnd(absl::Seconds(10)));
+  EXPECT_EQ(service_->open_calls(), 0);
+  // The handler returned after writing the final message, which is there to read.
+  v1::GenerateResponse last = r;
+  while (reader->Read(&r)) last = r;
+  EXPECT_EQ(last.finish_reason(), "aborted");
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
 TEST_F(InferenceServiceTest, DrainingRefusesNewCallsWithUnavailable) {
   service_->BeginDrain();
   v1::GenerateRequest request;
