@@ -217,6 +217,15 @@ struct MmaWarpMath {
   float row_sum = 0.0f;  // over this lane's keys, relative to row_max
 };
 
+// A warp with at most this many iterations leaves its first out of the L2 prefetch ahead of
+// the wait (Cfg::kL2AheadIters): that iteration's copy is issued right after the wait, and
+// with so few behind it the copy only queued behind its own prefetch. H100, gpu_bench
+// decode, three rounds alternating with prefetching it too, in one run: 1 x 4k (four
+// iterations a warp) 0.561-0.563 of copy 16 back to back against 0.535-0.538, per call
+// 0.270-0.290 against 0.262-0.281, from a one-launch graph 0.333-0.344 against 0.327-0.341;
+// the other shapes (16 iterations or more) unchanged.
+constexpr int kL2SkipFirstMaxIters = 4;
+
 // grid (num_kv_heads * subgroups, num_seqs, max_splits), Cfg::kThreads threads,
 // MmaDecodeShape::kSmemBytes of dynamic shared memory; subgroups of kMaxGroupPerCta heads.
 // kTrace: the launch is traced (DecodeWorkspace::trace), a separate instantiation so that
@@ -261,11 +270,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   typename MmaWarpMath<kHeadDim, Cfg>::QLane q_lane;
   static_assert(Cfg::kL2AheadIters <= kStages, "the pipeline reads kStages block pointers ahead");
   // Before the wait, the first iterations' K/V rows start towards L2 (from the pipeline's
-  // first kStages block pointers, `ptrs`) while the preceding kernel finishes.
+  // first kStages block pointers, `ptrs`) while the preceding kernel finishes; a short warp's
+  // from its second (kL2SkipFirstMaxIters).
   auto load_q = [&](const auto& ptrs) {
+    const int first = keys.num_iters() <= kL2SkipFirstMaxIters ? 1 : 0;
 #pragma unroll
     for (int it = 0; it < Cfg::kL2AheadIters; ++it) {
-      if (it < keys.num_iters()) loader.PrefetchL2(keys.start(it), ptrs[it]);
+      if (it >= first && it < keys.num_iters()) loader.PrefetchL2(keys.start(it), ptrs[it]);
     }
     WaitForPrecedingGrid();  // launch.cuh: before reading what kernels write (K/V, Q)
     decode::TraceStart<kTrace>(ws, entry_ns, planned_ns);
@@ -330,7 +341,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // 0.326-0.329 per call against 0.342-0.344 but 0.537-0.539 back to back against 0.498-0.515.
 // Other depths in the same run: iterations [0,4) and [1,4) as good at 8 x 4k back to back but
 // 0.297-0.308 per call at 1 x 4k; [1,2) best at 1 x 4k back to back (0.565) but 0.820 per call
-// at 8 x 4k; [0,8) slower than none at 8 x 4k per call (0.782).
+// at 8 x 4k; [0,8) slower than none at 8 x 4k per call (0.782). Warps of four iterations or
+// fewer (1 x 4k) now take [1,2), the rest [0,2): kL2SkipFirstMaxIters.
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true, /*kL2AheadItersT=*/2>;
 using TmaColdConfig = DecodeConfig<TmaConfig::kWarps, TmaConfig::kStages, TmaConfig::kCtasPerSm,
