@@ -218,8 +218,9 @@ struct MmaWarpMath {
 };
 
 // A warp with at most this many iterations leaves its first out of the L2 prefetch ahead of
-// the wait (Cfg::kL2AheadIters): that iteration's copy is issued right after the wait, and
-// with so few behind it the copy only queued behind its own prefetch. H100, gpu_bench
+// the wait (Cfg::kL2AheadIters): that iteration's copy is issued right after the wait anyway,
+// and for such short warps prefetching it too measured slower (presumably the copy then
+// waits on its own prefetch, its latency on every short warp's path). H100, gpu_bench
 // decode, three rounds alternating with prefetching it too, in one run: 1 x 4k (four
 // iterations a warp) 0.561-0.563 of copy 16 back to back against 0.535-0.538, per call
 // 0.270-0.290 against 0.262-0.281, from a one-launch graph 0.333-0.344 against 0.327-0.341;
