@@ -346,8 +346,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // fewer (1 x 4k) now take [1,2), the rest [0,2): kL2SkipFirstMaxIters.
 using TmaConfig = DecodeConfig<DefaultConfig::kWarps, /*kStagesT=*/2, DefaultConfig::kCtasPerSm,
                                /*kL2PrefetchT=*/0, /*kTmaT=*/true, /*kL2AheadItersT=*/2>;
+// TmaConfig without the L2 warm-up: gpu_bench sweep's comparison variant 5.
 using TmaColdConfig = DecodeConfig<TmaConfig::kWarps, TmaConfig::kStages, TmaConfig::kCtasPerSm,
-                                   /*kL2PrefetchT=*/0, /*kTmaT=*/true>;
+                                   TmaConfig::kL2Prefetch, TmaConfig::kTma,
+                                   /*kL2AheadItersT=*/0>;
 
 template <int kHeadDim, typename Cfg = DefaultConfig, bool kTrace = false>
 cudaError_t LaunchMma(const PagedAttentionParams& p, const DecodeWorkspace& ws, cudaStream_t stream,
