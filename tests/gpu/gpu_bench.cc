@@ -9,7 +9,8 @@
 // decode matmuls; `gpu_bench sweep` only the copy ceiling and the decode attention sweep;
 // `gpu_bench prefill` only the ceilings (copy, 8192^3 GEMM) and the prefill attention rows;
 // `gpu_bench decode` only the copy ceiling, the launch floor, the read reference and the decode
-// attention rows. `gpu_bench --help` lists them and the environment variables that narrow or
+// attention rows; `gpu_bench paired` the prefill rows' calls one at a time on request (PairedMain),
+// for paired_prefill.py. `gpu_bench --help` lists them and the environment variables that narrow or
 // lengthen them (KVD_BENCH_RUNS below, KVD_SWEEP_* at DecodeSweep); an unknown or extra
 // argument or a malformed variable is a usage error (exit 2), refused before any CUDA call.
 // Rows timed call by call between events (Bench::TimeMs: the ceilings, matmul, attention,
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -82,11 +84,14 @@ void CudaCheck(cudaError_t err, const char* what) {
 
 class Bench {
  public:
-  // REQUIRES: timed_runs >= 1, trace_launches >= 0.
-  Bench(CudaBackend& gpu, int timed_runs, int trace_launches)
+  // Rows also go to $OUT/gpu_bench.json where OUT is set, unless !json (which leaves an
+  // existing file alone). REQUIRES: timed_runs >= 1, trace_launches >= 0.
+  Bench(CudaBackend& gpu, int timed_runs, int trace_launches, bool json = true)
       : gpu_(gpu), timed_runs_(timed_runs), trace_launches_(trace_launches) {
     const char* out = std::getenv("OUT");
-    if (out != nullptr) json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
+    if (json && out != nullptr) {
+      json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
+    }
   }
   ~Bench() {
     if (json_ != nullptr) std::fclose(json_);
@@ -649,6 +654,11 @@ constexpr float kUnitVarianceScale = 1.7320508f;
 // Decode attention shapes (batch x context), as torch_peers.py measures SDPA.
 constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},  {1, 32768},  {8, 4096},   {32, 4096},
                                                  {64, 4096}, {128, 2048}, {16, 16384}, {4, 131072}};
+
+// Causal prefill attention shapes (batch, new rows, context). Those whose rows are the whole
+// context are torch_peers.py's SDPA prefill shapes, and PairedMain's.
+constexpr std::tuple<int, int, int> kPrefillShapes[] = {
+    {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}};
 
 // One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
 // `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
@@ -1276,15 +1286,65 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
             "copy", absl::StrCat("\"us\": ", std::lround(ms * 1e3)));
 }
 
+// `gpu_bench paired`: the prefill rows' calls (the backend's PagedAttention, as their first
+// row) one at a time on request, for paired_prefill.py, which alternates them with SDPA's calls
+// in its own process, so that the two sides of a pair run at the same clocks. (The GPU's
+// clock, under its power cap, differs from process to process by more than the gap the
+// prefill target measures: session notes in prefill_attention_sm90a.cu.) A line protocol:
+// for each shape of kPrefillShapes whose rows are its whole context, "shape BATCH ROWS
+// CONTEXT" out; then each "call" line in is answered "ms X" (one call between events,
+// waited for; the first of a shape is no warm-up, the caller warms up), and "next" goes on
+// to the next shape, after the last one printing "done" and returning 0. End of input
+// returns 0 as well; any other line returns 2, saying why on stderr. Nothing else goes to
+// stdout.
+int PairedShapes(Bench& bench, cudaEvent_t start, cudaEvent_t stop) {
+  for (const auto& [batch, q_len, context] : kPrefillShapes) {
+    if (q_len != context) continue;
+    const AttentionSetup a = MakeAttention(bench, batch, context, q_len, 16, /*shuffled=*/true);
+    std::printf("shape %d %d %d\n", batch, q_len, context);
+    std::fflush(stdout);
+    for (std::string line; std::getline(std::cin, line) && line != "next";) {
+      if (line != "call") {
+        std::fprintf(stderr, "gpu_bench paired: unexpected line '%s' (want call or next)\n",
+                     line.c_str());
+        return 2;
+      }
+      CudaCheck(cudaEventRecord(start, bench.gpu().stream()), "cudaEventRecord");
+      BENCH_CHECK(bench.gpu().PagedAttention(a.p));
+      CudaCheck(cudaEventRecord(stop, bench.gpu().stream()), "cudaEventRecord");
+      CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      std::printf("ms %.5f\n", ms);
+      std::fflush(stdout);
+    }
+    if (!std::cin) return 0;  // the caller went away
+  }
+  std::printf("done\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+int PairedMain(Bench& bench) {
+  cudaEvent_t start, stop;
+  CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
+  CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
+  const int status = PairedShapes(bench, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return status;
+}
+
 constexpr char kUsage[] =
-    "usage: gpu_bench [gemv|sweep|prefill|decode]\n"
+    "usage: gpu_bench [gemv|sweep|prefill|decode|paired]\n"
     "\n"
     "CUDA backend kernels against the machine's own ceilings, measured in the same run. No\n"
     "mode: every row; gemv: the copy ceiling and the decode matmuls; sweep: the copy ceiling\n"
     "and the decode attention sweep; prefill: the ceilings (copy, 8192^3 GEMM) and the prefill\n"
     "attention rows; decode: the copy ceiling, the launch floor, the read reference and the\n"
-    "decode attention rows. Exits 0 without a GPU (saying so), 2 on a usage error (below),\n"
-    "1 when a CUDA call fails; never on a time.\n"
+    "decode attention rows; paired: the prefill attention calls one at a time on request, a\n"
+    "line protocol on stdin and stdout for paired_prefill.py. Exits 0 without a GPU (saying\n"
+    "so), 2 on a usage error (below), 1 when a CUDA call fails; never on a time.\n"
     "\n"
     "environment (a malformed value is a usage error):\n"
     "  OUT=DIR                also write the rows as JSON lines to DIR/gpu_bench.json\n"
@@ -1336,9 +1396,9 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
   }
   args.mode = argc > 1 ? argv[1] : "";
   if (!args.mode.empty() && args.mode != "gemv" && args.mode != "sweep" && args.mode != "prefill" &&
-      args.mode != "decode") {
+      args.mode != "decode" && args.mode != "paired") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown mode '", args.mode, "'; allowed: gemv, sweep, prefill, decode, or none"));
+        "unknown mode '", args.mode, "'; allowed: gemv, sweep, prefill, decode, paired, or none"));
   }
   auto runs = EnvInt("KVD_BENCH_RUNS", 1, std::numeric_limits<int>::max());
   if (!runs.ok()) return runs.status();
@@ -1406,16 +1466,18 @@ int Main(int argc, char** argv) {
     return 0;
   }
   const std::string& mode = args->mode;
+  FILE* info = mode == "paired" ? stderr : stdout;  // paired mode's stdout is its protocol
   if (CudaDeviceCount() == 0) {
-    std::printf("gpu_bench: no CUDA device\n");
+    std::fprintf(info, "gpu_bench: no CUDA device\n");
     return 0;
   }
   std::unique_ptr<CudaBackend> gpu = Must(CudaBackend::Create(0));
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("device %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
-              prop.totalGlobalMem / double(1 << 30));
-  Bench bench(*gpu, args->timed_runs, args->trace_launches);
+  std::fprintf(info, "device %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+               prop.totalGlobalMem / double(1 << 30));
+  Bench bench(*gpu, args->timed_runs, args->trace_launches, /*json=*/mode != "paired");
+  if (mode == "paired") return PairedMain(bench);
   const double copy = CopyBandwidth(bench);
   if (mode == "sweep") return SweepMain(bench, args->sweep, copy);
   if (mode == "decode") {  // decode attention rows only
@@ -1438,8 +1500,7 @@ int Main(int argc, char** argv) {
       Attention(bench, batch, context, 1, copy, gemm);
     }
   }
-  for (const auto& [batch, q_len, context] : std::vector<std::tuple<int, int, int>>{
-           {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}}) {
+  for (const auto& [batch, q_len, context] : kPrefillShapes) {
     Attention(bench, batch, context, q_len, copy, gemm);
   }
   if (mode == "prefill") return 0;

@@ -2,16 +2,18 @@
 # Runs the GPU tests (and, when present, gpu_bench, the engine tests gpu_engine_test, the
 # daemon check serve_check.sh (`kvd serve --device cuda` driven by `kvd client`), the
 # end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py, then
-# compare_peers.py: kvd's attention rows beside SDPA's) on a GPU machine, writing logs and JSON
-# under $OUT (default: ./gpu-out beside this script).
+# compare_peers.py: kvd's attention rows beside SDPA's, and paired_prefill.py: kvd's prefill
+# calls alternating with SDPA's, pair by pair) on a GPU machine, writing logs and JSON under
+# $OUT (default: ./gpu-out beside this script).
 #
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
 # RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
-# skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py
-# and the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench
-# prefill` and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them). The RUN_* knobs are
+# skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py,
+# the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench prefill`
+# and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them) and paired_prefill.py (which
+# RUN_BENCH=0 skips too). The RUN_* knobs are
 # 0 or 1 and PEER_ROUNDS a whole number >= 0; any other value is a usage error (exit 2) before
 # anything runs.
 #
@@ -21,8 +23,8 @@
 # off, no PyTorch). Exit status: non-zero when one of kvd's programs failed (gpu_test,
 # gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, kvd_e2e_bench:
 # an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
-# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py) are
-# informational: a failure is listed as FAIL in the summary but leaves the exit status alone,
+# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py,
+# paired_prefill.py, which runs gpu_bench itself) are informational: a failure is listed as FAIL in the summary but leaves the exit status alone,
 # as a missing PyTorch does.
 set -uo pipefail
 
@@ -46,6 +48,7 @@ else
   peers="$root/../shared/peers/torch_peers.py"
   compare_peers="$root/tests/gpu/compare_peers.py"
   sdpa_shapes="$root/tests/gpu/sdpa_shapes.py"
+  paired_prefill="$root/tests/gpu/paired_prefill.py"
 fi
 
 # The numeric knobs, checked before anything runs or is deleted: a bad value would otherwise
@@ -70,7 +73,7 @@ mkdir -p "$OUT"
 outputs=(nvidia-smi.txt gpu_test.json gpu_test.log gpu_bench.json gpu_bench.log
   gpu_engine_test.json gpu_engine_test.log serve_check serve_check.log kvd_e2e_bench.log
   e2e_decode_bench.jsonl torch_peers.json torch_peers.log compare_peers.txt rounds
-  compare_peers_rounds.txt)
+  compare_peers_rounds.txt paired_prefill.json paired_prefill.log)
 for output in "${outputs[@]}"; do rm -rf "${OUT:?}/$output"; done
 
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
@@ -243,6 +246,24 @@ else
   record "sdpa_shapes (rounds)" "$rounds_sdpa_status" peer
   python3 "$compare_peers" --rounds "$OUT/rounds" 2>&1 | tee "$OUT/compare_peers_rounds.txt"
   record "compare_peers (rounds)" "${PIPESTATUS[0]}" peer
+fi
+# kvd's prefill calls and SDPA's alternating in pairs, each pair at the same clocks
+# (informational; paired_prefill.py).
+if [[ "${RUN_BENCH:-1}" == 0 ]]; then
+  skip "paired prefill" "RUN_BENCH=0"
+elif [[ "${RUN_PEERS:-1}" == 0 ]]; then
+  skip "paired prefill" "RUN_PEERS=0"
+elif [[ ! -x "$bin/gpu_bench" ]]; then
+  skip "paired prefill" "gpu_bench not built"
+elif [[ ! -f "$paired_prefill" ]]; then
+  skip "paired prefill" "paired_prefill.py missing"
+elif ! have_torch; then
+  skip "paired prefill" "no PyTorch"
+else
+  echo "== kvd vs SDPA prefill, call by call in pairs"
+  python3 "$paired_prefill" "$bin/gpu_bench" "$OUT/paired_prefill.json" 2>&1 |
+    tee "$OUT/paired_prefill.log"
+  record "paired prefill" "${PIPESTATUS[0]}" peer
 fi
 echo "== summary"
 for part in "${parts[@]}"; do

@@ -156,9 +156,25 @@ class GpuBenchTest(RefusalMixin, unittest.TestCase):
         for arg in ["--help", "-h"]:
             code, out, err, _ = run(BENCHES["gpu"], [arg])
             self.assertEqual(code, 0, err)
-            self.assertTrue(out.startswith("usage: gpu_bench [gemv|sweep|prefill|decode]"), out)
+            self.assertTrue(out.startswith("usage: gpu_bench [gemv|sweep|prefill|decode|paired]"),
+                            out)
             self.assertIn("KVD_BENCH_RUNS", out)
             self.assertIn("KVD_DECODE_TRACE", out)
+
+    def test_paired_mode_keeps_stdout_for_its_protocol(self):
+        # Without a GPU it says so on stderr and exits 0; stdout, paired_prefill.py's protocol
+        # channel, stays empty (on a GPU machine it opens with a shape line, then ends at the
+        # end of its input).
+        env = dict(os.environ)
+        env.pop("OUT", None)
+        done = subprocess.run([BENCHES["gpu"], "paired"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, env=env, timeout=300)
+        code, out, err = done.returncode, done.stdout, done.stderr
+        self.assertEqual(code, 0, err)
+        if "no CUDA device" in err:
+            self.assertEqual(out, "")
+        else:
+            self.assertRegex(out, r"^shape \d+ \d+ \d+\n")
 
     def test_unknown_and_extra_arguments(self):
         self.assert_refused(BENCHES["gpu"], ["bogus"], "mode", "bogus")
