@@ -134,6 +134,15 @@ __device__ __forceinline__ bool PlanDecodeCta(const PagedAttentionParams& p,
 // One warp's share of a CTA's keys: iterations of kKeysPerIter consecutive keys, warp w
 // taking iterations w, w + kWarps, w + 2 kWarps, ... of the CTA's range. T is the KV
 // storage type.
+// Static, though a trace of 8 x 4k has its CTAs' keys done anywhere from 33 to 44 us: tried
+// and dropped, the last quarter (or half) of each warp's iterations taken instead one at a
+// time from a counter shared by the splits of the (sequence, head group), each taken an
+// iteration ahead, so that the faster warps take more (H100, gpu_bench sweep at the backend's
+// split counts, each kernel its own process, two rounds; per call, then 16 back to back):
+// 8 x 4k 0.816-0.841 and 0.968-0.970 of copy (half: 0.828-0.843, 0.969-0.970) against
+// 0.825-0.839 and 0.971-0.972; 1 x 4k 0.324 and 0.512 (half: 0.319, 0.500) against
+// 0.339-0.340 and 0.561-0.567; 16 x 16k and 1 x 32k within about 1%. The memory system stays
+// saturated while the early CTAs' share goes to the late ones, so balancing gains nothing.
 template <typename T, int kKeysPerIter, int kWarps>
 class WarpKeys {
  public:

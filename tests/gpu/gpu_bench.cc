@@ -660,6 +660,23 @@ constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},  {1, 32768},  {8, 40
 constexpr std::tuple<int, int, int> kPrefillShapes[] = {
     {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}};
 
+// Runs launch(0), launch(1), ... back to back for 50 ms, then waits for them: the backend's
+// launch before a shape's first timed row, as its setup (filling the KV copies) has left the
+// GPU idle and the first row otherwise runs slow (H200, 8 x 4k decode per call: 0.658-0.671
+// of copy, then 0.709-0.711 for the same kernel one row later). Before the decode attention
+// rows too (H100, `gpu_bench decode`, two rounds alternating with a build without it, per
+// call: 1 x 4k 0.314-0.329 against 0.287-0.302, 8 x 4k 0.826-0.858 against 0.815-0.837,
+// other shapes and the rows after the first unchanged).
+template <typename Fn>
+void WarmUp(Bench& bench, Fn&& launch) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+    launch(i);
+    if (i % 64 == 63) BENCH_CHECK(bench.gpu().Synchronize());  // a bounded queue
+  }
+  BENCH_CHECK(bench.gpu().Synchronize());
+}
+
 // One layer's paged bf16 KV cache (random values, as is Q) for `batch` sequences of
 // `context` keys with q_len new query rows each, and the PagedAttentionParams over it, with
 // the max_q_len and max_kv_len promises the model gives. Blocks are handed out shuffled (a
@@ -983,6 +1000,7 @@ void DecodeAttention(Bench& bench, int batch, int context, double copy_gbps) {
               num_sets, num_sets * kv_bytes / 1e6);
   const double bytes = sets[0].bytes;  // KV plus q and out, per call
   auto call = [&](int i) { return bench.gpu().PagedAttention(sets[i % num_sets].p); };
+  WarmUp(bench, [&](int i) { BENCH_CHECK(call(i)); });
   int next = 0;
   const double ms = bench.TimeMs([&] { BENCH_CHECK(call(next++)); });
   const double gbps = bytes / (ms * 1e6);
@@ -1144,23 +1162,17 @@ void DecodeSweep(Bench& bench, const SweepOptions& options, int batch, int conte
     std::printf("  (KVD_SWEEP_ONLY: no row; this shape sweeps splits %s, not %d)\n",
                 absl::StrJoin(splits, ", ").c_str(), options.only_splits);
   }
-  // The backend's launch run for 50 ms before any row: after the setup above the GPU has
-  // idled, and the first row otherwise ran slow (H200, 8 x 4k per call: 0.658-0.671 of copy,
-  // then 0.709-0.711 for the same kernel one row later).
   {
     cuda::DecodeWorkspace warm = ws;
     warm.max_splits = auto_splits + auto_tails;
     warm.tail_splits = auto_tails;
     const char* name = "";
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-    for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+    WarmUp(bench, [&](int i) {
       CudaCheck(cuda::LaunchDecodeAttentionVariant(sets[i % num_sets].p, warm, auto_variant,
                                                    bench.gpu().UpdatedKvRows(),
                                                    bench.gpu().stream(), &name),
                 "decode warm-up");
-      if (i % 64 == 63) BENCH_CHECK(bench.gpu().Synchronize());  // a bounded queue
-    }
-    BENCH_CHECK(bench.gpu().Synchronize());
+    });
   }
   for (int variant = 0; variant < cuda::kDecodeVariants; ++variant) {
     if (options.only_variant >= 0 && variant != options.only_variant) continue;
