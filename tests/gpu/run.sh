@@ -23,9 +23,9 @@
 # off, no PyTorch). Exit status: non-zero when one of kvd's programs failed (gpu_test,
 # gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, kvd_e2e_bench:
 # an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
-# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py,
-# paired_prefill.py, which runs gpu_bench itself) are informational: a failure is listed as FAIL in the summary but leaves the exit status alone,
-# as a missing PyTorch does.
+# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py, and
+# paired_prefill.py, which runs gpu_bench itself) are informational: a failure is listed as
+# FAIL in the summary but leaves the exit status alone, as a missing PyTorch does.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,6 +38,7 @@ if [[ -f "$here/env.sh" ]]; then
   peers="$here/shared/peers/torch_peers.py"
   compare_peers="$here/compare_peers.py"
   sdpa_shapes="$here/sdpa_shapes.py"
+  paired_prefill="$here/paired_prefill.py"
 else
   root="$(cd "$here/../.." && pwd)"
   build="${BUILD:-build}"
