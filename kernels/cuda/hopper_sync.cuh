@@ -114,6 +114,12 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int
       : "memory");
 }
 
+// Starts fetching the tensor map `map` (a __grid_constant__ kernel parameter) into the TMA
+// unit's descriptor cache, so that the first TmaLoad2d through it need not wait for it.
+__device__ __forceinline__ void PrefetchTensorMap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // Starts bringing `bytes` (a multiple of 16) at `src` (16-byte aligned) into L2: nothing lands
 // in the CTA and nothing waits for it, so no ordering against other writers is needed.
 __device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {

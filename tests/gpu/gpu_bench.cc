@@ -660,9 +660,9 @@ constexpr std::pair<int, int> kDecodeShapes[] = {{1, 4096},  {1, 32768},  {8, 40
 constexpr std::tuple<int, int, int> kPrefillShapes[] = {
     {1, 4096, 4096}, {1, 16384, 16384}, {1, 512, 4096}, {8, 2048, 2048}};
 
-// Runs launch(0), launch(1), ... back to back for 50 ms, then waits for them: the backend's
-// launch before a shape's first timed row, as its setup (filling the KV copies) has left the
-// GPU idle and the first row otherwise runs slow (H200, 8 x 4k decode per call: 0.658-0.671
+// Runs launch(0), launch(1), ... back to back for 50 ms, then waits for them: before a
+// shape's first timed row, as its setup (filling the KV copies) has left the GPU idle and the
+// first row otherwise runs slow (H200, 8 x 4k decode per call: 0.658-0.671
 // of copy, then 0.709-0.711 for the same kernel one row later). Before the decode attention
 // rows too (H100, `gpu_bench decode`, two rounds alternating with a build without it, per
 // call: 1 x 4k 0.314-0.329 against 0.287-0.302, 8 x 4k 0.826-0.858 against 0.815-0.837,
