@@ -91,6 +91,24 @@ record() {  # record NAME CODE [kvd|peer]
 }
 skip() { parts+=("$1|skip|$2"); }  # skip NAME WHY
 have_torch() { python3 -c 'import torch' 2> /dev/null; }
+# Why a step that sets gpu_bench beside PyTorch through SCRIPT cannot run, printed (nothing
+# when it can): RUN_BENCH=0, RUN_PEERS=0, NO_ROUNDS where given (the rounds' own knob at 0),
+# gpu_bench not built, SCRIPT missing, no PyTorch; the first that applies.
+bench_peer_blocker() {  # bench_peer_blocker SCRIPT [NO_ROUNDS]
+  if [[ "${RUN_BENCH:-1}" == 0 ]]; then
+    echo "RUN_BENCH=0"
+  elif [[ "${RUN_PEERS:-1}" == 0 ]]; then
+    echo "RUN_PEERS=0"
+  elif [[ -n "${2:-}" && "$rounds" -le 0 ]]; then
+    echo "$2"
+  elif [[ ! -x "$bin/gpu_bench" ]]; then
+    echo "gpu_bench not built"
+  elif [[ ! -f "$1" ]]; then
+    echo "$(basename "$1") missing"
+  elif ! have_torch; then
+    echo "no PyTorch"
+  fi
+}
 
 # summarize NAME: totals from $OUT/NAME.json, then each failure with its first message line.
 summarize() {
@@ -209,18 +227,9 @@ fi
 # Then PEER_ROUNDS (default 3) rounds of kvd's decode and prefill rows each followed by SDPA's
 # at the same shapes, compared by their medians over rounds (informational too, but a failed
 # gpu_bench in them fails the run as gpu_bench's own step does). $rounds was checked above.
-if [[ "${RUN_BENCH:-1}" == 0 ]]; then
-  skip "peer rounds" "RUN_BENCH=0"
-elif [[ "${RUN_PEERS:-1}" == 0 ]]; then
-  skip "peer rounds" "RUN_PEERS=0"
-elif [[ "$rounds" -le 0 ]]; then
-  skip "peer rounds" "PEER_ROUNDS=$rounds"
-elif [[ ! -x "$bin/gpu_bench" ]]; then
-  skip "peer rounds" "gpu_bench not built"
-elif [[ ! -f "$sdpa_shapes" ]]; then
-  skip "peer rounds" "sdpa_shapes.py missing"
-elif ! have_torch; then
-  skip "peer rounds" "no PyTorch"
+blocker="$(bench_peer_blocker "$sdpa_shapes" "PEER_ROUNDS=$rounds")"
+if [[ -n "$blocker" ]]; then
+  skip "peer rounds" "$blocker"
 else
   echo "== kvd vs SDPA, $rounds rounds alternating"
   rounds_bench_status=0
@@ -250,16 +259,9 @@ else
 fi
 # kvd's prefill calls and SDPA's alternating in pairs, each pair at the same clocks
 # (informational; paired_prefill.py).
-if [[ "${RUN_BENCH:-1}" == 0 ]]; then
-  skip "paired prefill" "RUN_BENCH=0"
-elif [[ "${RUN_PEERS:-1}" == 0 ]]; then
-  skip "paired prefill" "RUN_PEERS=0"
-elif [[ ! -x "$bin/gpu_bench" ]]; then
-  skip "paired prefill" "gpu_bench not built"
-elif [[ ! -f "$paired_prefill" ]]; then
-  skip "paired prefill" "paired_prefill.py missing"
-elif ! have_torch; then
-  skip "paired prefill" "no PyTorch"
+blocker="$(bench_peer_blocker "$paired_prefill")"
+if [[ -n "$blocker" ]]; then
+  skip "paired prefill" "$blocker"
 else
   echo "== kvd vs SDPA prefill, call by call in pairs"
   python3 "$paired_prefill" "$bin/gpu_bench" "$OUT/paired_prefill.json" 2>&1 |
