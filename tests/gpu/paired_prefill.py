@@ -12,8 +12,9 @@ the median of the pairs' ratios with its quartiles, and each side's median time 
 
 Usage: paired_prefill.py GPU_BENCH OUT_JSON [PAIRS]   (PAIRS >= 1, default 31; 3 warm-up
 calls a side come first). Writes a JSON list of rows and prints a line per shape. Exit
-status 0 when every shape gave its pairs, 1 when gpu_bench failed or stopped early (what it
-said is printed), 2 on a usage error. Needs torch and a GPU; the pairing itself (run_pairs)
+status 0 when every shape gave its pairs; 1 when gpu_bench failed or stopped early (what it
+said is printed), or SDPA failed at a shape (its row then holds the error; the other shapes
+are still measured); 2 on a usage error. Needs torch and a GPU; the pairing itself (run_pairs)
 takes any callables, which is how paired_prefill_test.py checks it without them.
 """
 import json
@@ -133,10 +134,23 @@ def summarize(batch, rows, context, ours_ms, theirs_ms):
 
 def measure(bench, make_sdpa, pairs, out):
     """Every shape gpu_bench offers, paired with make_sdpa(batch, rows, context)'s calls, a row
-    each appended to `out` as it is done; raises BenchError when gpu_bench breaks off."""
+    each appended to `out` as it is done. A shape whose SDPA side fails (e.g. out of memory)
+    gets a row with its error instead, and the others are still measured. Returns how many
+    failed; raises BenchError when gpu_bench breaks off."""
+    failures = 0
     while (shape := bench.next_shape()) is not None:
-        theirs = make_sdpa(*shape)
-        ours_ms, theirs_ms = run_pairs(bench.call, theirs, pairs)
+        try:
+            theirs = make_sdpa(*shape)
+            ours_ms, theirs_ms = run_pairs(bench.call, theirs, pairs)
+        except BenchError:
+            raise
+        except Exception as error:  # SDPA's side: this shape only
+            name = "paired prefill causal B={} L={}".format(shape[0], shape[2])
+            print(f"paired_prefill.py: {name}: SDPA failed: {error}", file=sys.stderr)
+            out.append({"name": name, "error": str(error)[:200]})
+            failures += 1
+            bench.skip()
+            continue
         row = summarize(*shape, ours_ms, theirs_ms)
         print(f"{row['name']:<36} kvd {row['kvd ms']:8.4f} ms {row['kvd TFLOP/s']:6.1f} TFLOP/s"
               f"  sdpa {row['sdpa ms']:8.4f} ms {row['sdpa TFLOP/s']:6.1f} TFLOP/s  "
@@ -145,6 +159,7 @@ def measure(bench, make_sdpa, pairs, out):
         out.append(row)
         del theirs
         bench.skip()
+    return failures
 
 
 def torch_sdpa(batch, rows, context):
@@ -182,7 +197,8 @@ def main(argv, make_sdpa=torch_sdpa):
     bench = PairedBench([argv[1], "paired"])
     rows, status = [], 0
     try:
-        measure(bench, make_sdpa, pairs, rows)
+        if measure(bench, make_sdpa, pairs, rows) > 0:
+            status = 1
     except BenchError as error:
         print(f"paired_prefill.py: {error}", file=sys.stderr)
         status = 1

@@ -123,6 +123,32 @@ class PairedPrefillTest(unittest.TestCase):
         self.assertEqual(self.run_main(["3"], env=env), 1)
         self.assertEqual([r["name"] for r in self.rows()], ["paired prefill causal B=1 L=4096"])
 
+    def test_an_sdpa_failure_costs_its_shape_only(self):
+        def make_sdpa(batch, rows, context):
+            if batch == 1:
+                raise RuntimeError("CUDA out of memory")
+
+            def call():
+                with open(self.log, "a") as log:
+                    log.write("sdpa\n")
+                return 1.8
+
+            return call
+
+        saved = dict(os.environ)
+        os.environ.update(self.env)
+        try:
+            code = paired.main(["paired_prefill.py", self.bench, self.out, "3"], make_sdpa)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self.assertEqual(code, 1)
+        rows = self.rows()
+        self.assertEqual(rows[0], {"name": "paired prefill causal B=1 L=4096",
+                                   "error": "CUDA out of memory"})
+        self.assertEqual((rows[1]["name"], rows[1]["pairs"], rows[1]["ratio"]),
+                         ("paired prefill causal B=8 L=2048", 3, 0.9))
+
     def test_a_bench_that_says_something_else_fails(self):
         env = dict(self.env, FAKE_GARBAGE="ms fast")
         self.assertEqual(self.run_main(["3"], env=env), 1)
