@@ -4,8 +4,8 @@
 Separate processes run at different clocks: under the GPU's power cap the SM clock of one
 process's rows differs from the next one's by 10% or more, wider than the gap the prefill
 target (0.9x SDPA at 1 x 16k) measures. So this script starts `gpu_bench paired` (its line
-protocol: PairedMain in gpu_bench.cc), and for each prefill shape it offers alternates one kvd
-call and one SDPA call (is_causal, enable_gqa; 32 query heads, 8 KV heads, head_dim 128, bf16,
+protocol: PairedMain in gpu_bench.cc) and, for each prefill shape that offers, alternates one
+kvd call and one SDPA call (is_causal, enable_gqa; 32 query heads, 8 KV heads, head_dim 128, bf16,
 random data, as torch_peers.py), each between CUDA events and waited for, the order swapped
 every pair. A pair's ratio is SDPA's time over kvd's (kvd's rate over SDPA's); a row gives
 the median of the pairs' ratios with its quartiles, and each side's median time and rate.
