@@ -457,7 +457,13 @@ __device__ void FinishCta(const PagedAttentionParams& p, const DecodeWorkspace& 
   // a release reduction and it polls for them. 1 x 4k from a graph read 0.310-0.315 of copy
   // against 0.329, 8 x 4k 0.798-0.804 against 0.806-0.814: the splits end close together, so
   // the merger waits for the others' partials anyway, and a poll notices them later than the
-  // last arrival's atomic returns.)
+  // last arrival's atomic returns. Nor a thread-block cluster of the group's splits, each
+  // leaving its output and LSE in its own shared memory and rank 0 merging them through
+  // distributed shared memory between two cluster barriers: results right, but on an H100,
+  // gpu_bench sweep, two rounds, per call and 16 back to back, 1 x 4k read 0.253-0.266 and
+  // 0.376-0.377 of copy against 0.303-0.333 and 0.555-0.556, 8 x 4k 0.660-0.668 and 0.737
+  // against 0.816-0.839 and 0.970-0.973: presumably every CTA holds its slot until its cluster's
+  // slowest is done, and the clusters' co-scheduling costs residency.)
   __shared__ int s_last;
   __syncthreads();
   if (threadIdx.x == 0) {
