@@ -141,8 +141,9 @@ __device__ __forceinline__ bool PlanDecodeCta(const PagedAttentionParams& p,
 // split counts, each kernel its own process, two rounds; per call, then 16 back to back):
 // 8 x 4k 0.816-0.841 and 0.968-0.970 of copy (half: 0.828-0.843, 0.969-0.970) against
 // 0.825-0.839 and 0.971-0.972; 1 x 4k 0.324 and 0.512 (half: 0.319, 0.500) against
-// 0.339-0.340 and 0.561-0.567; 16 x 16k and 1 x 32k within about 1%. The memory system stays
-// saturated while the early CTAs' share goes to the late ones, so balancing gains nothing.
+// 0.339-0.340 and 0.561-0.567; 16 x 16k within 1%, 1 x 32k within 2% (one round). Presumably
+// the memory system stays saturated while the early CTAs' share goes to the late ones, so
+// balancing them gains nothing.
 template <typename T, int kKeysPerIter, int kWarps>
 class WarpKeys {
  public:
