@@ -82,6 +82,39 @@ void CudaCheck(cudaError_t err, const char* what) {
   }
 }
 
+// A pair of CUDA events that times work enqueued on a stream: Ms(stream, fn) records one,
+// runs fn (which enqueues the work), records the other, waits for it and returns the
+// milliseconds between them. Every call is checked: a failed event would read as 0 ms, an
+// infinite rate.
+class EventTimer {
+ public:
+  EventTimer() {
+    CudaCheck(cudaEventCreate(&start_), "cudaEventCreate");
+    CudaCheck(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+
+  template <typename Fn>
+  double Ms(cudaStream_t stream, Fn&& fn) {
+    CudaCheck(cudaEventRecord(start_, stream), "cudaEventRecord");
+    fn();
+    CudaCheck(cudaEventRecord(stop_, stream), "cudaEventRecord");
+    CudaCheck(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    CudaCheck(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_;
+  cudaEvent_t stop_;
+};
+
 class Bench {
  public:
   // Rows also go to $OUT/gpu_bench.json where OUT is set, unless !json (which leaves an
@@ -103,22 +136,9 @@ class Bench {
   double TimeMs(Fn&& fn) {
     for (int i = 0; i < 3; ++i) fn();
     BENCH_CHECK(gpu_.Synchronize());
-    // Checked: a failed event would read as 0 ms, an infinite rate.
-    cudaEvent_t start, stop;
-    CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
-    CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
+    EventTimer timer;
     std::vector<double> times;
-    for (int i = 0; i < timed_runs_; ++i) {
-      CudaCheck(cudaEventRecord(start, gpu_.stream()), "cudaEventRecord");
-      fn();
-      CudaCheck(cudaEventRecord(stop, gpu_.stream()), "cudaEventRecord");
-      CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      float ms = 0;
-      CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-      times.push_back(ms);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    for (int i = 0; i < timed_runs_; ++i) times.push_back(timer.Ms(gpu_.stream(), fn));
     BENCH_CHECK(gpu_.Synchronize());
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
@@ -370,22 +390,14 @@ double GraphRelaunchTimeMs(Bench& bench, int num_sets, Fn&& fn) {
 // the matmuls of a decode step.
 template <typename Fn>
 double TimePerCallMs(Bench& bench, int reps, Fn&& fn) {
-  cudaStream_t stream = bench.gpu().stream();
-  cudaEvent_t start, stop;
-  CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
-  CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
+  EventTimer timer;
   std::vector<double> times;
   for (int batch = 0; batch < 6; ++batch) {
-    CudaCheck(cudaEventRecord(start, stream), "cudaEventRecord");
-    for (int rep = 0; rep < reps; ++rep) fn(rep);
-    CudaCheck(cudaEventRecord(stop, stream), "cudaEventRecord");
-    CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    const double ms = timer.Ms(bench.gpu().stream(), [&] {
+      for (int rep = 0; rep < reps; ++rep) fn(rep);
+    });
     if (batch > 0) times.push_back(ms / reps);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   BENCH_CHECK(bench.gpu().Synchronize());
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -1309,7 +1321,8 @@ void Sampling(Bench& bench, int rows, const SamplingRow& options, const char* la
 // to the next shape, after the last one printing "done" and returning 0. End of input
 // returns 0 as well; any other line returns 2, saying why on stderr. Nothing else goes to
 // stdout.
-int PairedShapes(Bench& bench, cudaEvent_t start, cudaEvent_t stop) {
+int PairedMain(Bench& bench) {
+  EventTimer timer;
   for (const auto& [batch, q_len, context] : kPrefillShapes) {
     if (q_len != context) continue;
     const AttentionSetup a = MakeAttention(bench, batch, context, q_len, 16, /*shuffled=*/true);
@@ -1321,12 +1334,8 @@ int PairedShapes(Bench& bench, cudaEvent_t start, cudaEvent_t stop) {
                      line.c_str());
         return 2;
       }
-      CudaCheck(cudaEventRecord(start, bench.gpu().stream()), "cudaEventRecord");
-      BENCH_CHECK(bench.gpu().PagedAttention(a.p));
-      CudaCheck(cudaEventRecord(stop, bench.gpu().stream()), "cudaEventRecord");
-      CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      float ms = 0;
-      CudaCheck(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      const double ms =
+          timer.Ms(bench.gpu().stream(), [&] { BENCH_CHECK(bench.gpu().PagedAttention(a.p)); });
       std::printf("ms %.5f\n", ms);
       std::fflush(stdout);
     }
@@ -1335,16 +1344,6 @@ int PairedShapes(Bench& bench, cudaEvent_t start, cudaEvent_t stop) {
   std::printf("done\n");
   std::fflush(stdout);
   return 0;
-}
-
-int PairedMain(Bench& bench) {
-  cudaEvent_t start, stop;
-  CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
-  CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
-  const int status = PairedShapes(bench, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return status;
 }
 
 constexpr char kUsage[] =
