@@ -338,7 +338,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 // next launch's CTAs read their metadata and block table while this one's last CTAs merge:
 // back to back, three rounds, 8 x 4k 0.763-0.767 against 0.862-0.866, 64 x 4k 0.921-0.922
 // against 1.014-1.017, 16 x 16k 0.961-0.965 against 1.008-1.014; per call 64 x 4k 0.89-0.90
-// against 0.99, its 512 CTAs now in one and a third waves.)
+// against 0.99, its 512 CTAs now in one and a third waves.) Nor did one CTA per SM with
+// more boxes in flight, which lets 8 x 4k run unsplit (64 CTAs, no merge): on an H100
+// (gpu_bench sweep, two rounds, per call, then 16 back to back) 6 warps in 4 stages read
+// 0.793-0.799 and 0.909-0.913 of copy unsplit, 0.792-0.795 and 0.938-0.941 in two splits;
+// 8 warps in 3, 0.740-0.743 and 0.908 unsplit, 0.807 and 0.968-0.969 in two; 4 warps in 6,
+// 0.628-0.632 unsplit; against this shape's 0.827-0.832 and 0.995-0.996 in four splits. The
+// merge left out saves under 2 us a call, and 64 SMs stream the KV about 8% slower than all.
 // Each warp bulk-prefetches (cp.async.bulk.prefetch.L2) the K and V rows of its first two
 // iterations before the wait for the preceding grid: no ordering is needed, as a prefetch
 // loads nothing into the CTA and the preceding kernel's writes land in L2. Measured on an H100
