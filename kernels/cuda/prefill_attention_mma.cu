@@ -8,10 +8,16 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
+#include "kernels/cuda/prefill_common.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
 namespace kvd::cuda {
 namespace {
+
+using prefill::Item;
+using prefill::ItemOf;
+using prefill::LoadKvTile;
+using prefill::Swizzled;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -19,27 +25,18 @@ constexpr int kRows = MmaPrefillTileRows(MmaPrecision::kSplit);  // 16 per warp
 constexpr int kKeys = 64;                                        // keys per K/V tile
 static_assert(kRows == 16 * kWarps);
 
-// Shared memory: K tiles [2][kKeys][kHeadDim] then V tiles [2][kKeys][kHeadDim], bf16, then
-// Q residual fragments [kHeadDim / 16][kThreads] of uint4 (a thread reads only its own). A row
-// is kHeadDim / 8 chunks of 16 bytes; chunk c of key row k is stored at chunk c ^ (k % 8), so
-// the eight rows an ldmatrix reads at one logical chunk hit eight different bank groups.
+// Shared memory: K tiles [2][kKeys][kHeadDim] then V tiles [2][kKeys][kHeadDim], bf16 and
+// Swizzled (prefill_common.cuh), then Q residual fragments [kHeadDim / 16][kThreads] of uint4
+// (a thread reads only its own).
 template <int kHeadDim>
 struct MmaShape {
-  static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kTileElems = kKeys * kHeadDim;
   static constexpr int kDimStepsQ = kHeadDim / 16;
   // K and V double-buffered, then (split precision) each thread's Q residual fragments.
   static constexpr int kSmemBytes = 4 * kTileElems * 2 + kDimStepsQ * kThreads * 16;
-  static constexpr int kLoadRounds = kKeys * kChunks / kThreads;
   static constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, pairs of O n-tiles
   static constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of O
-  static_assert(kLoadRounds * kThreads == kKeys * kChunks);
 };
-
-template <int kHeadDim>
-__device__ __forceinline__ int Swizzled(int key, int chunk) {
-  return key * kHeadDim + ((chunk ^ (key & 7)) << 3);
-}
 
 // Persistent grid of kThreads-thread CTAs with MmaShape::kSmemBytes of dynamic shared memory.
 template <int kHeadDim>
@@ -48,7 +45,6 @@ __global__ void __launch_bounds__(kThreads)
   using Shape = MmaShape<kHeadDim>;
   constexpr int kDimSteps = Shape::kDimSteps;
   constexpr int kDimTiles = Shape::kDimTiles;
-  constexpr int kChunks = Shape::kChunks;
   extern __shared__ __align__(128) unsigned char smem[];
   __nv_bfloat16* s_k = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* s_v = s_k + 2 * Shape::kTileElems;
@@ -63,28 +59,18 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane / 4;  // fragment row
   const int t = lane % 4;  // fragment column pair
   const float q_scale = p.sm_scale * kLog2e;
-  const int block_mask = c.block_size - 1;
-  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
 
   for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
-    const int s = FindSequence(tile_indptr, num_seqs, item);
-    const int q_begin = p.q_indptr[s];
-    const int q_len = p.q_indptr[s + 1] - q_begin;
-    const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
-    const int packed_rows = q_len * group;
-    const int num_tiles = CeilDiv(packed_rows, kRows);
-    const int local = item - (s == 0 ? 0 : tile_indptr[s]);   // [0] may be a work counter
-    const int tile = num_tiles - 1 - local / c.num_kv_heads;  // latest (costliest) first
-    const int kv_head = local % c.num_kv_heads;
-    const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
-
-    // Keys below unmasked_end are visible to every row of the tile; none at or past key_end
-    // is visible to any.
-    const int tile_row0 = tile * kRows;
-    const int first_token = tile_row0 / group;
-    const int last_token = min(packed_rows - 1, tile_row0 + kRows - 1) / group;
-    const int key_end = p.causal ? kv_len - q_len + last_token + 1 : kv_len;
-    const int unmasked_end = p.causal ? kv_len - q_len + first_token + 1 : kv_len;
+    const Item it = ItemOf<kRows, kKeys>(p, tile_indptr, item, group);
+    const int q_begin = it.q_begin;
+    const int q_len = it.q_len;
+    const int kv_len = it.kv_len;
+    const int packed_rows = it.packed_rows;
+    const int kv_head = it.kv_head;
+    const int tile_row0 = it.tile_row0;
+    const int key_end = it.key_end;
+    // Keys below unmasked_end are visible to every row of the tile.
+    const int unmasked_end = p.causal ? kv_len - q_len + tile_row0 / group + 1 : kv_len;
 
     // This thread's two fragment rows (g and g + 8 of its warp); rows past the end repeat
     // the last one and are not written.
@@ -125,24 +111,11 @@ __global__ void __launch_bounds__(kThreads)
       s_q_lo[kk * kThreads + threadIdx.x] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
 
-    // K/V tile kt into buffer `buf`; keys at or past key_end become zeros (their V must not
-    // be read: the tail of the last block may hold anything).
+    // K/V tile kt into buffer `buf`.
     auto load_tile = [&](int kt, int buf) {
-#pragma unroll
-      for (int round = 0; round < Shape::kLoadRounds; ++round) {
-        const int index = round * kThreads + threadIdx.x;
-        const int key_local = index / kChunks;
-        const int chunk = index % kChunks;
-        const int key = kt * kKeys + key_local;
-        const bool valid = key < key_end;
-        const int safe_key = valid ? key : 0;
-        const char* src = reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
-                              c, seq_blocks[safe_key >> block_shift], c.k_offset_bytes, kv_head)) +
-                          int64_t{(safe_key & block_mask) * kHeadDim + chunk * 8} * 2;
-        const int dst = buf * Shape::kTileElems + Swizzled<kHeadDim>(key_local, chunk);
-        CpAsync16(s_k + dst, src, valid);
-        CpAsync16(s_v + dst, src + v_minus_k, valid);
-      }
+      LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, kv_head, kt, key_end,
+                                            s_k + buf * Shape::kTileElems,
+                                            s_v + buf * Shape::kTileElems);
       CpAsyncCommit();
     };
 
@@ -152,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only, summed over the quad at end
 
-    const int num_key_tiles = CeilDiv(key_end, kKeys);
+    const int num_key_tiles = it.num_key_tiles;
     load_tile(0, 0);
     for (int kt = 0; kt < num_key_tiles; ++kt) {
       if (kt + 1 < num_key_tiles) {

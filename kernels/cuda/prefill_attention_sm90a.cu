@@ -145,11 +145,15 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
+#include "kernels/cuda/prefill_common.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace kvd::cuda {
 namespace {
+
+using prefill::Item;
+using prefill::ItemOf;
 
 constexpr int kHeadDim = kHopperPrefillHeadDim;
 constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
@@ -180,40 +184,6 @@ constexpr int kQBarrier = 3;
 constexpr int kItemBarrier = 5;      // all threads: the next work item
 constexpr int kProducerBarrier = 6;  // the producer warpgroup: the next work item
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
-
-// What every role derives from a work item.
-struct Item {
-  int q_begin;
-  int q_len;
-  int kv_len;
-  int packed_rows;
-  int kv_head;
-  int tile_row0;
-  int key_end;  // keys at or past it are visible to no row of the tile (not loaded)
-  int num_key_tiles;
-  const int32_t* seq_blocks;
-};
-
-__device__ __forceinline__ Item DecodeItem(const PagedAttentionParams& p,
-                                           const int32_t* tile_indptr, int item, int group) {
-  const int num_seqs = p.blocks.num_seqs;
-  const int s = FindSequence(tile_indptr, num_seqs, item);
-  Item it;
-  it.q_begin = p.q_indptr[s];
-  it.q_len = p.q_indptr[s + 1] - it.q_begin;
-  it.kv_len = SeqKvLen(p.blocks, s, p.cache.block_size);
-  it.packed_rows = it.q_len * group;
-  const int num_tiles = CeilDiv(it.packed_rows, kRows);
-  const int local = item - (s == 0 ? 0 : tile_indptr[s]);
-  it.kv_head = local % p.cache.num_kv_heads;
-  it.tile_row0 = (num_tiles - 1 - local / p.cache.num_kv_heads) * kRows;  // latest first
-  const int last_row = min(it.packed_rows - 1, it.tile_row0 + kRows - 1);
-  it.key_end = p.causal ? it.kv_len - it.q_len + last_row / group + 1 : it.kv_len;
-  // No keys at all (a causal chunk longer than its context): no tiles, zero rows out.
-  it.num_key_tiles = max(0, CeilDiv(it.key_end, kKeys));
-  it.seq_blocks = p.blocks.indices + p.blocks.indptr[s];
-  return it;
-}
 
 // A work item as taken from the counter: `item` is set when index < the item count.
 struct TakenItem {
@@ -275,7 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool taker = threadIdx.x == kConsumerThreads;
   auto take = [&](TakenItem& slot) {
     slot.index = atomicAdd(work_counter, 1);
-    if (slot.index < total_items) slot.item = DecodeItem(p, tile_indptr, slot.index, group);
+    if (slot.index < total_items) {
+      slot.item = ItemOf<kRows, kKeys>(p, tile_indptr, slot.index, group);
+    }
   };
   if (taker) take(s_taken[0]);
   int num_items_taken = 0;  // published by the item barrier so far, the same in every thread

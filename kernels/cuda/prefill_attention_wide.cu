@@ -10,10 +10,16 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
 #include "kernels/cuda/prefill_attention_mma.h"
+#include "kernels/cuda/prefill_common.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
 namespace kvd::cuda {
 namespace {
+
+using prefill::Item;
+using prefill::ItemOf;
+using prefill::LoadKvTile;
+using prefill::Swizzled;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -24,9 +30,7 @@ constexpr int kStages = 3;  // K/V tiles in shared memory
 static_assert(kRows == MmaPrefillTileRows(MmaPrecision::kBf16));
 
 // Shared memory, bf16: K tiles [kStages][kKeys][kHeadDim], V tiles likewise, then the Q tile
-// [kRows][kHeadDim]. A row is kHeadDim / 8 chunks of 16 bytes; chunk c of row r is stored at
-// chunk c ^ (r % 8), so the eight rows an ldmatrix reads at one logical chunk hit eight
-// different bank groups.
+// [kRows][kHeadDim], every one Swizzled (prefill_common.cuh).
 template <int kHeadDim>
 struct WideShape {
   // Keys per K/V tile: with head_dim 128, O already takes 128 registers a thread and a 64-key
@@ -36,18 +40,11 @@ struct WideShape {
   static constexpr int kTileElems = kKeys * kHeadDim;
   static constexpr int kQElems = kRows * kHeadDim;
   static constexpr int kSmemBytes = (2 * kStages * kTileElems + kQElems) * 2;  // 80 KB at d128
-  static constexpr int kLoadRounds = kKeys * kChunks / kThreads;
   static constexpr int kQRounds = kRows * kChunks / kThreads;
   static constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, pairs of O n-tiles
   static constexpr int kDimTiles = kHeadDim / 8;   // n-tiles of O
-  static_assert(kLoadRounds * kThreads == kKeys * kChunks);
   static_assert(kQRounds * kThreads == kRows * kChunks);
 };
-
-template <int kHeadDim>
-__device__ __forceinline__ int Swizzled(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
 
 // Grid of any size of kThreads-thread CTAs with WideShape::kSmemBytes of dynamic shared
 // memory; a programmatic dependent of the planning kernel that writes tile_indptr.
@@ -74,8 +71,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int t = lane % 4;  // fragment column pair
   const float q_scale = p.sm_scale * kLog2e;
   const bool q_aligned = RowsAligned<float4>(p.q, p.q_stride);  // Q chunks as 16-byte loads
-  const int block_mask = c.block_size - 1;
-  const int64_t v_minus_k = c.v_offset_bytes - c.k_offset_bytes;
   // ldmatrix row/chunk offsets of this lane: A operand (Q, 16x16), K as B (two 8-key
   // n-tiles x 16 dims), V as B through .trans (16 keys x two 8-dim n-tiles).
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -95,25 +90,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     __syncthreads();  // also: the previous item is done with shared memory
     const int item = s_item;
     if (item >= total_items) break;
-    const int s = FindSequence(tile_indptr, num_seqs, item);
-    const int q_begin = p.q_indptr[s];
-    const int q_len = p.q_indptr[s + 1] - q_begin;
-    const int kv_len = SeqKvLen(p.blocks, s, c.block_size);
-    const int packed_rows = q_len * group;
-    const int num_tiles = CeilDiv(packed_rows, kRows);
-    const int local = item - (s == 0 ? 0 : tile_indptr[s]);
-    const int tile = num_tiles - 1 - local / c.num_kv_heads;  // latest (costliest) first
-    const int kv_head = local % c.num_kv_heads;
-    const int32_t* seq_blocks = p.blocks.indices + p.blocks.indptr[s];
-    const int tile_row0 = tile * kRows;
+    const Item it = ItemOf<kRows, kKeys>(p, tile_indptr, item, group);
+    const int q_begin = it.q_begin;
+    const int kv_len = it.kv_len;
+    const int packed_rows = it.packed_rows;
+    const int kv_head = it.kv_head;
+    const int tile_row0 = it.tile_row0;
     const int warp_row0 = tile_row0 + warp * kWarpRows;
-    const int first_pos = kv_len - q_len;  // position of token 0
+    const int first_pos = kv_len - it.q_len;  // position of token 0
 
-    // Keys at or past key_end are visible to no row of the tile (not loaded), at or past
+    // Keys at or past it.key_end are visible to no row of the tile (not loaded), at or past
     // warp_key_end to no row of this warp (not computed); keys below warp_unmasked_end are
     // visible to every row of the warp. Rows past the end repeat the last row's limits.
-    const int last_row = min(packed_rows - 1, tile_row0 + kRows - 1);
-    const int key_end = p.causal ? first_pos + last_row / group + 1 : kv_len;
     const int warp_key_end =
         p.causal ? first_pos + min(packed_rows - 1, warp_row0 + kWarpRows - 1) / group + 1 : kv_len;
     const int warp_unmasked_end =
@@ -149,28 +137,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
           });
     }
 
-    const int num_key_tiles = CeilDiv(key_end, kKeys);
-    // K/V tile kt into buffer `buf`; keys at or past key_end become zeros (their V must not
-    // be read: the tail of the last block may hold anything).
+    const int num_key_tiles = it.num_key_tiles;
+    // K/V tile kt into buffer `buf` (past the last tile, none: an empty group keeps the group
+    // count in step).
     auto load_tile = [&](int kt, int buf) {
-      if (kt >= num_key_tiles) {
-        CpAsyncCommit();  // an empty group keeps the group count in step
-        return;
-      }
-#pragma unroll
-      for (int round = 0; round < Shape::kLoadRounds; ++round) {
-        const int index = round * kThreads + threadIdx.x;
-        const int key_local = index / kChunks;
-        const int chunk = index % kChunks;
-        const int key = kt * kKeys + key_local;
-        const bool valid = key < key_end;
-        const int safe_key = valid ? key : 0;
-        const char* src = reinterpret_cast<const char*>(BlockHead<__nv_bfloat16>(
-                              c, seq_blocks[safe_key >> block_shift], c.k_offset_bytes, kv_head)) +
-                          int64_t{(safe_key & block_mask) * kHeadDim + chunk * 8} * 2;
-        const int dst = buf * Shape::kTileElems + Swizzled<kHeadDim>(key_local, chunk);
-        CpAsync16(s_k + dst, src, valid);
-        CpAsync16(s_v + dst, src + v_minus_k, valid);
+      if (kt < num_key_tiles) {
+        LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, kv_head, kt,
+                                              it.key_end, s_k + buf * Shape::kTileElems,
+                                              s_v + buf * Shape::kTileElems);
       }
       CpAsyncCommit();
     };
