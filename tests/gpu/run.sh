@@ -3,8 +3,9 @@
 # daemon check serve_check.sh (`kvd serve --device cuda` driven by `kvd client`), the
 # end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py, then
 # compare_peers.py: kvd's attention rows beside SDPA's, and paired_prefill.py: kvd's prefill
-# calls alternating with SDPA's, pair by pair) on a GPU machine, writing logs and JSON under
-# $OUT (default: ./gpu-out beside this script).
+# calls alternating with SDPA's, pair by pair; and decode_fit.py on gpu_bench's decode rows: a
+# call's fixed cost and steady rate) on a GPU machine, writing logs and JSON under $OUT
+# (default: ./gpu-out beside this script).
 #
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
@@ -24,8 +25,9 @@
 # gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, kvd_e2e_bench:
 # an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
 # missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py, and
-# paired_prefill.py, which runs gpu_bench itself) are informational: a failure is listed as
-# FAIL in the summary but leaves the exit status alone, as a missing PyTorch does.
+# paired_prefill.py, which runs gpu_bench itself) and decode_fit.py are informational: a
+# failure is listed as FAIL in the summary but leaves the exit status alone, as a missing
+# PyTorch does.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,6 +41,7 @@ if [[ -f "$here/env.sh" ]]; then
   compare_peers="$here/compare_peers.py"
   sdpa_shapes="$here/sdpa_shapes.py"
   paired_prefill="$here/paired_prefill.py"
+  decode_fit="$here/decode_fit.py"
 else
   root="$(cd "$here/../.." && pwd)"
   build="${BUILD:-build}"
@@ -50,6 +53,7 @@ else
   compare_peers="$root/tests/gpu/compare_peers.py"
   sdpa_shapes="$root/tests/gpu/sdpa_shapes.py"
   paired_prefill="$root/tests/gpu/paired_prefill.py"
+  decode_fit="$root/tests/gpu/decode_fit.py"
 fi
 
 # The numeric knobs, checked before anything runs or is deleted: a bad value would otherwise
@@ -74,7 +78,7 @@ mkdir -p "$OUT"
 outputs=(nvidia-smi.txt gpu_test.json gpu_test.log gpu_bench.json gpu_bench.log
   gpu_engine_test.json gpu_engine_test.log serve_check serve_check.log kvd_e2e_bench.log
   e2e_decode_bench.jsonl torch_peers.json torch_peers.log compare_peers.txt rounds
-  compare_peers_rounds.txt paired_prefill.json paired_prefill.log)
+  compare_peers_rounds.txt paired_prefill.json paired_prefill.log decode_fit.txt)
 for output in "${outputs[@]}"; do rm -rf "${OUT:?}/$output"; done
 
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
@@ -82,10 +86,10 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,
 
 # The summary: one "NAME|CODE|KIND" entry per part, CODE an exit status or "skip" (KIND then
 # says why). A failed kvd part sets the run's exit status (the first failure's); a failed peer
-# part is reported only.
+# or info (informational) part is reported only.
 status=0
 declare -a parts=()
-record() {  # record NAME CODE [kvd|peer]
+record() {  # record NAME CODE [kvd|peer|info]
   parts+=("$1|$2|${3:-kvd}")
   if [[ ${3:-kvd} == kvd && $2 != 0 && $status == 0 ]]; then status=$2; fi
 }
@@ -161,6 +165,17 @@ else
   bench_status=${PIPESTATUS[0]}
   echo "gpu_bench exit status $bench_status"
   record gpu_bench "$bench_status"
+fi
+# Decode attention's fixed cost a call and steady rate, fitted over gpu_bench's shapes
+# (informational), from this run's gpu_bench.json only (deleted above).
+if [[ ! -f "$OUT/gpu_bench.json" ]]; then
+  skip "decode fit" "needs gpu_bench.json from this run"
+elif [[ ! -f "$decode_fit" ]]; then
+  skip "decode fit" "decode_fit.py missing"
+else
+  echo "== decode attention: fixed cost a call and steady rate"
+  python3 "$decode_fit" "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/decode_fit.txt"
+  record "decode fit" "${PIPESTATUS[0]}" info
 fi
 if [[ "${RUN_ENGINE:-1}" == 0 ]]; then
   skip gpu_engine_test "RUN_ENGINE=0"
@@ -277,6 +292,8 @@ for part in "${parts[@]}"; do
     echo "PASS $name"
   elif [[ $kind == peer ]]; then
     echo "FAIL $name (exit status $code; a peer step: reported, the exit status is kvd's)"
+  elif [[ $kind == info ]]; then
+    echo "FAIL $name (exit status $code; informational: reported, the exit status is kvd's)"
   elif [[ $kind == kvd ]]; then
     echo "FAIL $name (exit status $code)"
   else
