@@ -62,15 +62,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int item = blockIdx.x; item < total_items; item += gridDim.x) {
     const Item it = ItemOf<kRows, kKeys>(p, tile_indptr, item, group);
-    const int q_begin = it.q_begin;
-    const int q_len = it.q_len;
-    const int kv_len = it.kv_len;
-    const int packed_rows = it.packed_rows;
-    const int kv_head = it.kv_head;
-    const int tile_row0 = it.tile_row0;
-    const int key_end = it.key_end;
     // Keys below unmasked_end are visible to every row of the tile.
-    const int unmasked_end = p.causal ? kv_len - q_len + tile_row0 / group + 1 : kv_len;
+    const int unmasked_end = p.causal ? it.kv_len - it.q_len + it.tile_row0 / group + 1 : it.kv_len;
 
     // This thread's two fragment rows (g and g + 8 of its warp); rows past the end repeat
     // the last one and are not written.
@@ -79,11 +72,11 @@ __global__ void __launch_bounds__(kThreads)
     bool live[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int packed = tile_row0 + warp * 16 + g + 8 * half;
-      live[half] = packed < packed_rows;
-      const int r = min(packed, packed_rows - 1);
-      row_key_end[half] = p.causal ? kv_len - q_len + r / group + 1 : kv_len;
-      q_rows[half] = p.q + PackedRowOffset<kHeadDim>(q_begin, r, group, kv_head, p.q_stride);
+      const int packed = it.tile_row0 + warp * 16 + g + 8 * half;
+      live[half] = packed < it.packed_rows;
+      const int r = min(packed, it.packed_rows - 1);
+      row_key_end[half] = p.causal ? it.kv_len - it.q_len + r / group + 1 : it.kv_len;
+      q_rows[half] = p.q + PackedRowOffset<kHeadDim>(it.q_begin, r, group, it.kv_head, p.q_stride);
     }
 
     // Q as A fragments (scaled to base-2 logits): the bf16 high parts in registers, the
@@ -113,8 +106,8 @@ __global__ void __launch_bounds__(kThreads)
 
     // K/V tile kt into buffer `buf`.
     auto load_tile = [&](int kt, int buf) {
-      LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, kv_head, kt, key_end,
-                                            s_k + buf * Shape::kTileElems,
+      LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, it.kv_head, kt,
+                                            it.key_end, s_k + buf * Shape::kTileElems,
                                             s_v + buf * Shape::kTileElems);
       CpAsyncCommit();
     };
@@ -232,9 +225,9 @@ __global__ void __launch_bounds__(kThreads)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       if (!live[half]) continue;
       const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int packed = tile_row0 + warp * 16 + g + 8 * half;
+      const int packed = it.tile_row0 + warp * 16 + g + 8 * half;
       float* out =
-          p.out + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.out_stride);
+          p.out + PackedRowOffset<kHeadDim>(it.q_begin, packed, group, it.kv_head, p.out_stride);
 #pragma unroll
       for (int n = 0; n < kDimTiles; ++n) {
         out[8 * n + 2 * t] = o[n][2 * half] * inv_sum;

@@ -91,28 +91,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     const int item = s_item;
     if (item >= total_items) break;
     const Item it = ItemOf<kRows, kKeys>(p, tile_indptr, item, group);
-    const int q_begin = it.q_begin;
-    const int kv_len = it.kv_len;
-    const int packed_rows = it.packed_rows;
-    const int kv_head = it.kv_head;
-    const int tile_row0 = it.tile_row0;
-    const int warp_row0 = tile_row0 + warp * kWarpRows;
-    const int first_pos = kv_len - it.q_len;  // position of token 0
+    const int warp_row0 = it.tile_row0 + warp * kWarpRows;
+    const int first_pos = it.kv_len - it.q_len;  // position of token 0
 
     // Keys at or past it.key_end are visible to no row of the tile (not loaded), at or past
     // warp_key_end to no row of this warp (not computed); keys below warp_unmasked_end are
     // visible to every row of the warp. Rows past the end repeat the last row's limits.
     const int warp_key_end =
-        p.causal ? first_pos + min(packed_rows - 1, warp_row0 + kWarpRows - 1) / group + 1 : kv_len;
+        p.causal ? first_pos + min(it.packed_rows - 1, warp_row0 + kWarpRows - 1) / group + 1
+                 : it.kv_len;
     const int warp_unmasked_end =
-        p.causal ? first_pos + min(packed_rows - 1, warp_row0) / group + 1 : kv_len;
+        p.causal ? first_pos + min(it.packed_rows - 1, warp_row0) / group + 1 : it.kv_len;
     int row_key_end[2][2];  // [m tile][half]: rows warp_row0 + 16 m + g + 8 half
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = min(packed_rows - 1, warp_row0 + 16 * m + g + 8 * half);
-        row_key_end[m][half] = p.causal ? first_pos + r / group + 1 : kv_len;
+        const int r = min(it.packed_rows - 1, warp_row0 + 16 * m + g + 8 * half);
+        row_key_end[m][half] = p.causal ? first_pos + r / group + 1 : it.kv_len;
       }
     }
 
@@ -127,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
           q_aligned, q_scale,
           [&](int round, bool& live) {
             const int index = (part * kQPart + round) * kThreads + threadIdx.x;
-            return PackedQChunk<kHeadDim>(p, q_begin, tile_row0 + index / kChunks, packed_rows,
-                                          group, kv_head, index % kChunks, live);
+            return PackedQChunk<kHeadDim>(p, it.q_begin, it.tile_row0 + index / kChunks,
+                                          it.packed_rows, group, it.kv_head, index % kChunks, live);
           },
           [&](int round, uint4 bits) {
             const int index = (part * kQPart + round) * kThreads + threadIdx.x;
@@ -142,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     // count in step).
     auto load_tile = [&](int kt, int buf) {
       if (kt < num_key_tiles) {
-        LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, kv_head, kt,
+        LoadKvTile<kHeadDim, kKeys, kThreads>(c, it.seq_blocks, block_shift, it.kv_head, kt,
                                               it.key_end, s_k + buf * Shape::kTileElems,
                                               s_v + buf * Shape::kTileElems);
       }
@@ -290,10 +286,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int packed = warp_row0 + 16 * m + g + 8 * half;
-        if (packed >= packed_rows) continue;
+        if (packed >= it.packed_rows) continue;
         const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
         float* out =
-            p.out + PackedRowOffset<kHeadDim>(q_begin, packed, group, kv_head, p.out_stride);
+            p.out + PackedRowOffset<kHeadDim>(it.q_begin, packed, group, it.kv_head, p.out_stride);
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) {
           out[8 * n + 2 * t] = om[n][2 * half] * inv_sum;
