@@ -20,9 +20,10 @@ Usage: decode_fit.py GPU_BENCH_JSON. Exit status 1 when the file is missing or u
 has no copy ceiling, or fewer than two decode shapes per call; 2 on a usage error. A kind of
 row with fewer than two shapes is listed as not fitted.
 """
-import json
 import re
 import sys
+
+from compare_peers import load_bench  # beside this script, here and in a bundle
 
 # (label, row name suffix after "decode attention B x L").
 KINDS = [
@@ -34,17 +35,6 @@ KINDS = [
     ("read of its bytes, graph", " (read of its bytes, graph)"),
 ]
 TARGET = 0.9  # the issue's ratio of copy for decode batches of 8 or more
-
-
-def load_rows(path):
-    rows = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                row = json.loads(line)
-                rows[row["name"]] = row
-    return rows
 
 
 def points(rows, suffix):
@@ -78,7 +68,7 @@ def main(argv):
         print("usage: decode_fit.py GPU_BENCH_JSON", file=sys.stderr)
         return 2
     try:
-        rows = load_rows(argv[1])
+        rows = load_bench(argv[1])
     except (OSError, ValueError, KeyError) as err:
         print(f"decode_fit: {argv[1]}: {err}", file=sys.stderr)
         return 1
