@@ -6,6 +6,7 @@
 
 #include "server/client_command.h"
 #include "server/serve_command.h"
+#include "tools/bench_command.h"
 #include "tools/estimate_command.h"
 #include "tools/generate_command.h"
 
@@ -22,6 +23,9 @@ constexpr char kUsage[] =
     "  generate   complete one prompt in this process and print the text (on CUDA when a\n"
     "             GPU is visible, else on the CPU; --device picks)\n"
     "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
+    "  bench      time decode steps of the whole engine on a synthetic model, beside the\n"
+    "             memory roofline (on CUDA when a GPU is visible, else on the CPU; --device\n"
+    "             picks)\n"
     "\n"
     "`kvd <command> --help` describes a command's flags.\n";
 
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
   if (command == "client") return kvd::RunClientCommand(args, std::cout, std::cerr);
   if (command == "generate") return kvd::RunGenerateCommand(args, std::cout, std::cerr);
   if (command == "estimate") return kvd::RunEstimateCommand(args, std::cout, std::cerr);
+  if (command == "bench") return kvd::RunBenchCommand(args, std::cout, std::cerr);
   std::cerr << "kvd: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

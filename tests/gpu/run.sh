@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests (and, when present, gpu_bench, the engine tests gpu_engine_test, the
 # daemon check serve_check.sh (`kvd serve --device cuda` driven by `kvd client`), the
-# end-to-end decode benchmark kvd_e2e_bench and ../shared/peers/torch_peers.py, then
+# end-to-end decode benchmark `kvd bench` and ../shared/peers/torch_peers.py, then
 # compare_peers.py: kvd's attention rows beside SDPA's, and paired_prefill.py: kvd's prefill
 # calls alternating with SDPA's, pair by pair; and decode_fit.py on gpu_bench's decode rows: a
 # call's fixed cost and steady rate) on a GPU machine, writing logs and JSON under $OUT
@@ -10,7 +10,7 @@
 # From a bundle folder made by scripts/gpu-bundle:   BUNDLE/run.sh
 # From a build tree:                                 BUILD=build tests/gpu/run.sh
 # Extra arguments go to gpu_test (e.g. --gtest_filter='*Decode*').
-# RUN_BENCH=0 skips gpu_bench and kvd_e2e_bench (RUN_E2E=0 only the latter); RUN_ENGINE=0
+# RUN_BENCH=0 skips gpu_bench and `kvd bench` (RUN_E2E=0 only the latter); RUN_ENGINE=0
 # skips gpu_engine_test; RUN_SERVE=0 skips serve_check.sh; RUN_PEERS=0 skips torch_peers.py,
 # the alternating rounds (PEER_ROUNDS, default 3, of `gpu_bench decode`, `gpu_bench prefill`
 # and sdpa_shapes.py; compare_peers.py --rounds; 0 skips them) and paired_prefill.py (which
@@ -22,7 +22,7 @@
 # this run (compare_peers.py never reads an earlier run's JSON). The last lines are a summary,
 # one line per part: PASS, FAIL (with the exit status) or SKIP (with why: not built, turned
 # off, no PyTorch). Exit status: non-zero when one of kvd's programs failed (gpu_test,
-# gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, kvd_e2e_bench:
+# gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, `kvd bench`:
 # an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
 # missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py, and
 # paired_prefill.py, which runs gpu_bench itself) and decode_fit.py are informational: a
@@ -35,7 +35,6 @@ if [[ -f "$here/env.sh" ]]; then
   # shellcheck source=/dev/null
   source "$here/env.sh"
   bin="$here/bin"
-  bench_bin="$here/bin"
   kvd_bin="$here/bin/kvd"
   peers="$here/shared/peers/torch_peers.py"
   compare_peers="$here/compare_peers.py"
@@ -47,7 +46,6 @@ else
   build="${BUILD:-build}"
   [[ "$build" = /* ]] || build="$root/$build"
   bin="$build/tests/gpu"
-  bench_bin="$build/bench"
   kvd_bin="$build/server/kvd"
   peers="$root/../shared/peers/torch_peers.py"
   compare_peers="$root/tests/gpu/compare_peers.py"
@@ -76,8 +74,8 @@ mkdir -p "$OUT"
 
 # Everything the steps below write under $OUT, removed before any runs.
 outputs=(nvidia-smi.txt gpu_test.json gpu_test.log gpu_bench.json gpu_bench.log
-  gpu_engine_test.json gpu_engine_test.log serve_check serve_check.log kvd_e2e_bench.log
-  e2e_decode_bench.jsonl torch_peers.json torch_peers.log compare_peers.txt rounds
+  gpu_engine_test.json gpu_engine_test.log serve_check serve_check.log kvd_bench.log
+  kvd_bench.jsonl torch_peers.json torch_peers.log compare_peers.txt rounds
   compare_peers_rounds.txt paired_prefill.json paired_prefill.log decode_fit.txt)
 for output in "${outputs[@]}"; do rm -rf "${OUT:?}/$output"; done
 
@@ -204,19 +202,18 @@ else
   record serve_check "$serve_status"
 fi
 if [[ "${RUN_BENCH:-1}" == 0 ]]; then
-  skip kvd_e2e_bench "RUN_BENCH=0"
+  skip "kvd bench" "RUN_BENCH=0"
 elif [[ "${RUN_E2E:-1}" == 0 ]]; then
-  skip kvd_e2e_bench "RUN_E2E=0"
-elif [[ ! -x "$bench_bin/kvd_e2e_bench" ]]; then
-  skip kvd_e2e_bench "not built"
+  skip "kvd bench" "RUN_E2E=0"
+elif [[ ! -x "$kvd_bin" ]]; then
+  skip "kvd bench" "kvd not built"
 else
-  echo "== kvd_e2e_bench"
+  echo "== kvd bench"
   # Every case twice: decode steps uncaptured, then replayed as CUDA graphs.
-  timeout 480 "$bench_bin/kvd_e2e_bench" --device cuda --graphs both 2>&1 |
-    tee "$OUT/kvd_e2e_bench.log"
+  timeout 480 "$kvd_bin" bench --device cuda --graphs both 2>&1 | tee "$OUT/kvd_bench.log"
   e2e_status=${PIPESTATUS[0]}
-  echo "kvd_e2e_bench exit status $e2e_status"
-  record kvd_e2e_bench "$e2e_status"
+  echo "kvd bench exit status $e2e_status"
+  record "kvd bench" "$e2e_status"
 fi
 if [[ "${RUN_PEERS:-1}" == 0 ]]; then
   skip torch_peers "RUN_PEERS=0"

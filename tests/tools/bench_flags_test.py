@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The benchmarks' command lines, as specifications: a bad flag value is a usage error (exit 2)
-whose message names the flag and the value as typed, refused before any model is built (no
-table, no header on stdout; with kvd_cpu_bench, before its --model is even opened); --help
-tells the ranges. gpu_bench (CUDA builds) is run only for --help and for argument and
-environment errors, which it refuses before any CUDA call, so this runs on machines without
-a GPU and never starts a measurement on one with a GPU.
+"""The benchmarks' command lines (kvd_cpu_bench, `kvd bench`, gpu_bench), as specifications: a
+bad flag value is a usage error (exit 2) whose message names the flag and the value as typed,
+refused before any model is built (no table, no header on stdout; with kvd_cpu_bench, before
+its --model is even opened); --help tells the ranges. gpu_bench (CUDA builds) is run only for
+--help and for argument and environment errors, which it refuses before any CUDA call, so
+this runs on machines without a GPU and never starts a measurement on one with a GPU.
 
-  bench_flags_test.py --cpu-bench PATH --e2e-bench PATH [--gpu-bench=PATH]
+  bench_flags_test.py --cpu-bench PATH --kvd PATH [--gpu-bench=PATH]
 """
 import argparse
 import os
@@ -16,25 +16,26 @@ import sys
 import time
 import unittest
 
-BENCHES = {"cpu": "", "e2e": "", "gpu": ""}
+# Each a command line: a program, then (`kvd bench`) its subcommand.
+BENCHES = {"cpu": [], "e2e": [], "gpu": []}
 
 # A refusal parses flags and prints; anything near this long built or ran something (a
 # sanitizer build, on a loaded machine, still starts in well under a second).
 MAX_REFUSAL_SECONDS = 10.0
 
-# Small enough for the CPU in a second: if a bad flag got past the checks, the e2e bench
-# would build this model and print its header and a row.
+# Small enough for the CPU in a second: if a bad flag got past the checks, `kvd bench` would
+# build this model and print its header and a row.
 E2E_TINY = ["--device", "cpu", "--model", "synthetic:tiny", "--cases", "1x16", "--steps", "1",
             "--warmup", "0", "--graphs", "off", "--threads", "1"]
 
 
-def run(binary, args, env=None):
-    """(exit status, stdout, stderr, seconds) of `binary args`."""
+def run(command, args, env=None):
+    """(exit status, stdout, stderr, seconds) of `command args`."""
     full_env = dict(os.environ)
-    full_env.pop("OUT", None)  # the e2e bench and gpu_bench would write files there
+    full_env.pop("OUT", None)  # kvd bench and gpu_bench would write files there
     full_env.update(env or {})
     start = time.monotonic()
-    done = subprocess.run([binary] + args, capture_output=True, text=True, env=full_env,
+    done = subprocess.run(command + args, capture_output=True, text=True, env=full_env,
                           timeout=300)
     return done.returncode, done.stdout, done.stderr, time.monotonic() - start
 
@@ -49,8 +50,8 @@ def names_value(line, value):
 class RefusalMixin:
     program = ""  # the name every message starts with
 
-    def assert_refused(self, binary, args, flag, value, env=None):
-        code, out, err, seconds = run(binary, args, env)
+    def assert_refused(self, command, args, flag, value, env=None):
+        code, out, err, seconds = run(command, args, env)
         what = "%s %s" % (" ".join("%s=%s" % kv for kv in (env or {}).items()), " ".join(args))
         self.assertEqual(code, 2, "%s: exit %d\nstdout:\n%s\nstderr:\n%s" % (what, code, out, err))
         first = err.splitlines()[0] if err else ""
@@ -96,8 +97,8 @@ class CpuBenchTest(RefusalMixin, unittest.TestCase):
         self.assertIn("/nonexistent/stories260K.bin", err)
 
 
-class E2eBenchTest(RefusalMixin, unittest.TestCase):
-    program = "kvd_e2e_bench"
+class KvdBenchTest(RefusalMixin, unittest.TestCase):
+    program = "kvd bench"
 
     def test_bad_values_are_usage_errors_before_anything_is_built(self):
         # (flag, value[, what the message names: the preset, for an unknown one])
@@ -129,6 +130,8 @@ class E2eBenchTest(RefusalMixin, unittest.TestCase):
         code, out, err, _ = run(BENCHES["e2e"], ["--help"])
         self.assertEqual(code, 0, err)
         usage = out.split("\n\n")[0]
+        self.assertTrue(usage.startswith("usage: kvd bench [--model synthetic:llama3-8b]"), usage)
+        self.assertIn("[--device auto]", usage)
         self.assertIn("[--graphs both|on|off]", usage)
         self.assertIn("[--profile]", usage)
         self.assertRegex(out, r"--block-size .*range a power of two in \[1, 256\]")
@@ -167,7 +170,7 @@ class GpuBenchTest(RefusalMixin, unittest.TestCase):
         # end of its input).
         env = dict(os.environ)
         env.pop("OUT", None)
-        done = subprocess.run([BENCHES["gpu"], "paired"], stdin=subprocess.DEVNULL,
+        done = subprocess.run(BENCHES["gpu"] + ["paired"], stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, env=env, timeout=300)
         code, out, err = done.returncode, done.stdout, done.stderr
         self.assertEqual(code, 0, err)
@@ -202,10 +205,11 @@ class GpuBenchTest(RefusalMixin, unittest.TestCase):
 def main():
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--cpu-bench", required=True)
-    parser.add_argument("--e2e-bench", required=True)
+    parser.add_argument("--kvd", required=True)
     parser.add_argument("--gpu-bench", default="")  # empty: not built (CUDA off)
     known, rest = parser.parse_known_args()
-    BENCHES.update(cpu=known.cpu_bench, e2e=known.e2e_bench, gpu=known.gpu_bench)
+    BENCHES.update(cpu=[known.cpu_bench], e2e=[known.kvd, "bench"],
+                   gpu=[known.gpu_bench] if known.gpu_bench else [])
     program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
     sys.exit(0 if program.result.wasSuccessful() else 1)
 

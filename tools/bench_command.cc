@@ -1,4 +1,4 @@
-// End-to-end decode benchmark: time per decode step of the whole engine path (batch
+// `kvd bench` (bench_command.h): time per decode step of the whole engine path (batch
 // upload, LlamaModel forward through the backend, greedy Backend::Sample, KV bookkeeping) on a
 // synthetic model, beside the memory roofline of the same run:
 //
@@ -9,20 +9,18 @@
 // steps replayed as CUDA graphs and without (`--graphs both|on|off`; graphs exist on CUDA
 // only; the first step of a graphed run records the graph, and a timed step that records or
 // re-records one is left out of the step times and reported apart). Weights are made
-// on the device (tools/random_model.h), so llama3-8b needs no host copy. A program, not a
-// test: it prints a table (and JSON lines to $OUT/e2e_decode_bench.jsonl when OUT is set). It
-// exits 2 on a usage error (a flag value outside its range, a malformed or empty --cases, a
-// case longer than the model's context), refused before anything is built, and 1 when the
-// device, the engine or the copy bandwidth measurement fails, a case produces non-finite
-// logits, or a graphed case's timed steps were not replayed from graphs (GRAPHS NOT
-// REPLAYED); never on a time.
-//
-//   kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,1x4096,...]
-//                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]
-//                 [--graphs both|on|off] [--profile]
+// on the device (tools/random_model.h), so llama3-8b needs no host copy. A benchmark, not a
+// test: it prints a table (and JSON lines to $OUT/kvd_bench.jsonl when OUT is set). It exits
+// 2 on a usage error (a flag value outside its range, a malformed or empty --cases, a case
+// longer than the model's context), refused before anything is built, and 1 when the device,
+// the engine or the copy bandwidth measurement fails, a case produces non-finite logits, or a
+// graphed case's timed steps were not replayed from graphs (GRAPHS NOT REPLAYED); never on a
+// time.
 //
 // On a CPU-only machine, `--device cpu --model synthetic:tiny --cases 1x64,4x128` runs the
 // same code path in seconds.
+
+#include "tools/bench_command.h"
 
 #include <algorithm>
 #include <chrono>
@@ -32,12 +30,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cache/clock.h"
 #include "kernels/status_macros.h"
@@ -336,11 +336,13 @@ absl::StatusOr<Result> RunCase(const Case& c, bool graphs, LlamaModel* model, Ba
   return r;
 }
 
-int Main(int argc, char** argv) {
+}  // namespace
+
+int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   FlagSet flags(
-      "kvd_e2e_bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,...]\n"
-      "              [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]\n"
-      "              [--graphs both|on|off] [--profile]\n"
+      "kvd bench [--model synthetic:llama3-8b] [--device auto] [--cases 1x512,...]\n"
+      "                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]\n"
+      "                 [--graphs both|on|off] [--profile]\n"
       "\n"
       "Time per greedy decode step of the whole engine path on a synthetic model, beside the\n"
       "memory roofline of the same run. A number outside its flag's range (below), a malformed\n"
@@ -363,20 +365,17 @@ int Main(int argc, char** argv) {
   flags.AddBool("profile",
                 "cuda: after each uncaptured case, GPU time per op and step over --steps more "
                 "steps");
-  auto fail = [](const absl::Status& s) {
-    std::fprintf(stderr, "kvd_e2e_bench: %s\n", std::string(s.message()).c_str());
+  auto fail = [&err](const absl::Status& s) {
+    err << "kvd bench: " << s.message() << "\n";
     return 1;
   };
-  auto usage_error = [&flags](const absl::Status& s) {
-    std::fprintf(stderr, "kvd_e2e_bench: %s\n\n%s", std::string(s.message()).c_str(),
-                 flags.Usage().c_str());
+  auto usage_error = [&flags, &err](const absl::Status& s) {
+    err << "kvd bench: " << s.message() << "\n\n" << flags.Usage();
     return 2;
   };
-  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    return usage_error(s);
-  }
+  if (auto s = flags.Parse(args); !s.ok()) return usage_error(s);
   if (flags.help()) {
-    std::printf("%s", flags.Usage().c_str());
+    out << flags.Usage();
     return 0;
   }
   // Every flag value is judged here, before the backend and the model exist: a typo must not
@@ -423,8 +422,7 @@ int Main(int argc, char** argv) {
     return fail(Prefixed("--device", choice.status()));
   }
   if (!choice->fallback_reason.empty()) {
-    std::fprintf(stderr, "kvd_e2e_bench: --device auto runs on the CPU: %s\n",
-                 choice->fallback_reason.c_str());
+    err << "kvd bench: --device auto runs on the CPU: " << choice->fallback_reason << "\n";
   }
   const Device device = choice->device;
   auto backend = MakeBackend(device, static_cast<int>(flags.GetInt("threads")));
@@ -457,24 +455,24 @@ int Main(int argc, char** argv) {
                                (spec->shared_classifier ? 0 : embedding_params)) *
                               weight_elem_bytes;
 
-  std::printf(
+  out << absl::StrFormat(
       "kvd end-to-end decode, %s on %s: %.3f GB of %s weights read per step "
       "(made in backend memory in %.0f ms), KV %s, block %d\n",
-      spec->name.c_str(), std::string(DeviceName(device)).c_str(), weight_bytes / 1e9,
-      std::string(DTypeName((*backend)->weight_dtype())).c_str(), init_ms,
-      std::string(DTypeName(DefaultKvDtype(**backend))).c_str(), block_size);
-  std::printf(
+      spec->name, DeviceName(device), weight_bytes / 1e9, DTypeName((*backend)->weight_dtype()),
+      init_ms, DTypeName(DefaultKvDtype(**backend)), block_size);
+  out << absl::StrFormat(
       "measured copy bandwidth (read + write): %.1f GB/s; %d timed steps after %d "
       "warm-up steps; greedy Backend::Sample in backend memory; graphs: %s\n\n",
       *copy_gbps, steps, warmup,
       can_record ? "decode steps uncaptured (off) and replayed as CUDA graphs (on)"
                  : "none (this backend cannot record them)");
-  std::printf("%6s %8s %6s %10s %10s %10s %10s %12s %9s %s\n", "batch", "context", "graphs",
-              "step ms", "min ms", "tokens/s", "KV GB", "roofline ms", "ratio", "check");
+  out << absl::StrFormat("%6s %8s %6s %10s %10s %10s %10s %12s %9s %s\n", "batch", "context",
+                         "graphs", "step ms", "min ms", "tokens/s", "KV GB", "roofline ms", "ratio",
+                         "check");
 
   FILE* json = nullptr;
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    json = std::fopen((std::string(out) + "/e2e_decode_bench.jsonl").c_str(), "w");
+  if (const char* out_dir = std::getenv("OUT"); out_dir != nullptr && *out_dir != '\0') {
+    json = std::fopen((std::string(out_dir) + "/kvd_bench.jsonl").c_str(), "w");
   }
   int status = 0;
   for (const Case& c : *cases) {
@@ -483,9 +481,9 @@ int Main(int argc, char** argv) {
                        weight_bytes, *copy_gbps, profile);
       const char* mode = graphs ? "on" : "off";
       if (!r.ok()) {
-        std::printf("%6d %8d %6s  FAILED: %s\n", c.batch, c.context, mode,
-                    std::string(r.status().message()).c_str());
-        std::fflush(stdout);
+        out << absl::StrFormat("%6d %8d %6s  FAILED: %s\n", c.batch, c.context, mode,
+                               r.status().message());
+        out.flush();
         status = 1;
         continue;
       }
@@ -495,29 +493,32 @@ int Main(int argc, char** argv) {
       // uncaptured path again: report it as a failure.
       const bool replayed =
           !graphs || (r->replayed_steps > 0 && r->replayed_steps + r->recorded_steps == steps);
-      std::printf("%6d %8d %6s %10.3f %10.3f %10.1f %10.3f %12.3f %8.2fx %s\n", c.batch, c.context,
-                  mode, r->step_ms, r->min_step_ms, tokens_per_s, r->kv_gb, r->roofline_ms, ratio,
-                  !r->finite ? "NON-FINITE LOGITS"
-                  : replayed ? "ok"
-                             : "GRAPHS NOT REPLAYED");
-      std::fflush(stdout);
+      out << absl::StrFormat("%6d %8d %6s %10.3f %10.3f %10.1f %10.3f %12.3f %8.2fx %s\n", c.batch,
+                             c.context, mode, r->step_ms, r->min_step_ms, tokens_per_s, r->kv_gb,
+                             r->roofline_ms, ratio,
+                             !r->finite ? "NON-FINITE LOGITS"
+                             : replayed ? "ok"
+                                        : "GRAPHS NOT REPLAYED");
+      out.flush();
       if (!r->finite || !replayed) status = 1;
       if (!r->op_ms.empty()) {
         double gpu_ms = 0;
         for (const auto& [op, ms] : r->op_ms) gpu_ms += ms;
-        std::printf("       profile (%.3f ms a step with timing, %.3f ms of it in ops):\n",
-                    r->profiled_step_ms, gpu_ms);
+        out << absl::StrFormat(
+            "       profile (%.3f ms a step with timing, %.3f ms of it in ops):\n",
+            r->profiled_step_ms, gpu_ms);
         for (const auto& [op, ms] : r->op_ms) {
-          std::printf("         %-24s %8.4f ms %5.1f%%\n", op.c_str(), ms,
-                      100.0 * ms / r->profiled_step_ms);
+          out << absl::StrFormat("         %-24s %8.4f ms %5.1f%%\n", op, ms,
+                                 100.0 * ms / r->profiled_step_ms);
         }
       }
       if (r->recorded_steps > 0) {
-        std::printf("       %d timed steps recorded a graph (%.3f ms each), left out of step ms\n",
-                    r->recorded_steps, r->recorded_step_ms);
+        out << absl::StrFormat(
+            "       %d timed steps recorded a graph (%.3f ms each), left out of step ms\n",
+            r->recorded_steps, r->recorded_step_ms);
       }
       if (r->graph_stats.capture_failures > 0) {
-        std::printf("       graph recording failed: %s\n", r->graph_stats.last_failure.c_str());
+        out << "       graph recording failed: " << r->graph_stats.last_failure << "\n";
       }
       if (json != nullptr) {
         std::fprintf(
@@ -536,13 +537,9 @@ int Main(int argc, char** argv) {
     }
   }
   if (json != nullptr) std::fclose(json);
-  std::printf(
-      "\nratio = measured step / roofline step (1.00x is the memory bound; the issue's "
-      "target is <= 1.3x at batch 1 and at 64 x 4096)\n");
+  out << "\nratio = measured step / roofline step (1.00x is the memory bound; the issue's "
+         "target is <= 1.3x at batch 1 and at 64 x 4096)\n";
   return status;
 }
 
-}  // namespace
 }  // namespace kvd
-
-int main(int argc, char** argv) { return kvd::Main(argc, argv); }
