@@ -1,6 +1,6 @@
 // `kvd bench` (bench_command.h): time per decode step of the whole engine path (batch
 // upload, LlamaModel forward through the backend, greedy Backend::Sample, KV bookkeeping) on a
-// synthetic model, beside the memory roofline of the same run:
+// synthetic model or a checkpoint, beside the memory roofline of the same run:
 //
 //   roofline step = (weight bytes read + KV bytes read) / measured device copy bandwidth
 //
@@ -8,8 +8,9 @@
 // `--steps` greedy decode steps are timed after `--warmup` untimed ones, with the decode
 // steps replayed as CUDA graphs and without (`--graphs both|on|off`; graphs exist on CUDA
 // only; the first step of a graphed run records the graph, and a timed step that records or
-// re-records one is left out of the step times and reported apart). Weights are made
-// on the device (tools/random_model.h), so llama3-8b needs no host copy. A benchmark, not a
+// re-records one is left out of the step times and reported apart). A synthetic model's
+// weights are made on the device (tools/random_model.h), so llama3-8b needs no host copy; a
+// checkpoint's are loaded on the host and uploaded, as `kvd generate` does. A benchmark, not a
 // test: it prints a table (and JSON lines to $OUT/kvd_bench.jsonl when OUT is set). It exits
 // 2 on a usage error (a flag value outside its range, a malformed or empty --cases, a case
 // longer than the model's context), refused before anything is built, and 1 when the device,
@@ -344,11 +345,14 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
       "                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]\n"
       "                 [--graphs both|on|off] [--profile]\n"
       "\n"
-      "Time per greedy decode step of the whole engine path on a synthetic model, beside the\n"
+      "Time per greedy decode step of the whole engine path on a model (synthetic, or a\n"
+      "llama2.c checkpoint), KV filled at random to each case's context, beside the\n"
       "memory roofline of the same run. A number outside its flag's range (below), a malformed\n"
       "--cases or --graphs, and a case whose context, warm-up and steps exceed the model's\n"
       "context are usage errors, refused before anything is built.");
-  flags.AddString("model", "synthetic:<preset> (weights made on the device)",
+  flags.AddString("model",
+                  "synthetic:<preset> (weights made on the device from --seed) or a llama2.c "
+                  "checkpoint",
                   "synthetic:llama3-8b");
   flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible and cuBLAS loads)",
                   "auto");
@@ -358,7 +362,7 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
   flags.AddInt("warmup", "untimed decode steps before them", 4, IntRange{0, kMaxInt32});
   flags.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
                IntRange{1, 256, /*power_of_two=*/true});
-  flags.AddUint64("seed", "weights and KV seed", 1);
+  flags.AddUint64("seed", "seed of the synthetic weights and of the KV", 1);
   flags.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
                IntRange{0, kMaxCpuThreads});
   flags.AddString("graphs", "both, on or off: decode steps as CUDA graphs (cuda only)", "both");
@@ -383,11 +387,8 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
   auto cases = ParseCases(flags.GetString("cases"));
   if (!cases.ok()) return usage_error(cases.status());
   const std::string model_ref = flags.GetString("model");
-  if (model_ref.rfind("synthetic:", 0) != 0) {
-    return usage_error(absl::InvalidArgumentError(
-        absl::StrCat("--model: '", model_ref, "' is not synthetic:<preset>")));
-  }
-  auto spec = LoadModelSpec(model_ref);
+  const bool synthetic = model_ref.rfind("synthetic:", 0) == 0;
+  auto spec = LoadModelSpec(model_ref);  // a checkpoint's header alone
   if (!spec.ok()) return usage_error(Prefixed("--model", spec.status()));
   const std::string graphs_flag = flags.GetString("graphs");
   if (graphs_flag != "both" && graphs_flag != "on" && graphs_flag != "off") {
@@ -443,7 +444,12 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
   auto copy_gbps = CopyBandwidth(backend->get());
   if (!copy_gbps.ok()) return fail(copy_gbps.status());
   const auto init_start = SteadyClock::now();
-  auto model = CreateRandomModel(*spec, seed, backend->get());
+  auto model = [&]() -> absl::StatusOr<std::unique_ptr<LlamaModel>> {
+    if (synthetic) return CreateRandomModel(*spec, seed, backend->get());
+    auto weights = LoadModel(model_ref);
+    if (!weights.ok()) return weights.status();
+    return LlamaModel::Create(*std::move(weights), backend->get());
+  }();
   if (!model.ok()) return fail(model.status());
   const double init_ms = Ms(init_start, SteadyClock::now());
 
@@ -457,9 +463,10 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   out << absl::StrFormat(
       "kvd end-to-end decode, %s on %s: %.3f GB of %s weights read per step "
-      "(made in backend memory in %.0f ms), KV %s, block %d\n",
+      "(%s in %.0f ms), KV %s, block %d\n",
       spec->name, DeviceName(device), weight_bytes / 1e9, DTypeName((*backend)->weight_dtype()),
-      init_ms, DTypeName(DefaultKvDtype(**backend)), block_size);
+      synthetic ? "made in backend memory" : "loaded and uploaded", init_ms,
+      DTypeName(DefaultKvDtype(**backend)), block_size);
   out << absl::StrFormat(
       "measured copy bandwidth (read + write): %.1f GB/s; %d timed steps after %d "
       "warm-up steps; greedy Backend::Sample in backend memory; graphs: %s\n\n",

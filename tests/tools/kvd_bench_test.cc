@@ -40,6 +40,17 @@ TEST(KvdBenchTest, TimesEveryCaseBesideItsRoofline) {
   EXPECT_THAT(r.out, HasSubstr("ratio = measured step / roofline step"));
 }
 
+// A checkpoint's own weights, loaded as `kvd generate` loads them.
+TEST(KvdBenchTest, TimesACheckpoint) {
+  const KvdResult r =
+      RunKvd("bench --device cpu --threads 1 --steps 3 --warmup 1 --cases 2x32 --model " +
+             std::string(KVD_SHARED_DIR) + "/models/stories260K.bin");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("kvd end-to-end decode, stories260K on cpu"));
+  EXPECT_THAT(r.out, HasSubstr("(loaded and uploaded in "));
+  EXPECT_THAT(r.out, ContainsRegex("\n +2 +32 +off( +[0-9.]+){5} +[0-9.]+x ok\n"));
+}
+
 // With OUT set, one JSON line a case as well, with the numbers of its row.
 TEST(KvdBenchTest, WritesJsonLinesUnderOut) {
   const std::filesystem::path dir =
