@@ -23,9 +23,9 @@ constexpr char kUsage[] =
     "  generate   complete one prompt in this process and print the text (on CUDA when a\n"
     "             GPU is visible, else on the CPU; --device picks)\n"
     "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
-    "  bench      time decode steps of the whole engine on a synthetic model, beside the\n"
-    "             memory roofline (on CUDA when a GPU is visible, else on the CPU; --device\n"
-    "             picks)\n"
+    "  bench      time decode steps of the whole engine on a synthetic model or a\n"
+    "             checkpoint, beside the memory roofline (on CUDA when a GPU is visible,\n"
+    "             else on the CPU; --device picks)\n"
     "\n"
     "`kvd <command> --help` describes a command's flags.\n";
 
