@@ -71,7 +71,7 @@ struct CublasApi;
 // heuristic's first eight split k in two to six); of qkv's and o's eleven candidates that
 // split k, most read more unsplit, but none beat the first choice, which does not split
 // (qkv 0.74, o 0.71);
-// kvd_e2e_bench graphs on, three rounds alternating builds: 64 x 1k 7.124-7.188 ms a step
+// kvd bench graphs on, three rounds alternating builds: 64 x 1k 7.124-7.188 ms a step
 // against 7.151-7.177, 64 x 4k 12.873-12.949 against 12.886-12.942. Not kept.
 //
 // Owns its handles and a 32 MiB cuBLASLt workspace. Not thread safe: one engine thread.

@@ -407,10 +407,10 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   // Every other product reads bf16 rows, which the prologue's kernel (or a plain conversion)
   // writes: the skinny kernel for decode batches with a prologue, cuBLAS past them or where the
   // skinny kernel cannot. (The prologue computed inside the skinny kernel, as it loads the
-  // input, measured slower: H200, kvd_e2e_bench 1 x 512 uncaptured, its matmuls 5.92 ms a step
+  // input, measured slower: H200, kvd bench 1 x 512 uncaptured, its matmuls 5.92 ms a step
   // against 4.37 for the two kernels; the prologue's loads want registers that the weight loads
   // in flight hold. The prologue's bf16 rows against fp32 ones that the skinny kernel rounds as
-  // it loads them, both read through the non-coherent path, H200, kvd_e2e_bench graphs on,
+  // it loads them, both read through the non-coherent path, H200, kvd bench graphs on,
   // three rounds alternating builds: 8 x 1k 4.465-4.472 ms a step against 4.679-4.714; 1 x 512
   // 4.130-4.147 against 4.113-4.136, 1 x 4k 4.273-4.277 against 4.262-4.289. The plain loads
   // that replaced that path cost 1.4-2.2%: gemv_kernels.cu.)
@@ -557,7 +557,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     ws.arrivals = static_cast<int32_t*>(decode_arrivals_.data);
   }
   // The TMA view at every batch size (H200, with boxes against cp.async: 1 x 32k decode
-  // attention 0.63-0.66 of copy bandwidth per call against 0.56-0.59, kvd_e2e_bench steps at
+  // attention 0.63-0.66 of copy bandwidth per call against 0.56-0.59, kvd bench steps at
   // batch 1 1-2% shorter; large batches 5-10% faster).
   KVD_RETURN_IF_CUDA_ERROR(cuda::LaunchDecodeAttention(p, ws, stream_, UpdatedKvRows()),
                            "PagedAttention: decode kernel");

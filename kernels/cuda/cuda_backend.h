@@ -172,7 +172,7 @@ class CudaBackend final : public Backend {
   bool capturing() const { return capturing_; }
   uint64_t scratch_epoch() const { return scratch_epoch_; }
 
-  // Per-op GPU time, for profiling (kvd_e2e_bench --profile). While on, every op enqueued
+  // Per-op GPU time, for profiling (kvd bench --profile). While on, every op enqueued
   // outside a capture is bracketed by two CUDA events on the stream; TakeOpTimes() waits
   // for the device and returns, per op (Matmul by path: "Matmul skinny" / "Matmul cublas"),
   // the summed time between the events and the number of calls since the last take, in

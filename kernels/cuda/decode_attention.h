@@ -35,13 +35,13 @@
 // promotion). Short batches are bound by fixed costs instead: at 8 x 4k the kernel with its
 // math removed read 0.81 back to back. All K/V is read after the wait for the preceding
 // kernel (launch.cuh): issuing the first copies of the keys that kernel cannot be writing
-// (all but the newest) before the wait gained nothing in the engine (H200, kvd_e2e_bench
+// (all but the newest) before the wait gained nothing in the engine (H200, kvd bench
 // graphs on, two rounds alternating: 1 x 4k step 4.485/4.512 ms vs 4.479/4.483 without,
 // 64 x 4k 13.02/13.07 vs 13.02/12.95) and 1-2% back to back (gpu_bench sweep, 8 x 4k
 // auto: 0.888/0.891 of copy vs 0.873/0.880), too little to tie the kernel to what the
 // kernel before it writes. Measured again on the TMA kernel (first boxes before the wait
 // under a promise from the model that Rope's append was the only KV write in flight; five
-// rounds alternating builds, kvd_e2e_bench graphs on, median step): 1 x 512 4.330 ms
+// rounds alternating builds, kvd bench graphs on, median step): 1 x 512 4.330 ms
 // against 4.346, 1 x 4k 4.488 against 4.494, 64 x 1k 7.142 against 7.153: not kept.
 //
 // A context is cut into up to `max_splits` ranges of whole granules of one iteration of
@@ -103,7 +103,7 @@
 // landed no sooner (1 x 4k, KVD_DECODE_TRACE: 2.69/3.58/4.10 us against 2.72/3.62/4.19), and
 // three rounds alternating in one run measured 8 x 4k back to back 0.885-0.887 of copy
 // against 0.878-0.881, 1 x 4k from a one-launch graph 0.268-0.292 against 0.267-0.285,
-// kvd_e2e_bench steps within the spread: not kept, its one gain under 1% and not in the
+// kvd bench steps within the spread: not kept, its one gain under 1% and not in the
 // engine's steps, for a second way to address blocks.
 //
 // Workspace layout (only touched when max_splits > 1):
@@ -202,7 +202,7 @@ int DecodeTailSplits(int main_splits);
 // alternating with a build that launched every slice, in one run): gpu_bench decode at 8 x 4k
 // (4 slices of 8) read 0.723-0.730 of copy per call against 0.706-0.710 (from graphs, within
 // the rounds' spread); at 1 x 4k (16 of 32) 0.432 back to back in a graph against 0.427-0.429
-// (per call and from a one-launch graph within the spread); kvd_e2e_bench's 8 x 1k step with
+// (per call and from a one-launch graph within the spread); kvd bench's 8 x 1k step with
 // graphs took 4.571-4.601 ms against 4.614-4.642, its batch-1 steps the same.
 struct DecodeSlices {
   int max_splits;

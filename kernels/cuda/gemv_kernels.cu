@@ -28,7 +28,7 @@ constexpr int kNarrowTileMaxN = 4224;
 // 0.91-0.93 against 0.76-0.78 at m = 1 and 0.81-0.82 against 0.75-0.77 at m = 8; FFN
 // gate/up 0.98-1.00 against 0.96-0.98 at m = 1; lm_head 1.02-1.04 against 1.00-1.04 at
 // m = 1. (With 12 loads a lane the same four read 0.89, 0.75, 0.92, 0.99; four CTAs an SM
-// with 8 loads, 0.83, 0.75, 0.98, 1.02.) kvd_e2e_bench, graphs on, three rounds alternating
+// with 8 loads, 0.83, 0.75, 0.98, 1.02.) kvd bench, graphs on, three rounds alternating
 // with the two-CTA kernel: steps at 1 x 512 4.15 ms against 4.30, 1 x 4k 4.30 against 4.48,
 // 8 x 1k 4.70 against 4.81.
 constexpr int kThreeCtaLoads = 8;
@@ -60,11 +60,11 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
 // from uncaptured ones), while every skinny GEMM test and PdlVisibilityTest's simpler chain
 // passed; read through __ldg, or bf16 rows through volatile asm, it passed. The plain loads
 // pass every test and cost the engine 1.4-2.2% a step against the non-coherent bf16 rows
-// (kvd_e2e_bench graphs on, two rounds alternating builds: 1 x 512 4.231-4.247 ms against
+// (kvd bench graphs on, two rounds alternating builds: 1 x 512 4.231-4.247 ms against
 // 4.169-4.193, 8 x 1k 4.636-4.652 against 4.536-4.545); gpu_bench gemv's rows alone, the
 // same. (Once, plain coherent loads of the fp32 rows measured far slower, qkv 0.60 against
 // 0.77 of copy at m = 1; not so now: 0.91 with either.) The other coherent loads were slower
-// still (kvd_e2e_bench graphs on, three rounds alternating builds): ld.global.cg, 8 x 1k
+// still (kvd bench graphs on, three rounds alternating builds): ld.global.cg, 8 x 1k
 // 4.798-4.810 ms against 4.587-4.611 (1 x 512 the same); a C++ load the compiler schedules
 // (`in` without __restrict__, so that it stays off the non-coherent path), 1 x 512
 // 4.265-4.278 ms against 4.204-4.227 (8 x 1k the same).
