@@ -338,6 +338,9 @@ void EngineLoop::Impl::Finish(Sequence& s, FinishReason reason, absl::Status err
   const absl::Time now = clock_->Now();
   s.usage.completion_tokens = s.num_generated;
   s.usage.total_time = now - s.submit_time;
+  // Ended before it was ever scheduled (cancelled, past its deadline or aborted while waiting):
+  // it spent its whole life in the queue.
+  if (!s.scheduled_once) s.usage.queue_time = s.usage.total_time;
   ++stats_.requests_finished;
   stats_.end_to_end_latency.Observe(Seconds(s.usage.total_time));
   if (reason == FinishReason::kLength || reason == FinishReason::kStop ||

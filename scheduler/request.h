@@ -42,7 +42,7 @@ struct Usage {
   int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV was reused (prefix or session)
   int32_t completion_tokens = 0;
   int32_t num_preemptions = 0;
-  absl::Duration queue_time;           // submit -> first scheduled
+  absl::Duration queue_time;           // submit -> first scheduled (or finish, if never)
   absl::Duration time_to_first_token;  // submit -> first token
   absl::Duration total_time;           // submit -> finish
 };

@@ -2,8 +2,9 @@
 // fake clock: admission counts a cached prefix in evictable blocks once, and a turn's own
 // pinned chain once, so exact output predictions never preempt; an admission that finds no
 // room leaves nothing of its turn pinned; other sessions' idle pins give way to new work;
-// max_waiting_requests and Stats() hold while a step runs; and recomputing after a
-// preemption is not counted as prompt work.
+// max_waiting_requests and Stats() hold while a step runs; a request ended while it waits
+// reports its whole life as queue time; and recomputing after a preemption is not counted as
+// prompt work.
 
 #include <gtest/gtest.h>
 
@@ -104,6 +105,7 @@ class EngineAdmissionTest : public ::testing::Test {
       if (also) also(e);
     });
     EXPECT_TRUE(h.ok()) << h.status();
+    if (h.ok()) last_handle_ = *h;
     return o;
   }
 
@@ -115,6 +117,7 @@ class EngineAdmissionTest : public ::testing::Test {
   std::unique_ptr<KvCacheManager> cache_;
   std::unique_ptr<EngineLoop> engine_;
   std::vector<std::unique_ptr<Outcome>> outcomes_;
+  uint64_t last_handle_ = 0;  // the last Submit's
 };
 
 // With exact predictions (expected_output_tokens == max_tokens, no stop token) predicted
@@ -286,6 +289,35 @@ TEST_F(EngineAdmissionTest, TheWaitingLimitAndStatsHoldMidStep) {
   EXPECT_EQ(end.requests_finished, 3);
   EXPECT_EQ(end.requests_waiting, 0);
   EXPECT_EQ(end.requests_running, 0);
+}
+
+// A request's queue time runs from its submission to its first admission. One that ends
+// before it is ever admitted (here cancelled while it waits) spent its whole life queued and
+// reports that, not zero.
+TEST_F(EngineAdmissionTest, ARequestEndedWhileWaitingReportsItsWholeLifeAsQueueTime) {
+  MakeCache(64, 1, 4);
+  MakeEngine({.max_batch_size = 1});
+  uint64_t b_handle = 0;
+  bool acted = false;
+  // A runs alone while B and C wait. At A's first token, 3 s on, B is cancelled; C runs after A.
+  Outcome* a = Submit(Req(Iota(5, 300), 4, 0), [&](const StreamEvent&) {
+    if (std::exchange(acted, true)) return;
+    clock_.Advance(absl::Seconds(3));
+    engine_->Cancel(b_handle);
+  });
+  Outcome* b = Submit(Req(Iota(5, 400), 3, 0));
+  b_handle = last_handle_;
+  Outcome* c = Submit(Req(Iota(5, 500), 3, 0));
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(a->finished && b->finished && c->finished);
+  EXPECT_EQ(a->usage.queue_time, absl::ZeroDuration());
+  EXPECT_EQ(b->reason, FinishReason::kCancelled);
+  EXPECT_TRUE(b->tokens.empty());
+  EXPECT_EQ(b->usage.total_time, absl::Seconds(3));
+  EXPECT_EQ(b->usage.queue_time, b->usage.total_time);
+  EXPECT_EQ(b->usage.time_to_first_token, absl::ZeroDuration());  // it had no first token
+  EXPECT_EQ(c->reason, FinishReason::kLength);
+  EXPECT_EQ(c->usage.queue_time, absl::Seconds(3));  // admitted once A was done
 }
 
 // computed_prompt_tokens counts the prompt tokens prefilled at each request's first
