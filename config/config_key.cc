@@ -335,12 +335,41 @@ bool IsConfigSection(std::string_view path) {
   return false;
 }
 
-std::string SuggestConfigKey(std::string_view path) {
-  // Candidates: every key and every section.
+std::string SuggestConfigKey(std::string_view path, ConfigPathUse use) {
+  const bool keys = use != ConfigPathUse::kSection;
+  const std::string_view last = LastComponent(path);
+  if (keys && !last.empty()) {
+    // A known key placed in the wrong section, e.g. "kv_cache_config.grpc_address".
+    for (const ConfigKey& key : ConfigKeys()) {
+      if (LastComponent(key.path) == last) return key.path;
+    }
+    // A name cut short inside a section that exists, e.g. "kv_cache_config.memory_pool.max":
+    // the nearest such section's one key whose name begins with it, if just one does.
+    for (std::string_view section = path.substr(0, path.size() - last.size()); !section.empty();) {
+      section.remove_suffix(1);  // the dot
+      if (IsConfigSection(section)) {
+        const ConfigKey* only = nullptr;
+        int matches = 0;
+        for (const ConfigKey& key : ConfigKeys()) {
+          const std::string_view p = key.path;
+          if (p.size() > section.size() && p.starts_with(section) && p[section.size()] == '.' &&
+              LastComponent(p).starts_with(last)) {
+            only = &key;
+            ++matches;
+          }
+        }
+        if (matches == 1) return only->path;
+        break;
+      }
+      section = section.substr(0, section.size() - LastComponent(section).size());
+    }
+  }
+  // Candidates: the keys and the sections, as `use` allows.
   std::vector<std::string_view> candidates;
   for (const ConfigKey& key : ConfigKeys()) {
     std::string_view p = key.path;
-    candidates.push_back(p);
+    if (keys) candidates.push_back(p);
+    if (use == ConfigPathUse::kKey) continue;
     for (size_t dot = p.find('.'); dot != std::string_view::npos; dot = p.find('.', dot + 1)) {
       candidates.push_back(p.substr(0, dot));
     }
@@ -355,18 +384,16 @@ std::string SuggestConfigKey(std::string_view path) {
     }
   }
   if (!best.empty()) return std::string(best);
-  // A truncated name at the same depth, e.g. "kv_cache" for "kv_cache_config".
+  // A truncated name at the same depth, e.g. "kv_cache" for "kv_cache_config", if only one
+  // path (candidates repeat sections) begins so.
   const auto depth = [](std::string_view p) { return std::count(p.begin(), p.end(), '.'); };
+  std::string_view truncated;
   for (std::string_view candidate : candidates) {
-    if (!path.empty() && candidate.starts_with(path) && depth(candidate) == depth(path)) {
-      return std::string(candidate);
-    }
+    if (path.empty() || !candidate.starts_with(path) || depth(candidate) != depth(path)) continue;
+    if (!truncated.empty() && truncated != candidate) return "";
+    truncated = candidate;
   }
-  // A known key placed in the wrong section, e.g. "kv_cache_config.grpc_address".
-  for (const ConfigKey& key : ConfigKeys()) {
-    if (LastComponent(key.path) == LastComponent(path)) return key.path;
-  }
-  return "";
+  return std::string(truncated);
 }
 
 }  // namespace kvd

@@ -44,9 +44,17 @@ const ConfigKey* FindConfigKey(std::string_view path);
 // "kv_cache_config.memory_pool"), not a key.
 bool IsConfigSection(std::string_view path);
 
-// The known key or section path closest to the unknown `path` by edit distance, or "" when
-// nothing is close enough to be a plausible typo.
-std::string SuggestConfigKey(std::string_view path);
+// How an unknown path was used: holding a value (a key), holding a map (a section), or
+// either (not known).
+enum class ConfigPathUse { kKey, kSection, kEither };
+
+// The known path the unknown `path` most plausibly meant, or "" when none is close enough:
+// with a key's use, first the key of the same last name in another section
+// ("kv_cache_config.max_size": "kv_cache_config.memory_pool.max_size"), then the one key of the
+// nearest existing section whose name the last name begins ("...memory_pool.max":
+// "...memory_pool.max_size"); then, of the paths `use` allows (a section holds no value), the
+// closest by edit distance, then a longer name at the same depth ("kv_cache": "kv_cache_config").
+std::string SuggestConfigKey(std::string_view path, ConfigPathUse use = ConfigPathUse::kEither);
 
 }  // namespace kvd
 

@@ -46,9 +46,9 @@ std::string_view ParentOf(std::string_view path) {
   return dot == std::string_view::npos ? std::string_view() : path.substr(0, dot);
 }
 
-absl::Status UnknownKey(std::string_view path, std::string_view where) {
+absl::Status UnknownKey(std::string_view path, std::string_view where, ConfigPathUse use) {
   std::string message = absl::StrCat(AsAbsl(where), "unknown key '", AsAbsl(path), "'");
-  const std::string suggestion = SuggestConfigKey(path);
+  const std::string suggestion = SuggestConfigKey(path, use);
   if (!suggestion.empty()) absl::StrAppend(&message, "; did you mean '", suggestion, "'?");
   // The nearest enclosing section that exists ('servr.drain_timeout': the top level).
   std::string_view parent = ParentOf(path);
@@ -69,6 +69,7 @@ absl::Status SectionIsNotAKey(std::string_view path, std::string_view where) {
 std::string NodeKind(const YAML::Node& node) {
   if (node.IsMap()) return "a map";
   if (node.IsSequence()) return "a list";
+  if (node.IsNull()) return "nothing (blank, ~ or null)";
   return "a scalar";
 }
 
@@ -99,7 +100,9 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
     const std::string where = Where(name);
     if (!name.IsScalar()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "a key must be a plain name, got ", NodeKind(name)));
+          absl::StrCat(where, "a key must be a plain name, got ", NodeKind(name), "; allowed ",
+                       section.empty() ? "sections" : absl::StrCat("keys in '", section, "'"), ": ",
+                       absl::StrJoin(ChildNames(section), ", ")));
     }
     const std::string path =
         section.empty() ? name.Scalar() : absl::StrCat(section, ".", name.Scalar());
@@ -127,7 +130,7 @@ absl::Status ApplySection(const YAML::Node& node, const std::string& section,
         return status;
       }
     } else {
-      return UnknownKey(path, where);
+      return UnknownKey(path, where, value.IsMap() ? ConfigPathUse::kSection : ConfigPathUse::kKey);
     }
   }
   return absl::OkStatus();
@@ -274,7 +277,7 @@ absl::Status ApplyOverride(InferenceConfig& config, std::string_view dotted_key,
     return key->set(config, value);
   }
   if (IsConfigSection(dotted_key)) return SectionIsNotAKey(dotted_key, "");
-  return UnknownKey(dotted_key, "");
+  return UnknownKey(dotted_key, "", ConfigPathUse::kKey);
 }
 
 absl::Status ApplyOverrides(InferenceConfig& config, absl::Span<const std::string> assignments) {

@@ -38,16 +38,17 @@ absl::Status InferenceConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::Status CheckQuantizationSupported(const KvCacheConfig& config,
-                                        absl::Span<const std::string> supported) {
+absl::Status CheckQuantizationSupported(const KvCacheConfig& config, absl::string_view device,
+                                        absl::Span<const std::string> supported,
+                                        absl::string_view elsewhere) {
   const std::string_view name = Name(config.quantization);
   if (std::find(supported.begin(), supported.end(), name) != supported.end()) {
     return absl::OkStatus();
   }
   return absl::UnimplementedError(absl::StrCat(
       "kv_cache_config.quantization: '", absl::string_view(name.data(), name.size()),
-      "' is valid but this build cannot run it yet; supported here: ",
-      supported.empty() ? "(nothing)" : absl::StrJoin(supported, ", "),
+      "' is valid but the ", device, " device cannot run it yet; supported on ", device, ": ",
+      supported.empty() ? "(nothing)" : absl::StrJoin(supported, ", "), elsewhere,
       ". kvd does not fall back to another type; set kv_cache_config.quantization to a "
       "supported one"));
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "config/config_enums.h"
@@ -113,12 +114,14 @@ struct InferenceConfig {
   bool operator==(const InferenceConfig&) const = default;
 };
 
-// OK when `supported` (quantization names, as Name(KvQuantization) spells them) contains
-// config.quantization; otherwise Unimplemented with a message that names the key, the
-// configured value and the supported ones. The engine calls this at startup so that an
-// unsupported quantization is refused, never silently replaced.
-absl::Status CheckQuantizationSupported(const KvCacheConfig& config,
-                                        absl::Span<const std::string> supported);
+// OK when `supported` (quantization names, as Name(KvQuantization) spells them), what the
+// device named `device` runs, contains config.quantization; otherwise Unimplemented with a
+// message that names the key, the configured value, the device and what it supports, then
+// `elsewhere` (e.g. what another device would run). The engine calls this at startup so that
+// an unsupported quantization is refused, never silently replaced.
+absl::Status CheckQuantizationSupported(const KvCacheConfig& config, absl::string_view device,
+                                        absl::Span<const std::string> supported,
+                                        absl::string_view elsewhere = "");
 
 }  // namespace kvd
 

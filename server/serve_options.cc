@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "config/byte_size.h"
 #include "config/config_enums.h"
 
@@ -19,8 +20,12 @@ const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
 }  // namespace
 
 absl::Status CheckServable(const InferenceConfig& config, Device device) {
+  // A refusal also says what the other device runs, which may be the fix (--device).
+  const bool cuda = device == Device::kCuda;
+  const std::vector<std::string>& other = cuda ? kCpuQuantizations : kCudaQuantizations;
   if (absl::Status s = CheckQuantizationSupported(
-          config.kv_cache, device == Device::kCuda ? kCudaQuantizations : kCpuQuantizations);
+          config.kv_cache, cuda ? "cuda" : "cpu", cuda ? kCudaQuantizations : kCpuQuantizations,
+          absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ", absl::StrJoin(other, ", "), ")"));
       !s.ok()) {
     return s;
   }

@@ -14,6 +14,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
@@ -79,13 +80,16 @@ TEST(CheckQuantizationSupportedTest, RefusesClearlyWithoutFallback) {
   KvCacheConfig config;
   config.quantization = KvQuantization::kInt4;
   const std::vector<std::string> supported = {"none", "bf16"};
-  absl::Status status = CheckQuantizationSupported(config, supported);
+  absl::Status status = CheckQuantizationSupported(config, "cuda", supported, " (on cpu: none)");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  // The device that cannot run it, not the build, is named: another device may.
   EXPECT_THAT(Message(status), AllOf(HasSubstr("kv_cache_config.quantization"), HasSubstr("'int4'"),
-                                     HasSubstr("none, bf16")));
+                                     HasSubstr("the cuda device cannot run it"),
+                                     HasSubstr("supported on cuda: none, bf16 (on cpu: none)"),
+                                     Not(HasSubstr("build"))));
   config.quantization = KvQuantization::kBF16;
-  EXPECT_TRUE(CheckQuantizationSupported(config, supported).ok());
-  EXPECT_FALSE(CheckQuantizationSupported(config, {}).ok());
+  EXPECT_TRUE(CheckQuantizationSupported(config, "cuda", supported).ok());
+  EXPECT_FALSE(CheckQuantizationSupported(config, "cpu", {}).ok());
 }
 
 // The sections containing `path`, outermost first: "a.b.c" -> {"a", "a.b"}.
@@ -130,6 +134,24 @@ TEST(ConfigKeysTest, SuggestsTheClosestKnownKey) {
             "kv_cache_config.memory_pool.initial_size");
   EXPECT_EQ(SuggestConfigKey("kv_cache_config.grpc_address"), "server.grpc_address");
   EXPECT_EQ(SuggestConfigKey("tracing"), "");
+}
+
+// A key's misspelling is answered with a key, not a section it cannot be set as nor an
+// unrelated key that happens to be spelled alike: a known name in the wrong section finds its
+// section, a name cut short finds the one key of its section that it begins.
+TEST(ConfigKeysTest, SuggestsKeysForKeysAndSectionsForSections) {
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.max_size", ConfigPathUse::kKey),
+            "kv_cache_config.memory_pool.max_size");  // not kv_cache_config.block_size
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.memory_pool.max", ConfigPathUse::kKey),
+            "kv_cache_config.memory_pool.max_size");  // not the section memory_pool
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.blok_size", ConfigPathUse::kKey),
+            "kv_cache_config.block_size");
+  // Begun by several keys' names: the closest spelling decides, or nothing does.
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.max", ConfigPathUse::kKey), "");
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.memry_pool", ConfigPathUse::kSection),
+            "kv_cache_config.memory_pool");
+  EXPECT_EQ(SuggestConfigKey("kv_cache_config.memry_pool", ConfigPathUse::kKey), "");
+  EXPECT_EQ(SuggestConfigKey("kv_cache", ConfigPathUse::kSection), "kv_cache_config");
 }
 
 TEST(ConfigKeysTest, EveryDefaultPrintsAndReadsBack) {
