@@ -64,22 +64,17 @@ std::optional<int64_t> ScaleQuantity(const Quantity& q, int64_t multiplier, bool
   }
   u128 total = whole * static_cast<u128>(multiplier);
   if (total > kMax) return std::nullopt;
-  // fraction * multiplier / 10^digits, using at most 19 digits so that the product stays far
-  // below 2^128 for any int64_t multiplier; later digits only decide exactness.
-  u128 fraction = 0;
-  u128 scale = 1;
-  for (size_t i = 0; i < q.fraction.size(); ++i) {
-    const int digit = q.fraction[i] - '0';
-    if (i < 19) {
-      fraction = fraction * 10 + static_cast<u128>(digit);
-      scale *= 10;
-    } else if (digit != 0) {
-      *exact = false;
-    }
+  // 0.d1d2...dn * multiplier by long multiplication from the last digit: each step's low
+  // decimal digit is a digit of the product's fraction (all 0 when exact) and the carry, at
+  // most 9 * multiplier, stays below 2^128; the last carry is the whole part. Exact for any
+  // number of digits.
+  u128 carry = 0;
+  for (size_t i = q.fraction.size(); i-- > 0;) {
+    const u128 t = static_cast<u128>(q.fraction[i] - '0') * static_cast<u128>(multiplier) + carry;
+    if (t % 10 != 0) *exact = false;
+    carry = t / 10;
   }
-  const u128 scaled = fraction * static_cast<u128>(multiplier);
-  if (scaled % scale != 0) *exact = false;
-  total += scaled / scale;
+  total += carry;
   if (total > kMax) return std::nullopt;
   return static_cast<int64_t>(total);
 }

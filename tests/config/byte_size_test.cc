@@ -49,6 +49,15 @@ TEST(ParseByteSizeTest, FractionsMustGiveWholeBytes) {
   EXPECT_EQ(MustParse(".25KB"), 250);
   EXPECT_THAT(ParseByteSize("1.5B").status().message(), HasSubstr("whole number"));
   EXPECT_THAT(ParseByteSize("0.0001KB").status().message(), HasSubstr("whole number"));
+  // However many digits the fraction has: 2^-20 MiB is one byte (20 decimal places), and
+  // trailing zeros change nothing; a digit past them that leaves a part byte still refuses.
+  EXPECT_EQ(MustParse("0.00000095367431640625MiB"), 1);
+  EXPECT_EQ(MustParse("3.00000000000000000000000000000000000000000000KiB"), 3072);
+  EXPECT_EQ(MustParse("0.0000000000000000000000000000000000000000000000000000000000000TiB"), 0);
+  EXPECT_THAT(ParseByteSize("0.000000953674316406251MiB").status().message(),
+              HasSubstr("whole number"));
+  EXPECT_THAT(ParseByteSize("1.00000000000000000000000001KiB").status().message(),
+              HasSubstr("whole number"));
 }
 
 TEST(ParseByteSizeTest, RefusesNegativeUnknownAndMalformed) {
