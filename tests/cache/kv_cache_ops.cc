@@ -105,8 +105,21 @@ KvOpsOutcome RunKvCacheOps(const KvOpsConfig& cfg, int max_ops, const KvOpsChoos
           KVD_OPS_CHECK(*cached < static_cast<int32_t>(prompt.size()), "the whole prompt cached");
           KVD_OPS_CHECK(cfg.prefix_caching || !session.empty() || *cached == 0,
                         "a prefix hit with prefix caching off");
-          live[id] = session;
-          added_with[id] = session;
+          if (uniform(0, 4) == 0) {
+            // The engine's undo of an admission whose first Reserve found no room: all it took
+            // goes back, and the same prompt finds at least the same prefix again (its
+            // session's matched part pinned anew, the rest still cached).
+            m->Abandon(id);
+            const absl::Status valid = m->CheckInvariants();
+            KVD_OPS_CHECK(valid.ok(), "after Abandon: " + valid.ToString());
+            const int32_t again = m->ProbePrefix(prompt, session);
+            KVD_OPS_CHECK(again >= *cached,
+                          absl::StrCat("Abandon lost the prefix: ", again, " < ", *cached));
+            ++out.num_ops[kOpAbandon];
+          } else {
+            live[id] = session;
+            added_with[id] = session;
+          }
         }
         ++out.num_ops[kOpAdd];
       } else if (kind < 50 && !live.empty()) {  // step: prefill chunk or decode

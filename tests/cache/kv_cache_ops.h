@@ -3,10 +3,11 @@
 
 // A walk over KvCacheManager's operations whose every choice comes from a caller: fixed
 // seeds in kv_cache_property_test.cc, the fuzzer's bytes in tests/fuzz/kv_cache_ops_fuzz.cc.
-// Operations: add with prefix and session reuse, append, step (Reserve + write + mark),
-// fork, free, preempt (FreeForRecompute) and come back or end while preempted, tick with
-// expiry and defragmentation, close a session, and, when asked, device faults (no memory to
-// grow the arena; block copies that stop part way). After every operation: reference counts
+// Operations: add with prefix and session reuse (at times undone at once: Abandon, after
+// which the same prompt must find at least the same prefix), append, step (Reserve + write +
+// mark), fork, free, preempt (FreeForRecompute) and come back or end while preempted, tick
+// with expiry and defragmentation, close a session, and, when asked, device faults (no memory
+// to grow the arena; block copies that stop part way). After every operation: reference counts
 // equal holders, no block is both free and referenced, every prefix key matches its tokens,
 // free + used + cached == total (CheckInvariants), and every live sequence's computed
 // positions hold exactly the bytes the "model" wrote for their prefix. A failed Reserve
@@ -42,6 +43,7 @@ enum KvOpKind {
   kOpFault,
   kOpReadmit,
   kOpEndPreempted,
+  kOpAbandon,
   kNumKvOpKinds
 };
 

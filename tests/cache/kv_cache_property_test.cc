@@ -56,13 +56,16 @@ TEST_P(KvCachePropertyTest, InvariantsHoldAfterEveryOperation) {
   EXPECT_EQ(out.live_buffers, 0);  // no leak
 }
 
+// Any seed checks the invariants; these also reach every operation and pool movement that the
+// test asks for (most seeds do: 24 to 30 of seeds 1-30 for each configuration but the last,
+// 17 of 30 there).
 INSTANTIATE_TEST_SUITE_P(Seeds, KvCachePropertyTest,
                          ::testing::Values(Config{1, {"lru", true}}, Config{2, {"lru", true}},
                                            Config{3, {"chunk_lru", true}},
                                            Config{4, {"chunk_lru", true}},
-                                           Config{5, {"lru", false}},
+                                           Config{10, {"lru", false}},
                                            Config{6, {"lru", true, /*device_faults=*/true}},
-                                           Config{7, {"chunk_lru", true, true, true}},
+                                           Config{8, {"chunk_lru", true, true, true}},
                                            Config{9, {"lru", false, true, true}}),
                          [](const ::testing::TestParamInfo<Config>& info) {
                            const KvOpsConfig& ops = info.param.ops;
