@@ -248,14 +248,7 @@ grpc::Status InferenceService::CloseSessionRaw(
 
 grpc::Status InferenceService::CloseSessionParsed(const v1::CloseSessionRequest& request) {
   const std::string& id = request.session_id();
-  const int32_t max_bytes = validator_.limits().max_id_bytes;
-  if (id.empty() || static_cast<int64_t>(id.size()) > max_bytes) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat(
-            "session_id: ", id.empty() ? "is empty" : absl::StrCat("is ", id.size(), " bytes long"),
-            "; allowed: 1 to ", max_bytes, " bytes"));
-  }
+  if (absl::Status s = validator_.ValidateSessionToClose(id); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(engine_->CloseSession(id));
 }
 

@@ -23,9 +23,13 @@ absl::Status Bad(absl::string_view field, absl::string_view problem, absl::strin
 }
 
 // Identifiers travel into logs and metrics labels: no control characters.
-absl::Status CheckId(absl::string_view field, const std::string& id, int32_t max_bytes) {
-  const std::string allowed =
-      absl::StrCat("at most ", max_bytes, " bytes of UTF-8 text without control characters");
+// An id field: at most max_bytes of UTF-8 without control characters, and not empty where
+// `required`.
+absl::Status CheckId(absl::string_view field, const std::string& id, int32_t max_bytes,
+                     bool required = false) {
+  const std::string allowed = absl::StrCat(required ? "1 to " : "at most ", max_bytes,
+                                           " bytes of UTF-8 text without control characters");
+  if (required && id.empty()) return Bad(field, "is empty", allowed);
   if (static_cast<int64_t>(id.size()) > max_bytes) {
     return Bad(field, absl::StrCat("is ", id.size(), " bytes long"), allowed);
   }
@@ -83,6 +87,10 @@ absl::Status ParseRequestMessage(absl::string_view wire, google::protobuf::Messa
 
 RequestValidator::RequestValidator(RequestLimits limits, const Tokenizer* tokenizer)
     : limits_(std::move(limits)), tokenizer_(tokenizer) {}
+
+absl::Status RequestValidator::ValidateSessionToClose(const std::string& session_id) const {
+  return CheckId("session_id", session_id, limits_.max_id_bytes, /*required=*/true);
+}
 
 absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in) const {
   const RequestLimits& lim = limits_;

@@ -67,6 +67,10 @@ class RequestValidator {
 
   absl::StatusOr<Request> Validate(const v1::GenerateRequest& request) const;
 
+  // A CloseSession's session_id: what Validate allows as one (length, UTF-8, no control
+  // characters), and not empty. InvalidArgument naming the field otherwise.
+  absl::Status ValidateSessionToClose(const std::string& session_id) const;
+
   const RequestLimits& limits() const { return limits_; }
 
  private:

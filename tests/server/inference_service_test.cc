@@ -230,6 +230,20 @@ TEST_F(InferenceServiceTest, CloseSessionWithInvalidUtf8IdIsInvalidArgumentNamin
   EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(too_long.error_message(), HasSubstr("session_id: is 300 bytes long; allowed: 1 to"));
 
+  // Nor can an id Generate would refuse (a control character, none at all) name a session to
+  // close: refused as Generate refuses it, not answered NOT_FOUND.
+  for (const std::string& bad : {std::string("s\x01"), std::string()}) {
+    grpc::ClientContext bad_context;
+    v1::CloseSessionRequest bad_id;
+    bad_id.set_session_id(bad);
+    v1::CloseSessionResponse bad_response;
+    const grpc::Status refused = stub_->CloseSession(&bad_context, bad_id, &bad_response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.size();
+    EXPECT_THAT(
+        refused.error_message(),
+        StartsWith(bad.empty() ? "session_id: is empty" : "session_id: contains a control"));
+  }
+
   // Malformed bytes name the message type; a well-formed close still answers.
   const grpc::Status garbage = RawCall("/kvd.v1.Inference/CloseSession", "\xff\xff\xff");
   EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
