@@ -102,7 +102,9 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_session_cache_hit_tokens",
             "Prompt tokens found already computed in a session's pinned blocks.",
             static_cast<double>(c.session_hit_tokens));
-  w.Counter("kvd_kv_cache_evicted_blocks", "Cached blocks evicted: for room, or by defragmentation and the release of the top chunk.",
+  w.Counter("kvd_kv_cache_evicted_blocks",
+            "Cached blocks evicted: for room, or by defragmentation and the release of the top "
+            "chunk.",
             static_cast<double>(c.evictions));
   w.Counter("kvd_kv_cache_fork_copied_blocks", "Partial blocks copied when forking sequences.",
             static_cast<double>(c.fork_copies));

@@ -22,9 +22,8 @@ absl::Status Bad(absl::string_view field, absl::string_view problem, absl::strin
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem, "; allowed: ", allowed));
 }
 
-// Identifiers travel into logs and metrics labels: no control characters.
-// An id field: at most max_bytes of UTF-8 without control characters, and not empty where
-// `required`.
+// An id field: at most max_bytes of UTF-8, not empty where `required`, and without control
+// characters, as identifiers travel into logs and metrics labels.
 absl::Status CheckId(absl::string_view field, const std::string& id, int32_t max_bytes,
                      bool required = false) {
   const std::string allowed = absl::StrCat(required ? "1 to " : "at most ", max_bytes,
