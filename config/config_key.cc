@@ -307,6 +307,11 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+// True when `path` lies inside `section` (a proper prefix ending at a dot).
+bool IsUnder(std::string_view path, std::string_view section) {
+  return path.size() > section.size() && path.starts_with(section) && path[section.size()] == '.';
+}
+
 std::string_view LastComponent(std::string_view path) {
   const size_t dot = path.rfind('.');
   return dot == std::string_view::npos ? path : path.substr(dot + 1);
@@ -329,10 +334,18 @@ const ConfigKey* FindConfigKey(std::string_view path) {
 bool IsConfigSection(std::string_view path) {
   if (path.empty()) return false;
   for (const ConfigKey& key : ConfigKeys()) {
-    const std::string_view p = key.path;
-    if (p.size() > path.size() && p.starts_with(path) && p[path.size()] == '.') return true;
+    if (IsUnder(key.path, path)) return true;
   }
   return false;
+}
+
+std::string_view NearestConfigSection(std::string_view path) {
+  std::string_view section = path;
+  do {
+    const size_t dot = section.rfind('.');
+    section = dot == std::string_view::npos ? std::string_view() : section.substr(0, dot);
+  } while (!section.empty() && !IsConfigSection(section));
+  return section;
 }
 
 std::string SuggestConfigKey(std::string_view path, ConfigPathUse use) {
@@ -345,23 +358,16 @@ std::string SuggestConfigKey(std::string_view path, ConfigPathUse use) {
     }
     // A name cut short inside a section that exists, e.g. "kv_cache_config.memory_pool.max":
     // the nearest such section's one key whose name begins with it, if just one does.
-    for (std::string_view section = path.substr(0, path.size() - last.size()); !section.empty();) {
-      section.remove_suffix(1);  // the dot
-      if (IsConfigSection(section)) {
-        const ConfigKey* only = nullptr;
-        int matches = 0;
-        for (const ConfigKey& key : ConfigKeys()) {
-          const std::string_view p = key.path;
-          if (p.size() > section.size() && p.starts_with(section) && p[section.size()] == '.' &&
-              LastComponent(p).starts_with(last)) {
-            only = &key;
-            ++matches;
-          }
+    if (const std::string_view section = NearestConfigSection(path); !section.empty()) {
+      const ConfigKey* only = nullptr;
+      int matches = 0;
+      for (const ConfigKey& key : ConfigKeys()) {
+        if (IsUnder(key.path, section) && LastComponent(key.path).starts_with(last)) {
+          only = &key;
+          ++matches;
         }
-        if (matches == 1) return only->path;
-        break;
       }
-      section = section.substr(0, section.size() - LastComponent(section).size());
+      if (matches == 1) return only->path;
     }
   }
   // Candidates: the keys and the sections, as `use` allows.

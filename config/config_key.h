@@ -44,6 +44,10 @@ const ConfigKey* FindConfigKey(std::string_view path);
 // "kv_cache_config.memory_pool"), not a key.
 bool IsConfigSection(std::string_view path);
 
+// The nearest section that encloses `path` and exists ("" for the top level): for
+// "servr.drain_timeout" "", for "server.drain_timeout.x" "server".
+std::string_view NearestConfigSection(std::string_view path);
+
 // How an unknown path was used: holding a value (a key), holding a map (a section), or
 // either (not known).
 enum class ConfigPathUse { kKey, kSection, kEither };

@@ -41,18 +41,12 @@ std::vector<std::string> ChildNames(std::string_view section) {
   return names;
 }
 
-std::string_view ParentOf(std::string_view path) {
-  const size_t dot = path.rfind('.');
-  return dot == std::string_view::npos ? std::string_view() : path.substr(0, dot);
-}
-
 absl::Status UnknownKey(std::string_view path, std::string_view where, ConfigPathUse use) {
   std::string message = absl::StrCat(AsAbsl(where), "unknown key '", AsAbsl(path), "'");
   const std::string suggestion = SuggestConfigKey(path, use);
   if (!suggestion.empty()) absl::StrAppend(&message, "; did you mean '", suggestion, "'?");
   // The nearest enclosing section that exists ('servr.drain_timeout': the top level).
-  std::string_view parent = ParentOf(path);
-  while (!parent.empty() && !IsConfigSection(parent)) parent = ParentOf(parent);
+  const std::string_view parent = NearestConfigSection(path);
   absl::StrAppend(
       &message, "; allowed ",
       parent.empty() ? std::string("sections") : absl::StrCat("keys in '", AsAbsl(parent), "'"),

@@ -125,6 +125,11 @@ TEST(ConfigKeysTest, EveryKeyIsUniqueAndSectionsAreContiguous) {
   EXPECT_TRUE(IsConfigSection("kv_cache_config.memory_pool"));
   EXPECT_FALSE(IsConfigSection("kv_cache"));
   EXPECT_FALSE(IsConfigSection("kv_cache_config.block_size"));
+  EXPECT_EQ(NearestConfigSection("kv_cache_config.memory_pool.max"), "kv_cache_config.memory_pool");
+  EXPECT_EQ(NearestConfigSection("kv_cache_config.memry_pool.max"), "kv_cache_config");
+  EXPECT_EQ(NearestConfigSection("server.drain_timeout.x"), "server");
+  EXPECT_EQ(NearestConfigSection("servr.drain_timeout"), "");
+  EXPECT_EQ(NearestConfigSection("model"), "");
 }
 
 TEST(ConfigKeysTest, SuggestsTheClosestKnownKey) {
