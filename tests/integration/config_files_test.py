@@ -227,6 +227,31 @@ class ShippedConfigTest(unittest.TestCase):
         self.assertIn("kv_cache_config:", yaml)
         self.assertServes(yaml, "kvd (deploy/kvd.yaml ConfigMap)")
 
+    def test_kubernetes_grace_period_outlasts_the_longest_clean_exit(self):
+        """The kubelet's SIGKILL must not come before kvd's clean exit: the preStop sleep, the
+        ConfigMap's drain_timeout, then serve's two shutdown waits (final messages, then the
+        gRPC server's close; kShutdownGrace each), with a few seconds left for the last
+        engine step."""
+        with open(os.path.join(SOURCE_DIR, "deploy", "kvd.yaml")) as f:
+            text = f.read()
+        with open(os.path.join(SOURCE_DIR, "server", "serve_command.cc")) as f:
+            serve = f.read()
+
+        def seconds(pattern, source, what):
+            m = re.search(pattern, source)
+            self.assertIsNotNone(m, "no %s found" % what)
+            return int(m.group(1))
+
+        grace = seconds(r"terminationGracePeriodSeconds: (\d+)", text, "grace period")
+        pre_stop = seconds(r'preStop:\s+exec:\s+command: \["sleep", "(\d+)"\]', text,
+                           "preStop sleep")
+        drain = seconds(r"\n    server:\n(?:      .*\n)*?      drain_timeout: (\d+)s\n", text,
+                        "ConfigMap drain_timeout")
+        shutdown = seconds(r"kShutdownGrace = absl::Seconds\((\d+)\)", serve, "kShutdownGrace")
+        self.assertGreaterEqual(grace, pre_stop + drain + 2 * shutdown + 5,
+                                "preStop %d s + drain %d s + 2 x %d s shutdown + 5 s" %
+                                (pre_stop, drain, shutdown))
+
 
 if __name__ == "__main__":
     h.main()
