@@ -77,6 +77,7 @@ serve: configure
 	  exec $(BUILD)/server/kvd serve --config "$(SERVE_CONFIG)" --model "$$model" $(SERVE_ADDRESS_FLAGS)
 
 format:
+	@scripts/install-deps --format
 	@git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
