@@ -35,7 +35,7 @@ std::vector<BlockMove> Defragmenter::Plan(const DefragSnapshot& snapshot) {
                            : snapshot.num_chunks - 1;
   const BlockId keep_end = keep << snapshot.chunk_shift;
   std::vector<BlockId> dests;
-  for (const auto [begin, end] : {std::pair{0, keep_end}, std::pair{keep_end, top_begin}}) {
+  for (const auto& [begin, end] : {std::pair{0, keep_end}, std::pair{keep_end, top_begin}}) {
     for (BlockState wanted : {BlockState::kFree, BlockState::kCached}) {
       for (BlockId b = begin; b < end && dests.size() < sources.size(); ++b) {
         if (snapshot.state[b] == wanted) dests.push_back(b);
@@ -115,15 +115,18 @@ void Defragmenter::RecordPause(absl::Duration pause, int32_t num_moves) {
   ++next_pause_slot_;
 }
 
-DefragPauseStats Defragmenter::pause_stats() const {
-  DefragPauseStats s = stats_;
-  if (!recent_pauses_.empty()) {
-    std::vector<absl::Duration> sorted = recent_pauses_;
-    std::sort(sorted.begin(), sorted.end());
-    s.p50 = sorted[(sorted.size() - 1) / 2];
-    s.p99 = sorted[(sorted.size() - 1) * 99 / 100];
-  }
-  return s;
+DefragPauseQuantiles Defragmenter::RecentPauseQuantiles() const {
+  DefragPauseQuantiles q;
+  if (recent_pauses_.empty()) return q;
+  std::vector<absl::Duration> pauses = recent_pauses_;
+  const auto nth = [&pauses](size_t rank) {
+    std::nth_element(pauses.begin(), pauses.begin() + rank, pauses.end());
+    return pauses[rank];
+  };
+  const size_t last = pauses.size() - 1;
+  q.p99 = nth(last * 99 / 100);
+  q.p50 = nth(last / 2);
+  return q;
 }
 
 }  // namespace kvd

@@ -52,17 +52,22 @@ inline constexpr std::array<double, 10> kDefragPauseBoundsSeconds = {
     50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 100e-3};
 
 // Distribution of the step-boundary pauses: each step that copied blocks (applied moves, or
-// a copy that failed) or returned the top chunk, timed whole.
+// a copy that failed) or returned the top chunk, timed whole. Counters only, cheap to copy:
+// the engine takes them with the cache's stats after every step.
 struct DefragPauseStats {
   int64_t num_pauses = 0;
   int64_t num_moves = 0;
   absl::Duration total;
   absl::Duration max;
-  absl::Duration p50;  // over the last kPauseWindow pauses
-  absl::Duration p99;
   // Pauses per bucket of kDefragPauseBoundsSeconds (not cumulative); the last bucket holds
   // pauses above every bound.
   std::array<int64_t, kDefragPauseBoundsSeconds.size() + 1> bucket_counts{};
+};
+
+// Exact quantiles of the last Defragmenter::kPauseWindow pauses (zero before the first).
+struct DefragPauseQuantiles {
+  absl::Duration p50;
+  absl::Duration p99;
 };
 
 // Defragmenter plans how to empty the arena's top chunk: every used block there moves to
@@ -75,8 +80,8 @@ struct DefragPauseStats {
 // and records each pause here.
 //
 // Thread safety: Submit/TakePlan/busy/WaitForPlan may be called from any one thread (the
-// engine thread) concurrently with the planner thread; RecordPause/pause_stats are engine
-// thread only.
+// engine thread) concurrently with the planner thread; RecordPause/pause_stats/
+// RecentPauseQuantiles are engine thread only.
 class Defragmenter {
  public:
   static constexpr int32_t kPauseWindow = 4096;
@@ -102,7 +107,10 @@ class Defragmenter {
   void WaitForPlan();
 
   void RecordPause(absl::Duration pause, int32_t num_moves);
-  DefragPauseStats pause_stats() const;
+  const DefragPauseStats& pause_stats() const { return stats_; }
+  // Selects over the whole window (up to kPauseWindow pauses) each call: for benchmarks and
+  // tests, not for every step.
+  DefragPauseQuantiles RecentPauseQuantiles() const;
 
  private:
   void PlannerLoop();

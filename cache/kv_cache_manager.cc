@@ -402,4 +402,8 @@ KvCacheStats KvCacheManager::stats() const {
   return st;
 }
 
+DefragPauseQuantiles KvCacheManager::RecentDefragPauseQuantiles() const {
+  return defrag_ != nullptr ? defrag_->RecentPauseQuantiles() : DefragPauseQuantiles{};
+}
+
 }  // namespace kvd

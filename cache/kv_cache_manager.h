@@ -171,6 +171,10 @@ class KvCacheManager {
   // The arena (null without a backend), for tests that inspect bytes.
   const KvArena* arena() const { return arena_.get(); }
   KvCacheStats stats() const;
+  // Quantiles of the recent defragmentation pauses (zero without a defragmenter); selects
+  // over up to Defragmenter::kPauseWindow pauses, so not part of stats(), which the engine
+  // takes every step.
+  DefragPauseQuantiles RecentDefragPauseQuantiles() const;
 
   // Blocks until a submitted defragmentation plan is ready (tests; no-op without defrag).
   void WaitForDefragPlan();

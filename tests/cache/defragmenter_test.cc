@@ -124,18 +124,31 @@ TEST(DefragmenterTest, PlansInlineWithoutBackgroundPlanning) {
 
 TEST(DefragmenterTest, PauseStatsSummarizeRecordedPauses) {
   Defragmenter d(DefragOptions{.background_planning = false, .before_plan = nullptr});
-  for (int i = 1; i <= 100; ++i) d.RecordPause(absl::Microseconds(i), 2);
+  EXPECT_EQ(d.RecentPauseQuantiles().p99, absl::ZeroDuration());  // none yet
+  // Recorded out of order: the quantiles select, whatever the order.
+  for (int i = 1; i <= 100; ++i) d.RecordPause(absl::Microseconds((i * 37) % 100 + 1), 2);
   const DefragPauseStats s = d.pause_stats();
   EXPECT_EQ(s.num_pauses, 100);
   EXPECT_EQ(s.num_moves, 200);
   EXPECT_EQ(s.max, absl::Microseconds(100));
-  EXPECT_EQ(s.p50, absl::Microseconds(50));
-  EXPECT_EQ(s.p99, absl::Microseconds(99));
+  const DefragPauseQuantiles q = d.RecentPauseQuantiles();
+  EXPECT_EQ(q.p50, absl::Microseconds(50));
+  EXPECT_EQ(q.p99, absl::Microseconds(99));
   EXPECT_EQ(s.total, absl::Microseconds(5050));
   EXPECT_EQ(s.bucket_counts[0], 50);  // <= 50 us
   EXPECT_EQ(s.bucket_counts[1], 50);  // <= 100 us
   d.RecordPause(absl::Seconds(1), 1);
   EXPECT_EQ(d.pause_stats().bucket_counts.back(), 1);  // above every bound
+}
+
+TEST(DefragmenterTest, PauseQuantilesCoverOnlyTheLastWindow) {
+  Defragmenter d(DefragOptions{.background_planning = false, .before_plan = nullptr});
+  for (int i = 0; i < Defragmenter::kPauseWindow; ++i) d.RecordPause(absl::Milliseconds(1), 1);
+  for (int i = 0; i < Defragmenter::kPauseWindow - 1; ++i) d.RecordPause(absl::Microseconds(1), 1);
+  EXPECT_EQ(d.RecentPauseQuantiles().p50, absl::Microseconds(1));
+  EXPECT_EQ(d.RecentPauseQuantiles().p99, absl::Microseconds(1));
+  EXPECT_EQ(d.pause_stats().max, absl::Milliseconds(1));  // the counters keep every pause
+  EXPECT_EQ(d.pause_stats().num_pauses, 2 * Defragmenter::kPauseWindow - 1);
 }
 
 class DefragManagerTest : public ::testing::TestWithParam<bool> {

@@ -184,7 +184,6 @@ EngineStats BusyStats() {
   c.prefix_hit_tokens = 300;
   c.defrag_pauses.num_pauses = 3;
   c.defrag_pauses.total = absl::Microseconds(1500);
-  c.defrag_pauses.p50 = absl::Microseconds(400);
   c.defrag_pauses.bucket_counts[3] = 2;  // 250-500 us
   c.defrag_pauses.bucket_counts[4] = 1;  // 500 us - 1 ms
   return s;
