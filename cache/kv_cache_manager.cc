@@ -140,7 +140,8 @@ KvCacheManager::Match KvCacheManager::MatchPrompt(absl::Span<const int32_t> prom
 }
 
 absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const int32_t> prompt,
-                                                    std::string_view session_id) {
+                                                    std::string_view session_id,
+                                                    Admission admission) {
   if (prompt.empty()) return absl::InvalidArgumentError("AddSequence: empty prompt");
   if (seqs_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("AddSequence: sequence ", id, " is live"));
@@ -183,6 +184,7 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
   s.uncounted_hits = HitCounts{static_cast<int64_t>(prompt.size()),
                                static_cast<int64_t>(m.index_blocks.size()) * layout_.block_size(),
                                m.session_tokens};
+  s.counts_hits = admission == Admission::kFirst;
   seqs_.emplace(id, std::move(s));
   return m.computed;
 }
@@ -257,9 +259,11 @@ bool KvCacheManager::Reserve(SeqId id, int32_t n) {
   SeqState& s = Seq(id);
   for (int32_t i = 0; i < need; ++i) s.blocks.push_back(AllocateObtainable());
   if (s.uncounted_hits.has_value()) {  // its first slots: the admission stands
-    prefix_query_tokens_ += s.uncounted_hits->query_tokens;
-    prefix_hit_tokens_ += s.uncounted_hits->prefix_hit_tokens;
-    session_hit_tokens_ += s.uncounted_hits->session_hit_tokens;
+    if (s.counts_hits) {
+      prefix_query_tokens_ += s.uncounted_hits->query_tokens;
+      prefix_hit_tokens_ += s.uncounted_hits->prefix_hit_tokens;
+      session_hit_tokens_ += s.uncounted_hits->session_hit_tokens;
+    }
     s.uncounted_hits.reset();
   }
   return true;

@@ -70,8 +70,14 @@ class KvCacheManager {
   // InvalidArgument for an empty prompt, AlreadyExists for a live id, FailedPrecondition
   // when the session is attached to another sequence; nothing changes then. REQUIRES: a
   // preempted sequence comes back with the session id it had.
+  // `admission` says whether the lookup counts in stats()' prefix counters (once the
+  // sequence gets its slots): a request's first admission does; its return after a
+  // preemption (kRecompute) does not, since it looks up the tokens it generated besides its
+  // prompt and finds its own blocks again.
+  enum class Admission { kFirst, kRecompute };
   absl::StatusOr<int32_t> AddSequence(SeqId id, absl::Span<const int32_t> prompt,
-                                      std::string_view session_id = "");
+                                      std::string_view session_id = "",
+                                      Admission admission = Admission::kFirst);
   // Appends known tokens (sampled ones) whose K/V are still to be computed.
   void AppendTokens(SeqId id, absl::Span<const int32_t> tokens);
   // Ensures slots for positions [num_computed, num_computed + n): takes free blocks, grows
@@ -213,6 +219,7 @@ class KvCacheManager {
     // that an admission undone for want of room (Abandon after a failed Reserve; the engine
     // retries it every step) is not counted once per attempt. Set: no Reserve succeeded yet.
     std::optional<HitCounts> uncounted_hits;
+    bool counts_hits = true;  // AddSequence's Admission::kFirst
   };
   // What AddSequence would reuse for a prompt.
   struct Match {

@@ -32,8 +32,10 @@ struct KvCacheStats {
   int32_t num_sessions = 0;
   int64_t num_prefix_keys = 0;
   // Counters.
-  // Counted per admission that got its slots (KvCacheManager::Reserve), so not again for
-  // attempts undone for want of room; a preempted sequence's readmission counts again.
+  // Counted per request's first admission that got its slots (KvCacheManager::Reserve), so
+  // not again for attempts undone for want of room, nor for a preempted sequence's return
+  // (AddSequence's Admission::kRecompute): every prompt token the engine received is looked
+  // up once, and the hits are the prompt tokens it did not compute.
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up
   int64_t prefix_hit_tokens = 0;    // ...found computed in the prefix index
   int64_t session_hit_tokens = 0;   // ...found computed in a session's pinned chain

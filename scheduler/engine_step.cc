@@ -104,8 +104,11 @@ bool EngineLoop::Impl::Admissible(const Sequence& candidate, int64_t committed) 
 }
 
 EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budget, int32_t& n) {
-  absl::StatusOr<int32_t> cached =
-      cache_->AddSequence(static_cast<SeqId>(s.handle), s.tokens, s.request.session_id);
+  // A sequence back from a preemption (scheduled before) recomputes: its lookup is no prompt
+  // lookup to count.
+  absl::StatusOr<int32_t> cached = cache_->AddSequence(
+      static_cast<SeqId>(s.handle), s.tokens, s.request.session_id,
+      s.scheduled_once ? KvCacheManager::Admission::kRecompute : KvCacheManager::Admission::kFirst);
   if (!cached.ok()) {
     // FailedPrecondition: another turn of its session is running, or waits to run again after
     // a preemption; it waits for that one.

@@ -94,7 +94,9 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
           static_cast<double>(c.num_prefix_keys));
 
   // Prefix cache and sessions.
-  w.Counter("kvd_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache.",
+  w.Counter("kvd_prefix_cache_query_tokens",
+            "Prompt tokens looked up in the prefix cache, once a request (not again when a "
+            "preempted request is recomputed).",
             static_cast<double>(c.prefix_query_tokens));
   w.Counter("kvd_prefix_cache_hit_tokens",
             "Prompt tokens found already computed in the prefix index.",

@@ -213,6 +213,35 @@ TEST_F(KvCacheManagerTest, AFailedGrowthGivesUpNoSessionAndNoCachedBlock) {
   m->Free(3);
 }
 
+// A preempted sequence's return (Admission::kRecompute) finds its own blocks again, the
+// tokens it generated among them; that is no lookup of a prompt a client sent, so it counts
+// nothing, where a first admission of the same tokens counts its lookup and hits.
+TEST_F(KvCacheManagerTest, ARecomputeAdmissionCountsNoLookupOrHit) {
+  auto m = Make(TinyOptions(2, 2));
+  ASSERT_TRUE(m->AddSequence(1, Iota(8, 100)).ok());
+  ASSERT_TRUE(Step(*m, 1, 8));
+  m->AppendTokens(1, Iota(5, 108));  // generated
+  ASSERT_TRUE(Step(*m, 1, 4));
+  const KvCacheStats before = m->stats();
+  ASSERT_EQ(before.prefix_query_tokens, 8);
+  m->FreeForRecompute(1);
+  const std::vector<int32_t> recompute = Iota(13, 100);  // prompt + generated
+  ASSERT_EQ(*m->AddSequence(1, recompute, "", KvCacheManager::Admission::kRecompute), 12);
+  ASSERT_TRUE(Step(*m, 1, 1));
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.prefix_query_tokens, 8);
+  EXPECT_EQ(st.prefix_hit_tokens, before.prefix_hit_tokens);
+  ExpectValid(*m);
+  ASSERT_EQ(*m->AddSequence(2, recompute), 12);
+  ASSERT_TRUE(Step(*m, 2, 1));
+  st = m->stats();
+  EXPECT_EQ(st.prefix_query_tokens, 8 + 13);
+  EXPECT_EQ(st.prefix_hit_tokens, before.prefix_hit_tokens + 12);
+  ExpectValid(*m);
+  m->Free(1);
+  m->Free(2);
+}
+
 // The engine admits by AddSequence + Reserve and undoes it (Abandon) when Reserve finds no
 // room, retrying on later steps: only the admission that stands counts its hits.
 TEST_F(KvCacheManagerTest, AnAdmissionUndoneForWantOfRoomCountsNoHits) {

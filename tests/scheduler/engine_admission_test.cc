@@ -322,7 +322,9 @@ TEST_F(EngineAdmissionTest, ARequestEndedWhileWaitingReportsItsWholeLifeAsQueueT
 
 // computed_prompt_tokens counts the prompt tokens prefilled at each request's first
 // admission, so it never exceeds prompt_tokens: the recompute after a preemption is
-// counted by preemptions, not as prompt work the client sent.
+// counted by preemptions, not as prompt work the client sent. Nor is its lookup a prefix
+// cache lookup: the preempted sequence finds its own blocks (prompt and generated tokens)
+// again, which would count as hits on tokens no client sent.
 TEST_F(EngineAdmissionTest, RecomputeAfterPreemptionIsNotCountedAsPromptWork) {
   MakeCache(1, 1, 7);  // 7 blocks: two 5 + 99 KV-token requests do not fit together
   MakeEngine({.admission = AdmissionMode::kOptimistic});
@@ -337,6 +339,9 @@ TEST_F(EngineAdmissionTest, RecomputeAfterPreemptionIsNotCountedAsPromptWork) {
   ASSERT_GE(st.preemptions, 1);
   EXPECT_EQ(st.prompt_tokens, 10);
   EXPECT_EQ(st.computed_prompt_tokens, 10);
+  const KvCacheStats cs = cache_->stats();
+  EXPECT_EQ(cs.prefix_query_tokens, 10);
+  EXPECT_EQ(cs.prefix_hit_tokens + cs.session_hit_tokens, 0);
 }
 
 }  // namespace
