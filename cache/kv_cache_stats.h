@@ -40,7 +40,8 @@ struct KvCacheStats {
   int64_t prefix_hit_tokens = 0;    // ...found computed in the prefix index
   int64_t session_hit_tokens = 0;   // ...found computed in a session's pinned chain
   // Cached blocks whose prefix keys were dropped: evicted for room, or by defragmentation
-  // (destinations a failed move may have overwritten) and the release of the top chunk.
+  // (cached slots a move takes as its destination, whether the move succeeds or fails) and
+  // the release of the top chunk.
   int64_t evictions = 0;
   int64_t session_releases_idle = 0;
   int64_t session_releases_pin_cap = 0;

@@ -136,6 +136,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     return Prefixed("kv_cache_config", cache.status());
   }
   d.cache = *std::move(cache);
+  // Read here, before the engine thread starts: from then on the cache is that thread's alone.
+  const int64_t max_blocks = d.cache->geometry().max_blocks();
 
   d.engine = std::make_unique<EngineLoop>(EngineOptionsFrom(config), d.model.get(), d.cache.get(),
                                           d.tokenizer.get(), &d.clock);
@@ -144,7 +146,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   RequestLimits limits;
   limits.vocab_size = spec.vocab_size;
   limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
-  limits.pool_tokens = d.cache->stats().max_blocks * int64_t{cache_options.block_size};
+  limits.pool_tokens = max_blocks * int64_t{cache_options.block_size};
   limits.default_seed = config.model.seed;
   limits.default_stop_token_ids = {spec.StopTokenId()};
   ServedModelInfo info;
@@ -196,7 +198,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     metrics_info.backend = info.backend;
     metrics_info.kv_dtype = info.kv_dtype;
     metrics_info.block_size = cache_options.block_size;
-    metrics_info.num_blocks = d.cache->stats().max_blocks;
+    metrics_info.num_blocks = max_blocks;
     EngineLoop* engine = d.engine.get();
     d.metrics =
         std::make_unique<MetricsExporter>(metrics_info, [engine] { return engine->Stats(); });
@@ -220,7 +222,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
               ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
               : absl::StrCat(threads, " threads"))
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
-      << d.cache->stats().max_blocks << " blocks\n";
+      << max_blocks << " blocks\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {
     // A URL where there is one; curl reaches a unix socket with --unix-socket PATH.
