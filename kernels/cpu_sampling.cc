@@ -29,7 +29,7 @@ bool Before(const T& a, const T& b) {
 class LogitBuckets {
  public:
   template <typename T>
-  explicit LogitBuckets(const std::vector<T>& c) {
+  explicit LogitBuckets(absl::Span<const T> c) {
     // Locals and ternaries keep the loop in registers (std::max returns a reference).
     float max_finite = -INFINITY;
     float min_finite = INFINITY;
@@ -63,21 +63,29 @@ class LogitBuckets {
 // cumulative weight (itself included) reaches target: >= when inclusive, else >. On return
 // c[0, r) are exactly the elements ordered before c[r]. If rounding means no element
 // reaches target, r is the last element in order. scratch is working memory.
-// Cost: two passes over c plus a sort of one bucket (the whole of c when all logits are
-// equal, which is then already in id order if c was).
+// Cost: two passes over c, then the same over the bucket holding the cut while it holds
+// more than kSortThreshold elements of more than one logit (each round narrows the logit
+// range at least 2045-fold, so a few rounds at most: one logit far from the rest, such as
+// a -FLT_MAX mask, no longer leaves every other logit in one bucket to sort), then a sort
+// of what is left (the whole of c when all logits are equal, which is then already in id
+// order if c was).
 // REQUIRES: !c.empty(); weight(x) > 0; target > 0 when inclusive, target >= 0 otherwise.
-template <typename T, typename WeightFn>
-size_t SelectByMass(std::vector<T>& c, std::vector<T>& scratch, double target, bool inclusive,
-                    WeightFn weight) {
+template <typename WeightFn>
+size_t SelectByMass(std::vector<SampleCandidate>& c, SampleScratch& s, double target,
+                    bool inclusive, WeightFn weight) {
+  std::vector<SampleCandidate>& scratch = s.buffer;
   auto reached = [&](double mass) { return inclusive ? mass >= target : mass > target; };
   size_t begin = 0;
   size_t end = c.size();
   double mass_before = 0.0;  // weight of c[0, begin), all ordered before c[begin, end)
-  if (c.size() > kSortThreshold) {
-    const LogitBuckets bucket_of(c);
-    std::vector<double> mass(kNumBuckets, 0.0);
-    std::vector<size_t> count(kNumBuckets, 0);
-    for (const T& x : c) {
+  while (end - begin > kSortThreshold) {
+    const absl::Span<const SampleCandidate> range(c.data() + begin, end - begin);
+    const LogitBuckets bucket_of(range);
+    std::vector<double>& mass = s.bucket_mass;
+    std::vector<size_t>& count = s.bucket_count;
+    mass.assign(kNumBuckets, 0.0);
+    count.assign(kNumBuckets, 0);
+    for (const SampleCandidate& x : range) {
       const int b = bucket_of(x.logit);
       mass[b] += weight(x);
       ++count[b];
@@ -97,20 +105,25 @@ size_t SelectByMass(std::vector<T>& c, std::vector<T>& scratch, double target, b
       chosen = last_nonempty;
       mass_before -= mass[chosen];
     }
+    if (count[chosen] == range.size()) break;  // one logit (or one infinity) throughout
     size_t num_before = 0;
     for (int b = 0; b < chosen; ++b) num_before += count[b];
     // Stable scatter: buckets before `chosen`, then `chosen`, then the rest.
     size_t cursor[3] = {0, num_before, num_before + count[chosen]};
-    scratch.resize(c.size());
-    for (const T& x : c) {
+    scratch.resize(range.size());
+    for (const SampleCandidate& x : range) {
       const int b = bucket_of(x.logit);
       scratch[cursor[(b >= chosen) + (b > chosen)]++] = x;
     }
-    c.swap(scratch);
-    begin = num_before;
-    end = num_before + count[chosen];
+    if (range.size() == c.size()) {
+      c.swap(scratch);
+    } else {
+      std::copy(scratch.begin(), scratch.end(), c.begin() + begin);
+    }
+    end = begin + num_before + count[chosen];
+    begin += num_before;
   }
-  auto before = [](const T& a, const T& b) { return Before(a, b); };
+  auto before = [](const SampleCandidate& a, const SampleCandidate& b) { return Before(a, b); };
   if (!std::is_sorted(c.begin() + begin, c.begin() + end, before)) {
     std::sort(c.begin() + begin, c.begin() + end, before);
   }
@@ -171,7 +184,6 @@ int32_t SampleRow(const SamplingRow& row, absl::Span<const float> logits, Sample
   if (row.temperature == 0.0f) return Argmax(logits);
 
   std::vector<SampleCandidate>& c = scratch->candidates;
-  std::vector<SampleCandidate>& buffer = scratch->buffer;
   // Branch-free fill: a NaN is written but not counted, so the next logit overwrites it.
   c.resize(logits.size());
   size_t num_candidates = 0;
@@ -186,7 +198,7 @@ int32_t SampleRow(const SamplingRow& row, absl::Span<const float> logits, Sample
   if (c.empty()) return 0;  // all NaN: nothing to prefer
 
   if (row.top_k > 0 && static_cast<size_t>(row.top_k) < c.size()) {
-    const size_t last = SelectByMass(c, buffer, row.top_k, /*inclusive=*/true,
+    const size_t last = SelectByMass(c, *scratch, row.top_k, /*inclusive=*/true,
                                      [](const SampleCandidate&) { return 1.0; });
     c.resize(last + 1);  // last == top_k - 1
   }
@@ -205,7 +217,7 @@ int32_t SampleRow(const SamplingRow& row, absl::Span<const float> logits, Sample
   auto weight = [](const SampleCandidate& x) { return static_cast<double>(x.weight); };
 
   if (row.top_p < 1.0f) {
-    const size_t last = SelectByMass(c, buffer, static_cast<double>(row.top_p) * total,
+    const size_t last = SelectByMass(c, *scratch, static_cast<double>(row.top_p) * total,
                                      /*inclusive=*/true, weight);
     c.resize(last + 1);
     total = 0.0;
@@ -218,7 +230,8 @@ int32_t SampleRow(const SamplingRow& row, absl::Span<const float> logits, Sample
     total = 0.0;
     for (const SampleCandidate& x : c) total += x.weight;
   }
-  return c[SelectByMass(c, buffer, static_cast<double>(row.u) * total, /*inclusive=*/false, weight)]
+  return c[SelectByMass(c, *scratch, static_cast<double>(row.u) * total, /*inclusive=*/false,
+                        weight)]
       .id;
 }
 
@@ -239,7 +252,9 @@ absl::Status CpuSample(const SampleParams& p, ThreadPool& pool) {
     KVD_RETURN_IF_ERROR(ValidateSamplingRow(p.rows[r], absl::StrCat("Sample: rows[", r, "].")));
   }
   pool.ParallelFor(p.num_rows, kRowsPerChunk, [&p](int64_t begin, int64_t end) {
-    SampleScratch scratch;
+    // One a thread, kept from call to call: a fresh one for every row reallocated (and glibc
+    // returned to the system and faulted in again) about 3 MB a row at a 128k vocabulary.
+    thread_local SampleScratch scratch;
     for (int64_t r = begin; r < end; ++r) {
       const absl::Span<const float> logits(p.logits + r * p.row_stride,
                                            static_cast<size_t>(p.vocab_size));

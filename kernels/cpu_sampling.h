@@ -46,6 +46,8 @@ struct SampleCandidate {
 struct SampleScratch {
   std::vector<SampleCandidate> candidates;
   std::vector<SampleCandidate> buffer;
+  std::vector<double> bucket_mass;
+  std::vector<size_t> bucket_count;
 };
 
 // InvalidArgument naming the field (prefixed by `field_prefix`, e.g. "sampling." or

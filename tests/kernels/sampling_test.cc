@@ -229,6 +229,41 @@ TEST(CpuSampleTest, HugeFiniteLogitsWhoseDistanceOverflowsAFloat) {
   }
 }
 
+// Logits in groups millions of times apart (a -FLT_MAX mask, a few far below, the rest
+// close together): selection narrows bucket by bucket and must still agree with the full
+// sort, top_k cutting inside the close group.
+TEST(CpuSampleTest, LogitGroupsFarApartSelectAsTheFullSortDoes) {
+  std::mt19937 rng(21);
+  SampleRunner runner(1);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<float> logits = NormalLogits(4096, rng, 1e-3f);
+    logits[rng() % 4096] = -std::numeric_limits<float>::max();
+    for (int j = 0; j < 5; ++j) logits[rng() % 4096] = -1e30f * (j + 1);
+    for (int j = 0; j < 100; ++j) logits[rng() % 4096] = -1e6f + j;
+    const SamplingRow row = {.temperature = 1e-4f,
+                             .top_k = i % 2 == 0 ? 50 : 0,
+                             .top_p = i % 3 == 0 ? 0.9f : 1.0f,
+                             .u = 0.03f + 0.08f * i};
+    EXPECT_EQ(runner.One(logits, row), ReferenceSample(logits, row)) << "row " << i;
+  }
+}
+
+// The boundaries the procedure fixes, which a port must reproduce: top_p keeps the shortest
+// prefix whose mass reaches (>=) top_p of the total, and the draw takes the first token whose
+// cumulative mass exceeds (>) u of the total. Equal weights put both exactly on a boundary,
+// on a short row (sorted whole) and on a long one (selected by buckets).
+TEST(CpuSampleTest, TopPCutIsInclusiveAndTheDrawMustExceedItsShare) {
+  SampleRunner runner(1);
+  for (int n : {4, 128}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> logits(n, 0.5f);
+    // u = 1/4: the first n/4 tokens hold exactly that mass; the draw goes past them.
+    EXPECT_EQ(runner.One(logits, {.temperature = 1.0f, .u = 0.25f}), n / 4);
+    // top_p 1/2 keeps exactly the first n/2 tokens: u = 0.99 draws the last of them.
+    EXPECT_EQ(runner.One(logits, {.temperature = 1.0f, .top_p = 0.5f, .u = 0.99f}), n / 2 - 1);
+  }
+}
+
 TEST(CpuSampleTest, TopKLargerThanTheVocabularyKeepsEverything) {
   SampleRunner runner(1);
   std::mt19937 rng(5);
