@@ -24,11 +24,11 @@ absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool);
 absl::Status ValidateAppendKv(const AppendKvParams& p);
 
 // Copies block src[i] to dst[i] in every one of num_regions regions (each layer's K and
-// V), block_bytes each. InvalidArgument for null pointers, non-positive sizes, a region
-// that cannot hold (1 << chunk_shift) blocks, or an id outside the arena / in a null chunk.
-// num_pairs == 0 is a no-op. REQUIRES (not checked): no block is both a source and a
-// destination; every id < (length of the chunk table) << chunk_shift, because
-// CopyBlocksParams does not carry the table's length.
+// V), block_bytes each. InvalidArgument, before anything is copied, for null pointers,
+// non-positive sizes, a region that cannot hold (1 << chunk_shift) blocks, or a negative id
+// or one in a null chunk. num_pairs == 0 is a no-op. REQUIRES (not checked): no block is
+// both a source and a destination; every id < (length of the chunk table) << chunk_shift,
+// because CopyBlocksParams does not carry the table's length.
 absl::Status CpuCopyBlocks(const CopyBlocksParams& p, ThreadPool& pool);
 
 }  // namespace kvd

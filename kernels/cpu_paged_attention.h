@@ -20,7 +20,8 @@ namespace kvd {
 // non-positive head count or head_dim, num_kv_heads not dividing num_q_heads, strides
 // narrower than the heads, decreasing indptr, a sequence with queries but no blocks,
 // last_block_len outside [1, block_size], causal q_len > kv_len, a block id outside the
-// arena or in a null chunk. Unimplemented for a cache dtype other than f32.
+// arena or in a null chunk, a sequence beyond the batch's max_q_len or max_kv_len promise.
+// Unimplemented for a cache dtype other than f32.
 // num_seqs == 0 is a no-op. Thread safe if `pool` is.
 absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool);
 

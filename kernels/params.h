@@ -196,7 +196,8 @@ struct PagedAttentionParams {
   // prefill work, with the same results. Otherwise it is a hint that may change results
   // within a backend's stated precision, not exactly: the CUDA backend picks the precision
   // of prefill rows over a bf16 cache from it and the rest of the batch's shape (see
-  // "Batch invariance" in kernels/cuda/cuda_backend.h); the CPU backend ignores it.
+  // "Batch invariance" in kernels/cuda/cuda_backend.h); the CPU backend computes the same
+  // with or without it, and refuses a batch that breaks it.
   int32_t max_q_len = 0;
   // A promise about the batch, known on the host: no sequence with query rows has more than
   // max_kv_len keys (0 = no promise). The CUDA backend launches only the decode split slices

@@ -79,6 +79,22 @@ TEST(RmsNormTest, MatchesFloat64Reference) {
   }
 }
 
+// eps is added to the mean square before the root: it keeps an all-zero row finite (zeros,
+// not 0 * inf = NaN), and on a row whose mean square is comparable to it, it sets the scale.
+TEST(RmsNormTest, EpsJoinsTheMeanSquare) {
+  CpuBackend backend(1);
+  const std::vector<float> w = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> in = {0.0f, 0.0f,  0.0f, 0.0f,    // all zero
+                                 0.5f, -0.5f, 0.5f, -0.5f};  // mean square 0.25
+  std::vector<float> out(8, -1.0f);
+  ASSERT_TRUE(
+      backend.RmsNorm(RmsNormParams{out.data(), in.data(), w.data(), DType::kF32, 2, 4, 0.75f})
+          .ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], 0.0f) << i;
+  // 1 / sqrt(0.25 + 0.75) = 1: the input times the weight.
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(out[4 + i], w[i] * in[4 + i]) << i;
+}
+
 // Reference rotation: the angle is part of the contract in float arithmetic
 // (freq = 1.0f / powf(theta, 2i/(float)head_dim), val = pos * freq, as llama2.c), because
 // a float angle for a large position differs from the exact one by more than the

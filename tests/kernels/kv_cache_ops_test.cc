@@ -247,14 +247,16 @@ TEST(KvCacheOpsTest, BadCopyBlocksParamsAreInvalidArgumentAndWriteNothing) {
   const Geometry g{2, 1, 4, 4, 1, 3};
   auto expect_invalid = [&](const char* field, auto mutate) {
     TestArena arena(g.layers, g.heads, g.block_size, g.head_dim, g.chunk_shift, g.chunks, {1});
+    arena.FillRandom(17);  // every block different: a copy anywhere would show
     std::vector<int32_t> src = {0, 5}, dst = {1, 4};
     CopyBlocksParams p = arena.CopyParams(src, dst);
-    ASSERT_TRUE(backend.CopyBlocks(p).ok());  // NaN to NaN: the arena stays NaN
+    const std::vector<float> chunk0 = arena.chunk(0), chunk2 = arena.chunk(2);
     mutate(p, src, dst);
     const absl::Status s = backend.CopyBlocks(p);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
     EXPECT_THAT(s.message(), HasSubstr("CopyBlocks"));
     EXPECT_THAT(s.message(), HasSubstr(field));
+    EXPECT_TRUE(arena.chunk(0) == chunk0 && arena.chunk(2) == chunk2) << field << ": written";
   };
   using Ids = std::vector<int32_t>;
   expect_invalid("chunks", [](CopyBlocksParams& p, Ids&, Ids&) { p.chunks = nullptr; });
