@@ -10,6 +10,8 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "cache/eviction_policy.h"
 #include "cache/kv_arena.h"
 #include "cache/kv_cache_manager.h"
+#include "cache/session_table.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/params.h"
 
@@ -132,6 +135,39 @@ void BM_ObtainableWithIdleSessions(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_ObtainableWithIdleSessions)->Arg(1024)->Arg(25600);
+
+// One defragmentation step's remap of the pinned sessions (SessionTable::RemapBlocks) with
+// range(0) idle sessions of 13 blocks each, all but the last in the chunks below, and 64
+// blocks moved out of the top chunk: the work every step that moves blocks does for them.
+void BM_SessionRemap(benchmark::State& state) {
+  const int32_t sessions = static_cast<int32_t>(state.range(0));
+  constexpr int32_t kChainBlocks = 13;
+  constexpr int32_t kMoves = 64;
+  FakeClock clock;
+  SessionTable t(&clock, absl::Hours(1));
+  const BlockId top = sessions * kChainBlocks;  // the top chunk's first block
+  for (int32_t i = 0; i < sessions; ++i) {
+    std::vector<BlockId> chain(kChainBlocks);
+    for (int32_t j = 0; j < kChainBlocks; ++j) chain[j] = i * kChainBlocks + j;
+    if (i == sessions - 1) chain.back() = top;  // one session holds a block up there
+    const std::string id = absl::StrCat("session-", i);
+    (void)t.Detach(id, (*t.Attach(id))->serial, std::move(chain),
+                   std::vector<int32_t>(kChainBlocks * 16));
+  }
+  // Back and forth between two ranges of the top chunk, so that every step moves blocks.
+  absl::flat_hash_map<BlockId, BlockId> out, back;
+  for (BlockId b = 0; b < kMoves; ++b) {
+    out[top + b] = top + kMoves + b;
+    back[top + kMoves + b] = top + b;
+  }
+  bool forth = true;
+  for (auto _ : state) {
+    t.RemapBlocks(forth ? out : back);
+    forth = !forth;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_SessionRemap)->Arg(1000)->Arg(10000)->Arg(40000)->Unit(benchmark::kMicrosecond);
 
 // A pool grown to 4 chunks by 64 sequences drains to 1 when 48 of them finish: the 16
 // survivors' 256 blocks fill exactly one chunk, and defragmentation moves the 192 of them

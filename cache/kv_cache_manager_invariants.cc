@@ -78,6 +78,12 @@ absl::Status KvCacheManager::CheckInvariants() const {
         status.ok()) {
       status = absl::InternalError(absl::StrCat("session ", s.id, ": chain/token mismatch"));
     }
+    for (BlockId b : s.chain) {
+      if (b > s.chain_max && status.ok()) {
+        status = absl::InternalError(
+            absl::StrCat("session ", s.id, ": block ", b, " above its chain_max ", s.chain_max));
+      }
+    }
     pinned.insert(s.chain.begin(), s.chain.end());
     for (BlockId b : s.chain) hold(b, absl::StrCat("session ", s.id));
   });

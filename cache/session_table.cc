@@ -1,6 +1,9 @@
 #include "cache/session_table.h"
 
+#include <algorithm>
+#include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -44,6 +47,7 @@ bool SessionTable::Detach(std::string_view id, uint64_t serial, std::vector<Bloc
   Session& s = it->second;
   s.attached = false;
   s.chain = std::move(chain);
+  s.chain_max = s.chain.empty() ? -1 : *std::max_element(s.chain.begin(), s.chain.end());
   s.tokens = std::move(tokens);
   s.last_use = clock_->Now();
   Pin(s.chain);
@@ -124,17 +128,25 @@ void SessionTable::ForEach(const std::function<void(const Session&)>& fn) const 
 }
 
 void SessionTable::RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves) {
-  absl::flat_hash_map<BlockId, int32_t> pins;
-  pins.reserve(pins_.size());
-  for (const auto& [b, count] : pins_) {
-    auto it = moves.find(b);
-    pins[it == moves.end() ? b : it->second] += count;
+  if (moves.empty()) return;
+  // Every moved block's pins are taken out before any is put back, so that a block both
+  // moved and moved to keeps the right count.
+  std::vector<std::pair<BlockId, int32_t>> moved_pins;
+  BlockId lowest_moved = std::numeric_limits<BlockId>::max();
+  for (const auto& [from, to] : moves) {
+    lowest_moved = std::min(lowest_moved, from);
+    if (auto it = pins_.find(from); it != pins_.end()) {
+      moved_pins.emplace_back(to, it->second);
+      pins_.erase(it);
+    }
   }
-  pins_ = std::move(pins);
+  for (const auto& [to, count] : moved_pins) pins_[to] += count;
   for (auto& [id, s] : sessions_) {
+    if (s.chain_max < lowest_moved) continue;
+    s.chain_max = -1;
     for (BlockId& b : s.chain) {
-      auto it = moves.find(b);
-      if (it != moves.end()) b = it->second;
+      if (auto it = moves.find(b); it != moves.end()) b = it->second;
+      s.chain_max = std::max(s.chain_max, b);
     }
   }
 }

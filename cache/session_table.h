@@ -33,6 +33,9 @@ struct Session {
   std::vector<BlockId> chain;   // pinned blocks, one reference each, in order
   std::vector<int32_t> tokens;  // the tokens whose KV the chain holds
   absl::Time last_use;          // when it was last detached
+  // No block of `chain` is above this (-1 when it was detached empty), so that RemapBlocks
+  // passes by chains below every moved block without reading them.
+  BlockId chain_max = -1;
 };
 
 // SessionTable: session id -> pinned chain + token history + last use. It decides which
@@ -95,7 +98,10 @@ class SessionTable {
     auto it = pins_.find(b);
     return it == pins_.end() ? 0 : it->second;
   }
-  // Rewrites pinned chains after defragmentation moved blocks (old id -> new id).
+  // Rewrites pinned chains and pin counts after defragmentation moved blocks (old id -> new
+  // id). Cost: O(moves + sessions + the chains that hold a block at or above the lowest
+  // moved one), not every pinned block: a step's few moves from the arena's top chunk leave
+  // most chains unread, however many sessions are pinned.
   void RemapBlocks(const absl::flat_hash_map<BlockId, BlockId>& moves);
 
  private:

@@ -447,6 +447,11 @@ TEST(SessionTableTest, ABlockPinnedByTwoSessionsCountsOnceUntilBothLetGo) {
   EXPECT_EQ(t.num_pinned_blocks(), 4);
   t.RemapBlocks({{2, 7}, {4, 2}});  // defragmentation moved two of them
   EXPECT_EQ(t.num_pinned_blocks(), 4);
+  EXPECT_EQ(t.PinsOf(7), 2);  // 2's pins, both sessions'
+  EXPECT_EQ(t.PinsOf(2), 1);  // 4's, moved to where 2 was
+  EXPECT_EQ(t.PinsOf(4), 0);
+  EXPECT_EQ(t.Find("a")->chain, (std::vector<BlockId>{1, 7, 3}));
+  EXPECT_EQ(t.Find("a")->chain_max, 7);
   ASSERT_TRUE(t.Attach("a").ok());  // "a"'s turn takes its chain back: 1 and 7 stay pinned
   EXPECT_EQ(t.num_pinned_blocks(), 3);
   std::optional<SessionTable::Released> r = t.ReleaseOldest(SessionReleaseReason::kPressure);
@@ -459,6 +464,29 @@ TEST(SessionTableTest, ABlockPinnedByTwoSessionsCountsOnceUntilBothLetGo) {
   EXPECT_FALSE(t.Release("a", a + 100, SessionReleaseReason::kPressure).has_value());
   EXPECT_TRUE(t.Release("a", a, SessionReleaseReason::kPressure).has_value());
   EXPECT_EQ(t.Find("a"), nullptr);
+}
+
+// Defragmentation moves blocks out of the arena's top chunk a few at a time; the chains below
+// every moved block are left as they are (not read), those holding one are rewritten.
+TEST(SessionTableTest, RemapRewritesOnlyTheChainsThatHoldAMovedBlock) {
+  FakeClock clock;
+  SessionTable t(&clock, absl::Seconds(30));
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = absl::StrCat("s", i);
+    const uint64_t serial = (*t.Attach(id))->serial;
+    ASSERT_TRUE(t.Detach(id, serial, {i, 100 + i}, {0, 0, 0, 0, 0, 0}));
+  }
+  ASSERT_TRUE(t.Detach("top", (*t.Attach("top"))->serial, {5, 250, 251}, {0, 0, 0, 0, 0, 0}));
+  t.RemapBlocks({{250, 1000}, {251, 1001}, {199, 1002}});
+  EXPECT_EQ(t.Find("top")->chain, (std::vector<BlockId>{5, 1000, 1001}));
+  EXPECT_EQ(t.Find("s99")->chain, (std::vector<BlockId>{99, 1002}));
+  EXPECT_EQ(t.Find("s98")->chain, (std::vector<BlockId>{98, 198}));
+  EXPECT_EQ(t.Find("s98")->chain_max, 198);
+  EXPECT_EQ(t.Find("top")->chain_max, 1001);
+  EXPECT_EQ(t.PinsOf(5), 2);  // "s5" and "top"
+  EXPECT_EQ(t.PinsOf(1000), 1);
+  EXPECT_EQ(t.PinsOf(250), 0);
+  EXPECT_EQ(t.num_pinned_blocks(), 202);  // 0-199, 250 and 251 before; as many after
 }
 
 // The owner hears of every pin a detached session takes or gives up (to keep the pool's
