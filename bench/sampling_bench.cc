@@ -35,13 +35,12 @@ void BM_CpuSample(benchmark::State& state) {
   std::vector<SamplingRow> sampling(rows);
   std::vector<int32_t> tokens(rows);
   CpuBackend backend(2);
-  SampleParams p;
-  p.logits = logits.data();
-  p.row_stride = vocab;
-  p.num_rows = rows;
-  p.vocab_size = vocab;
-  p.rows = sampling.data();
-  p.out_tokens = tokens.data();
+  const SampleParams p{.logits = logits.data(),
+                       .row_stride = vocab,
+                       .num_rows = rows,
+                       .vocab_size = vocab,
+                       .rows = sampling.data(),
+                       .out_tokens = tokens.data()};
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   for (auto _ : state) {
     for (SamplingRow& s : sampling) {

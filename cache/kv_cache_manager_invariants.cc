@@ -78,14 +78,14 @@ absl::Status KvCacheManager::CheckInvariants() const {
         status.ok()) {
       status = absl::InternalError(absl::StrCat("session ", s.id, ": chain/token mismatch"));
     }
+    pinned.insert(s.chain.begin(), s.chain.end());
     for (BlockId b : s.chain) {
       if (b > s.chain_max && status.ok()) {
         status = absl::InternalError(
             absl::StrCat("session ", s.id, ": block ", b, " above its chain_max ", s.chain_max));
       }
+      hold(b, absl::StrCat("session ", s.id));
     }
-    pinned.insert(s.chain.begin(), s.chain.end());
-    for (BlockId b : s.chain) hold(b, absl::StrCat("session ", s.id));
   });
   if (!status.ok()) return status;
   if (static_cast<int64_t>(pinned.size()) != sessions_.num_pinned_blocks()) {
