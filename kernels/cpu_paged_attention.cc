@@ -96,10 +96,23 @@ absl::Status Validate(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
+// Keys whose softmax weights, and weighted V rows, an fp32 partial sum covers before it joins
+// the fp64 total: one running fp32 sum over a long context drifts (about 1.4e-5 relative at
+// 32k keys of offset values), a tile's stays near fp32's own rounding.
+constexpr int64_t kTileKeys = 64;
+
+// One thread's scratch for AttendOne, sized for the batch's longest context and head_dim.
+struct AttendScratch {
+  AttendScratch(int64_t max_kv_len, int32_t head_dim)
+      : scores(max_kv_len), partial(head_dim), total(head_dim) {}
+  std::vector<float> scores;   // a row's scores, then its unnormalized softmax weights
+  std::vector<float> partial;  // the current tile's weighted V sum
+  std::vector<double> total;   // the finished tiles' weighted V sum
+};
+
 // Attention of one query row of sequence `seq` (row `j` of its q_len) for query head `h`.
-// `scores` is scratch of at least the sequence's kv_len floats.
 void AttendOne(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t j, int32_t h,
-               float* scores) {
+               AttendScratch& scratch) {
   const KvCacheView& c = p.cache;
   const int32_t hd = c.head_dim;
   const int32_t bs = c.block_size;
@@ -110,6 +123,9 @@ void AttendOne(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t 
   const int32_t* table = p.blocks.indices + p.blocks.indptr[seq];
   const float* q = p.q + row * p.q_stride + int64_t{h} * hd;
   float* out = p.out + row * p.out_stride + int64_t{h} * hd;
+  float* scores = scratch.scores.data();
+  float* partial = scratch.partial.data();
+  double* total = scratch.total.data();
 
   // Pass 1: scaled scores, block by block.
   float max_score = -INFINITY;
@@ -122,24 +138,38 @@ void AttendOne(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t 
       max_score = std::max(max_score, s);
     }
   }
-  // Softmax with the max subtracted, so exp never overflows.
-  float sum = 0.0f;
-  for (int64_t t = 0; t < num_visible; ++t) {
-    scores[t] = std::exp(scores[t] - max_score);
-    sum += scores[t];
+  // Softmax weights with the max subtracted, so exp never overflows; normalized at the end.
+  double sum = 0.0;
+  for (int64_t t0 = 0; t0 < num_visible; t0 += kTileKeys) {
+    const int64_t t_end = std::min(num_visible, t0 + kTileKeys);
+    float tile_sum = 0.0f;
+    for (int64_t t = t0; t < t_end; ++t) {
+      scores[t] = std::exp(scores[t] - max_score);
+      tile_sum += scores[t];
+    }
+    sum += tile_sum;
   }
-  for (int64_t t = 0; t < num_visible; ++t) scores[t] /= sum;
-  // Pass 2: probability-weighted V rows, in key order.
-  std::fill(out, out + hd, 0.0f);
+  // Pass 2: weighted V rows in key order, in tiles of at least kTileKeys keys (whole blocks).
+  std::fill(total, total + hd, 0.0);
+  std::fill(partial, partial + hd, 0.0f);
+  int64_t tile_keys = 0;
   for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
     const float* v = ValueBlockHead(c, table[t0 / bs], kv_head);
     const int64_t n = std::min<int64_t>(bs, num_visible - t0);
     for (int64_t i = 0; i < n; ++i) {
       const float w = scores[t0 + i];
       const float* vr = v + i * hd;
-      for (int32_t d = 0; d < hd; ++d) out[d] += w * vr[d];
+      for (int32_t d = 0; d < hd; ++d) partial[d] += w * vr[d];
+    }
+    tile_keys += n;
+    if (tile_keys >= kTileKeys || t0 + n == num_visible) {
+      for (int32_t d = 0; d < hd; ++d) total[d] += partial[d];
+      std::fill(partial, partial + hd, 0.0f);
+      tile_keys = 0;
     }
   }
+  const double inv_sum = 1.0 / sum;
+  for (int32_t d = 0; d < hd; ++d) out[d] = static_cast<float>(total[d] * inv_sum);
 }
 
 }  // namespace
@@ -169,12 +199,12 @@ absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool) 
   const int64_t work_per_item = std::max<int64_t>(1, total_work * 2 * p.cache.head_dim / num_rows);
   const int64_t grain = std::max<int64_t>(1, kMinChunkWork / work_per_item);
   pool.ParallelFor(num_items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(max_kv_len);
+    AttendScratch scratch(max_kv_len, p.cache.head_dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = first_row + item / p.num_q_heads;
       const int32_t h = static_cast<int32_t>(item % p.num_q_heads);
       const int32_t s = row_seq[row - first_row];
-      AttendOne(p, s, row, row - p.q_indptr[s], h, scores.data());
+      AttendOne(p, s, row, row - p.q_indptr[s], h, scratch);
     }
   });
   return absl::OkStatus();
