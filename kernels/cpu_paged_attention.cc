@@ -97,79 +97,102 @@ absl::Status Validate(const PagedAttentionParams& p) {
 }
 
 // Keys whose softmax weights, and weighted V rows, an fp32 partial sum covers before it joins
-// the fp64 total: one running fp32 sum over a long context drifts (about 1.4e-5 relative at
-// 32k keys of offset values), a tile's stays near fp32's own rounding.
+// the fp64 total: one running fp32 sum over a long context drifts (1.4e-5 relative over 32k
+// and 128k keys of offset values), a tile's stays near fp32's own rounding.
 constexpr int64_t kTileKeys = 64;
 
-// One thread's scratch for AttendOne, sized for the batch's longest context and head_dim.
+// One thread's scratch for AttendGroup, sized for the batch's longest context, its GQA group
+// and head_dim.
 struct AttendScratch {
-  AttendScratch(int64_t max_kv_len, int32_t head_dim)
-      : scores(max_kv_len), partial(head_dim), total(head_dim) {}
-  std::vector<float> scores;   // a row's scores, then its unnormalized softmax weights
-  std::vector<float> partial;  // the current tile's weighted V sum
-  std::vector<double> total;   // the finished tiles' weighted V sum
+  AttendScratch(int64_t max_kv_len, int32_t group, int32_t head_dim)
+      : scores(max_kv_len * group),
+        max_score(group),
+        sum(group),
+        partial(int64_t{group} * head_dim),
+        total(int64_t{group} * head_dim) {}
+  std::vector<float> scores;     // [group][max_kv_len]: scores, then unnormalized weights
+  std::vector<float> max_score;  // [group]
+  std::vector<double> sum;       // [group]: the softmax weights' sums
+  std::vector<float> partial;    // [group][head_dim]: the current tile's weighted V sums
+  std::vector<double> total;     // [group][head_dim]: the finished tiles' weighted V sums
 };
 
-// Attention of one query row of sequence `seq` (row `j` of its q_len) for query head `h`.
-void AttendOne(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t j, int32_t h,
-               AttendScratch& scratch) {
+// Attention of one query row of sequence `seq` (row `j` of its q_len) for the `group` query
+// heads of KV head `kv_head`. Each K and V row is read once for the whole group, and each
+// head's arithmetic is done in the same order as for a group of one.
+void AttendGroup(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_t j,
+                 int32_t kv_head, int32_t group, AttendScratch& scratch) {
   const KvCacheView& c = p.cache;
   const int32_t hd = c.head_dim;
   const int32_t bs = c.block_size;
-  const int32_t kv_head = h / (p.num_q_heads / c.num_kv_heads);
   const int64_t q_len = p.q_indptr[seq + 1] - p.q_indptr[seq];
   const int64_t kv_len = KvLen(p.blocks, bs, seq);
   const int64_t num_visible = p.causal ? kv_len - q_len + j + 1 : kv_len;
   const int32_t* table = p.blocks.indices + p.blocks.indptr[seq];
-  const float* q = p.q + row * p.q_stride + int64_t{h} * hd;
-  float* out = p.out + row * p.out_stride + int64_t{h} * hd;
-  float* scores = scratch.scores.data();
-  float* partial = scratch.partial.data();
-  double* total = scratch.total.data();
+  const int64_t first_head = int64_t{kv_head} * group;
+  const float* q = p.q + row * p.q_stride + first_head * hd;
+  float* out = p.out + row * p.out_stride + first_head * hd;
+  const int64_t scores_stride = static_cast<int64_t>(scratch.scores.size()) / group;
+  float* max_score = scratch.max_score.data();
+  double* sum = scratch.sum.data();
 
-  // Pass 1: scaled scores, block by block.
-  float max_score = -INFINITY;
+  // Pass 1: scaled scores, block by block, every head of the group on each K row.
+  std::fill(max_score, max_score + group, -INFINITY);
   for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
     const float* k = KeyBlockHead(c, table[t0 / bs], kv_head);
     const int64_t n = std::min<int64_t>(bs, num_visible - t0);
     for (int64_t i = 0; i < n; ++i) {
-      const float s = Dot(q, k + i * hd, hd) * p.sm_scale;
-      scores[t0 + i] = s;
-      max_score = std::max(max_score, s);
+      for (int32_t g = 0; g < group; ++g) {
+        const float s = Dot(q + int64_t{g} * hd, k + i * hd, hd) * p.sm_scale;
+        scratch.scores[g * scores_stride + t0 + i] = s;
+        max_score[g] = std::max(max_score[g], s);
+      }
     }
   }
   // Softmax weights with the max subtracted, so exp never overflows; normalized at the end.
-  double sum = 0.0;
-  for (int64_t t0 = 0; t0 < num_visible; t0 += kTileKeys) {
-    const int64_t t_end = std::min(num_visible, t0 + kTileKeys);
-    float tile_sum = 0.0f;
-    for (int64_t t = t0; t < t_end; ++t) {
-      scores[t] = std::exp(scores[t] - max_score);
-      tile_sum += scores[t];
+  for (int32_t g = 0; g < group; ++g) {
+    float* scores = scratch.scores.data() + g * scores_stride;
+    sum[g] = 0.0;
+    for (int64_t t0 = 0; t0 < num_visible; t0 += kTileKeys) {
+      const int64_t t_end = std::min(num_visible, t0 + kTileKeys);
+      float tile_sum = 0.0f;
+      for (int64_t t = t0; t < t_end; ++t) {
+        scores[t] = std::exp(scores[t] - max_score[g]);
+        tile_sum += scores[t];
+      }
+      sum[g] += tile_sum;
     }
-    sum += tile_sum;
   }
   // Pass 2: weighted V rows in key order, in tiles of at least kTileKeys keys (whole blocks).
-  std::fill(total, total + hd, 0.0);
-  std::fill(partial, partial + hd, 0.0f);
+  float* partial = scratch.partial.data();
+  double* total = scratch.total.data();
+  std::fill(total, total + int64_t{group} * hd, 0.0);
+  std::fill(partial, partial + int64_t{group} * hd, 0.0f);
   int64_t tile_keys = 0;
   for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
     const float* v = ValueBlockHead(c, table[t0 / bs], kv_head);
     const int64_t n = std::min<int64_t>(bs, num_visible - t0);
     for (int64_t i = 0; i < n; ++i) {
-      const float w = scores[t0 + i];
       const float* vr = v + i * hd;
-      for (int32_t d = 0; d < hd; ++d) partial[d] += w * vr[d];
+      for (int32_t g = 0; g < group; ++g) {
+        const float w = scratch.scores[g * scores_stride + t0 + i];
+        float* acc = partial + int64_t{g} * hd;
+        for (int32_t d = 0; d < hd; ++d) acc[d] += w * vr[d];
+      }
     }
     tile_keys += n;
     if (tile_keys >= kTileKeys || t0 + n == num_visible) {
-      for (int32_t d = 0; d < hd; ++d) total[d] += partial[d];
-      std::fill(partial, partial + hd, 0.0f);
+      for (int64_t d = 0; d < int64_t{group} * hd; ++d) total[d] += partial[d];
+      std::fill(partial, partial + int64_t{group} * hd, 0.0f);
       tile_keys = 0;
     }
   }
-  const double inv_sum = 1.0 / sum;
-  for (int32_t d = 0; d < hd; ++d) out[d] = static_cast<float>(total[d] * inv_sum);
+  for (int32_t g = 0; g < group; ++g) {
+    const double inv_sum = 1.0 / sum[g];
+    for (int32_t d = 0; d < hd; ++d) {
+      out[int64_t{g} * hd + d] = static_cast<float>(total[int64_t{g} * hd + d] * inv_sum);
+    }
+  }
 }
 
 }  // namespace
@@ -194,17 +217,21 @@ absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool) 
     max_kv_len = std::max(max_kv_len, kv_len);
     total_work += q_len * kv_len;
   }
-  const int64_t num_items = num_rows * p.num_q_heads;
+  // One work item a (query row, KV head): its GQA group's query heads.
+  const int32_t num_kv_heads = p.cache.num_kv_heads;
+  const int32_t group = p.num_q_heads / num_kv_heads;
+  const int64_t num_items = num_rows * num_kv_heads;
   if (num_items == 0) return absl::OkStatus();
-  const int64_t work_per_item = std::max<int64_t>(1, total_work * 2 * p.cache.head_dim / num_rows);
+  const int64_t work_per_item =
+      std::max<int64_t>(1, total_work * 2 * p.cache.head_dim * group / num_rows);
   const int64_t grain = std::max<int64_t>(1, kMinChunkWork / work_per_item);
   pool.ParallelFor(num_items, grain, [&](int64_t begin, int64_t end) {
-    AttendScratch scratch(max_kv_len, p.cache.head_dim);
+    AttendScratch scratch(max_kv_len, group, p.cache.head_dim);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t row = first_row + item / p.num_q_heads;
-      const int32_t h = static_cast<int32_t>(item % p.num_q_heads);
+      const int64_t row = first_row + item / num_kv_heads;
+      const int32_t kv_head = static_cast<int32_t>(item % num_kv_heads);
       const int32_t s = row_seq[row - first_row];
-      AttendOne(p, s, row, row - p.q_indptr[s], h, scratch);
+      AttendGroup(p, s, row, row - p.q_indptr[s], kv_head, group, scratch);
     }
   });
   return absl::OkStatus();
