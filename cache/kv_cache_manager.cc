@@ -189,6 +189,12 @@ absl::StatusOr<int32_t> KvCacheManager::AddSequence(SeqId id, absl::Span<const i
   return m.computed;
 }
 
+bool KvCacheManager::SessionBusy(SeqId id, std::string_view session_id) const {
+  if (session_id.empty() || preempted_.contains(id)) return false;
+  const Session* session = sessions_.Find(session_id);
+  return session != nullptr && session->attached;
+}
+
 int32_t KvCacheManager::ProbePrefix(absl::Span<const int32_t> prompt,
                                     std::string_view session_id) const {
   return ProbePrefixBlocks(prompt, session_id).computed_tokens;

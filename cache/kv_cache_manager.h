@@ -141,6 +141,17 @@ class KvCacheManager {
   int32_t NumTokens(SeqId id) const;
   absl::Span<const int32_t> Tokens(SeqId id) const;
   absl::Span<const int32_t> BlockIds(SeqId id) const;
+  // A turn of `session_id` is waiting to run: the session is not idle. Its idle time starts
+  // again now, and it is the last idle session released for room or the pin cap. No-op for
+  // no session, an unknown one, or one attached to a sequence (running or preempted).
+  void TouchSession(std::string_view session_id) {
+    if (!session_id.empty()) sessions_.Touch(session_id);
+  }
+  // Whether AddSequence(id, prompt, session_id) would fail now because the session is
+  // attached to another sequence (running, or preempted and waiting to run again): false for
+  // no session, an unknown or detached one, and for a preempted `id` coming back (it takes
+  // back its own session, or runs without one). Pure.
+  bool SessionBusy(SeqId id, std::string_view session_id) const;
   // Prompt tokens AddSequence(prompt, session_id) would find computed now. Pure.
   int32_t ProbePrefix(absl::Span<const int32_t> prompt, std::string_view session_id = "") const;
   // What AddSequence(prompt, session_id) would reuse now, in blocks, for admission control.

@@ -83,6 +83,15 @@ SessionTable::Released SessionTable::Forget(std::string id, SessionReleaseReason
   return r;
 }
 
+void SessionTable::Touch(std::string_view id) {
+  auto it = sessions_.find(Key(id));
+  if (it == sessions_.end() || it->second.attached) return;
+  Session& s = it->second;
+  detached_.erase({s.last_use, s.id});
+  s.last_use = clock_->Now();
+  detached_.insert({s.last_use, s.id});
+}
+
 std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
   std::vector<Released> out;
   const absl::Time cutoff = clock_->Now() - idle_timeout_;

@@ -32,7 +32,7 @@ struct Session {
   bool attached = false;        // a sequence, live or preempted, holds it (nothing pinned)
   std::vector<BlockId> chain;   // pinned blocks, one reference each, in order
   std::vector<int32_t> tokens;  // the tokens whose KV the chain holds
-  absl::Time last_use;          // when it was last detached
+  absl::Time last_use;          // when it was last detached, or a waiting turn of it touched it
   // No block of `chain` is above this (-1 when it was detached empty), so that RemapBlocks
   // passes by chains below every moved block without reading them.
   BlockId chain_max = -1;
@@ -71,6 +71,10 @@ class SessionTable {
   // Returns false, taking nothing, when the session was released or re-created meanwhile.
   bool Detach(std::string_view id, uint64_t serial, std::vector<BlockId> chain,
               std::vector<int32_t> tokens);
+  // A detached session's idle time starts again now, and it becomes the newest (the last that
+  // expiry, the pin cap and pressure take): a turn of it is waiting to run. No-op for an
+  // unknown or attached session.
+  void Touch(std::string_view id);
   // Detached sessions idle for at least the timeout, oldest first.
   std::vector<Released> ExpireIdle();
   // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned.

@@ -75,8 +75,12 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
     case AdmissionMode::kReserveMax:
       target = MaxKvTokens(s.request);
       break;
-    case AdmissionMode::kPredicted:  // as MaxKvTokens, for the predicted output
-      target = std::max<int64_t>(target, prompt + s.predicted_output - 1);
+    case AdmissionMode::kPredicted:
+      // A request that ends on a stop token has fed back its last output token (the stop
+      // token, not an output token, came from its logits): predicted_output tokens take up
+      // to prompt + predicted_output KV tokens, MaxKvTokens' one fewer only at max_tokens.
+      target = std::max<int64_t>(
+          target, std::min<int64_t>(prompt + s.predicted_output, MaxKvTokens(s.request)));
       break;
     case AdmissionMode::kOptimistic:
       break;
@@ -155,10 +159,14 @@ bool EngineLoop::Impl::Step() {
   DrainIngress();
   ExpireDeadlines();
   RemoveFinished();
+  // Until its first admission a request's prediction follows the predictor, which may have
+  // learned from requests that finished while it waited; and a session with a turn waiting is
+  // not idle (its pins neither expire nor go before other idle sessions' while it waits).
   for (SeqPtr& s : waiting_) {
-    if (s->predicted_output == 0) {
+    if (!s->scheduled_once) {
       const int32_t hint = s->request.expected_output_tokens;
       s->predicted_output = std::min(s->request.max_tokens, hint > 0 ? hint : predictor_.Predict());
+      cache_->TouchSession(s->request.session_id);
     }
   }
 
@@ -222,6 +230,11 @@ bool EngineLoop::Impl::Step() {
   for (size_t k = 0; k < waiting_.size() && budget > 0 &&
                      static_cast<int32_t>(running_.size()) < options_.max_batch_size;) {
     Sequence& s = *waiting_[k];
+    // Before the room check: a turn that must wait for its session anyway stops no one.
+    if (cache_->SessionBusy(static_cast<SeqId>(s.handle), s.request.session_id)) {
+      ++k;
+      continue;
+    }
     if (!Admissible(s, committed)) {
       does_not_fit = &s;
       break;

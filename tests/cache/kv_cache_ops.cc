@@ -95,6 +95,8 @@ KvOpsOutcome RunKvCacheOps(const KvOpsConfig& cfg, int max_ops, const KvOpsChoos
         const SeqId id = next_id++;
         const int32_t probe = m->ProbePrefix(prompt, session);
         const bool session_busy = busy(session);
+        KVD_OPS_CHECK(m->SessionBusy(id, session) == session_busy,
+                      "SessionBusy disagrees with the sessions' holders");
         absl::StatusOr<int32_t> cached = m->AddSequence(id, prompt, session);
         if (session_busy) {
           KVD_OPS_CHECK(cached.status().code() == absl::StatusCode::kFailedPrecondition,
@@ -178,6 +180,8 @@ KvOpsOutcome RunKvCacheOps(const KvOpsConfig& cfg, int max_ops, const KvOpsChoos
         const SeqId id = it->first;
         if (live.size() < 8 && uniform(0, 3) != 0) {
           // Its session, if still there, is attached to it and matches nothing.
+          KVD_OPS_CHECK(!m->SessionBusy(id, it->second.session),
+                        "a preempted sequence's own session is busy for it");
           const int32_t probe = m->ProbePrefix(it->second.tokens);
           absl::StatusOr<int32_t> cached =
               m->AddSequence(id, it->second.tokens, it->second.session);

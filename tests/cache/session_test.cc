@@ -111,6 +111,65 @@ TEST_F(SessionTest, IdleSessionsReleaseTheirPinsLazilyAfterTheTimeout) {
   ExpectValid(*m);
 }
 
+// A turn waiting to run touches its session (TouchSession): its idle time starts again, and
+// it becomes the newest idle session, the last the pin cap (or pressure) lets go. Touching an
+// attached, unknown or empty session changes nothing.
+TEST_F(SessionTest, AWaitingTurnKeepsItsSessionFromExpiringAndLastInLine) {
+  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
+  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: at the cap
+  clock_.Advance(absl::Seconds(20));
+  m->TouchSession("a");  // "a" is now newer than "b"
+  m->TouchSession("unknown");
+  m->TouchSession("");
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 3, Iota(8, 300), 0, "c", 0);  // over the cap: "b", not "a", goes
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.session_releases_pin_cap, 1);
+  EXPECT_EQ(st.num_sessions, 2);
+  EXPECT_EQ(m->CloseSession("b").code(), absl::StatusCode::kNotFound);
+  // 30 s after its last turn "a" would have expired, but it was touched 10 s ago; "c" ended
+  // its turn 9 s ago.
+  clock_.Advance(absl::Seconds(9));
+  m->Tick();
+  st = m->stats();
+  EXPECT_EQ(st.session_releases_idle, 0);
+  EXPECT_EQ(st.num_sessions, 2);
+  clock_.Advance(absl::Seconds(20));  // "a" touched 30 s ago: expires; "c" 29 s ago: stays
+  m->Tick();
+  st = m->stats();
+  EXPECT_EQ(st.session_releases_idle, 1);
+  EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
+  // An attached session is not idle, touched or not: it does not expire while its turn runs.
+  ASSERT_TRUE(m->AddSequence(4, Iota(9, 300), "c").ok());
+  m->TouchSession("c");
+  clock_.Advance(absl::Seconds(60));
+  m->Tick();
+  EXPECT_EQ(m->stats().num_sessions, 1);
+  EXPECT_EQ(m->stats().session_releases_idle, 1);
+  m->Free(4);
+  ExpectValid(*m);
+}
+
+// An idle timeout of zero unpins a session at the first step boundary after its turn ends,
+// with no time passing: nothing stays pinned between turns.
+TEST_F(SessionTest, AZeroIdleTimeoutUnpinsAtTheNextTick) {
+  KvCacheOptions o = TinyOptions();
+  o.session_idle_timeout = absl::ZeroDuration();
+  auto m = Make(o);
+  Turn(*m, 1, Iota(9), 0, "chat", 0);
+  ASSERT_EQ(m->stats().pinned_blocks, 3);
+  m->Tick();
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.session_releases_idle, 1);
+  ExpectValid(*m);
+}
+
 TEST_F(SessionTest, CloseReleasesAtOnce) {
   auto m = Make(TinyOptions());
   Turn(*m, 1, Iota(9), 0, "chat", 0);
@@ -193,7 +252,12 @@ TEST_F(SessionTest, APreemptedTurnKeepsItsSessionHoldingNothing) {
   EXPECT_EQ(st.used_blocks, 0);
   EXPECT_EQ(st.session_releases_pressure, 0);
   ExpectValid(*m);
-  // Another turn of the session waits for this one, and idle expiry passes the session by.
+  // Another turn of the session waits for this one (SessionBusy says so beforehand; not for
+  // the preempted turn itself, nor for another session), and idle expiry passes the session by.
+  EXPECT_TRUE(m->SessionBusy(2, "chat"));
+  EXPECT_FALSE(m->SessionBusy(1, "chat"));
+  EXPECT_FALSE(m->SessionBusy(2, "other"));
+  EXPECT_FALSE(m->SessionBusy(2, ""));
   EXPECT_EQ(m->AddSequence(2, Iota(12), "chat").status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(m->HasSequence(2));

@@ -3,14 +3,20 @@
 // pinned chain once, so exact output predictions never preempt; an admission that finds no
 // room leaves nothing of its turn pinned; other sessions' idle pins give way to new work;
 // max_waiting_requests and Stats() hold while a step runs; a request ended while it waits
-// reports its whole life as queue time; and recomputing after a preemption is not counted as
-// prompt work.
+// reports its whole life as queue time; recomputing after a preemption is not counted as
+// prompt work; a request that ends on a stop token is reserved the KV of its last output
+// token; a waiting request's prediction follows what the predictor learns meanwhile; and a
+// turn waiting for its session lets the requests behind it by whatever its size; and a session
+// whose next turn waits in the queue does not expire meanwhile.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +29,24 @@
 
 namespace kvd {
 namespace {
+
+// Case `index` of llama2.c's greedy outputs for stories260K: its prompt and output tokens.
+struct GoldenCase {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+};
+GoldenCase LoadGolden(size_t index) {
+  std::ifstream in(std::string(KVD_SHARED_DIR) + "/models/golden/stories260K_greedy.jsonl");
+  std::string line;
+  for (size_t i = 0; std::getline(in, line); ++i) {
+    if (i != index) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    return {j["prompt_tokens"].get<std::vector<int32_t>>(),
+            j["output_tokens"].get<std::vector<int32_t>>()};
+  }
+  ADD_FAILURE() << "no golden case " << index;
+  return {};
+}
 
 // What a client sees of one request.
 struct Outcome {
@@ -58,7 +82,8 @@ class EngineAdmissionTest : public ::testing::Test {
 
   // A pool of 16-token blocks in chunks of `blocks_per_chunk`, from `initial_chunks` up to
   // `max_chunks`, whose memory comes from cache_backend_.
-  void MakeCache(int32_t blocks_per_chunk, int32_t initial_chunks, int32_t max_chunks) {
+  void MakeCache(int32_t blocks_per_chunk, int32_t initial_chunks, int32_t max_chunks,
+                 bool prefix_caching = true) {
     engine_.reset();  // it points at the cache
     const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
     const int64_t block_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes();
@@ -67,6 +92,7 @@ class EngineAdmissionTest : public ::testing::Test {
     o.initial_pool_bytes = o.chunk_bytes * initial_chunks;
     o.max_pool_bytes = o.chunk_bytes * max_chunks;
     o.defrag_background_planning = false;
+    o.enable_prefix_caching = prefix_caching;
     auto cache = KvCacheManager::Create(o, shape, &cache_backend_, &clock_);
     ASSERT_TRUE(cache.ok()) << cache.status();
     cache_ = *std::move(cache);
@@ -342,6 +368,124 @@ TEST_F(EngineAdmissionTest, RecomputeAfterPreemptionIsNotCountedAsPromptWork) {
   const KvCacheStats cs = cache_->stats();
   EXPECT_EQ(cs.prefix_query_tokens, 10);
   EXPECT_EQ(cs.prefix_hit_tokens + cs.session_hit_tokens, 0);
+}
+
+// A request that ends on a stop token has fed back its last output token: the stop token was
+// sampled from that token's logits. So an exact prediction of its output tokens reserves that
+// token's KV too, and two such requests admitted together never preempt, also where the one
+// token more takes another block.
+TEST_F(EngineAdmissionTest, AnExactPredictionOfAStopTokenEndingNeverPreempts) {
+  // Golden case 2: a 5-token prompt, 220 output tokens, then BOS (where llama2.c stopped, so
+  // the file ends there). Its KV holds 5 + 220 = 225 tokens, 15 blocks; 5 + 220 - 1 = 224
+  // would be 14. 28 blocks hold two of 14, not two of 15.
+  const GoldenCase golden = LoadGolden(2);
+  ASSERT_EQ(golden.output.size(), 220u);
+  MakeCache(4, 7, 7);  // 28 blocks, no growth
+  MakeEngine();
+  Request r = Req(golden.prompt, 252, 220);
+  r.stop_token_ids = {1};
+  Outcome* a = Submit(r);
+  Outcome* b = Submit(r);
+  engine_->RunUntilIdle();
+  for (const Outcome* o : {a, b}) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->reason, FinishReason::kStop);
+    EXPECT_EQ(o->tokens, golden.output);
+    EXPECT_EQ(o->usage.num_preemptions, 0);
+  }
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
+// A waiting request's predicted output is the predictor's value when it is first admitted,
+// not when it arrived: requests queued before the predictor learned anything are admitted by
+// what it learned while they waited.
+TEST_F(EngineAdmissionTest, AWaitingRequestsPredictionFollowsThePredictor) {
+  MakeCache(16, 1, 1);  // 16 blocks, no growth
+  MakeEngine({.predictor_default_tokens = 200});
+  // Golden case 0, stopped at its 10th output token: 9 tokens out, 1 block of KV. The default
+  // prediction reserves 5 + 199 = 204 KV tokens, 13 blocks: the four cannot start together.
+  const GoldenCase golden = LoadGolden(0);
+  ASSERT_GT(golden.output.size(), 9u);
+  const int32_t stop = golden.output[9];
+  ASSERT_EQ(std::find(golden.output.begin(), golden.output.begin() + 9, stop),
+            golden.output.begin() + 9);
+  Request r = Req(golden.prompt, 200, 0);
+  r.stop_token_ids = {stop};
+  std::vector<Outcome*> outcomes;
+  for (int i = 0; i < 4; ++i) outcomes.push_back(Submit(r));
+  engine_->RunUntilIdle();
+  for (const Outcome* o : outcomes) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_EQ(o->reason, FinishReason::kStop);
+    EXPECT_EQ(o->tokens.size(), 9u);
+  }
+  // The first ran on the default (9 - 200); the other three waited for it, and by then the
+  // predictor had learned 9 (error 0 each), so they ran together.
+  const EngineStats st = engine_->Stats();
+  EXPECT_EQ(st.predicted_output_tokens, 9);
+  EXPECT_EQ(st.prediction_error.count, 4);
+  EXPECT_EQ(st.prediction_error.sum, 9 - 200);
+}
+
+// A turn whose session is busy with its previous turn waits for it whatever room it would
+// take, so it lets the requests behind it by even where it would not fit now. Without prefix
+// caching the running turn's KV cannot be matched, so the waiting turn looks as large as its
+// whole conversation.
+TEST_F(EngineAdmissionTest, ATurnWaitingForItsSessionLetsOthersByWhateverItsSize) {
+  MakeCache(16, 1, 1, /*prefix_caching=*/false);  // 16 blocks, no growth
+  MakeEngine();
+  const std::vector<int32_t> p = Iota(128, 300);  // 8 blocks
+  std::vector<std::string> finished;
+  const auto record = [&finished](std::string name) {
+    return [&finished, name](const StreamEvent& e) {
+      if (e.finished) finished.push_back(name);
+    };
+  };
+  // T1: 128 + 40 - 1 = 167 KV tokens (11 blocks). T2, its session's next turn: 148 + 4 - 1 =
+  // 151 (10 blocks), which with T1's 11 exceeds 16. O: 11 + 3 - 1 = 13 (1 block) fits beside
+  // T1 and, shorter, finishes first unless it waits for T1.
+  Request t1 = Req(p, 40, 40);
+  t1.session_id = "s";
+  Outcome* a = Submit(t1, record("T1"));
+  Request t2 = Req(Concat(p, Iota(20, 100)), 4, 4);
+  t2.session_id = "s";
+  Outcome* b = Submit(t2, record("T2"));
+  Outcome* c = Submit(Req(Iota(11, 50), 3, 3), record("O"));
+  engine_->RunUntilIdle();
+  for (const Outcome* o : {a, b, c}) {
+    ASSERT_TRUE(o->finished);
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->reason, FinishReason::kLength);
+  }
+  EXPECT_EQ(finished, (std::vector<std::string>{"O", "T1", "T2"}));
+  EXPECT_EQ(engine_->Stats().preemptions, 0);
+}
+
+// A session with a turn waiting to run is not idle: however long the turn waits in the queue,
+// the session's pins do not expire under it, and the turn finds its history.
+TEST_F(EngineAdmissionTest, ASessionDoesNotExpireWhileItsNextTurnWaits) {
+  MakeCache(64, 1, 1, /*prefix_caching=*/false);  // only the session can give back history
+  MakeEngine({.max_batch_size = 1});
+  const std::vector<int32_t> history = Iota(32, 300);  // 2 blocks
+  Request turn1 = Req(history, 1, 1);
+  turn1.session_id = "s";
+  Submit(turn1);
+  engine_->RunUntilIdle();
+  ASSERT_EQ(cache_->stats().num_sessions, 1);
+  // R runs alone for 10 steps of 5 s each, past the session's 30 s idle timeout, while turn 2
+  // waits behind it.
+  Outcome* r = Submit(Req(Iota(5, 100), 10, 10),
+                      [this](const StreamEvent&) { clock_.Advance(absl::Seconds(5)); });
+  Request turn2 = Req(Concat(history, Iota(8, 200)), 2, 2);
+  turn2.session_id = "s";
+  Outcome* t2 = Submit(turn2);
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(r->finished && t2->finished);
+  EXPECT_TRUE(t2->error.ok()) << t2->error;
+  EXPECT_GT(t2->usage.queue_time, cache_->options().session_idle_timeout);
+  EXPECT_EQ(t2->usage.cached_prompt_tokens, 32);
+  EXPECT_EQ(cache_->stats().session_releases_idle, 0);
 }
 
 }  // namespace
