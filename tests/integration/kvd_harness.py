@@ -398,6 +398,13 @@ class Daemon:
                                      (timeout_s, what, stats))
             time.sleep(0.05)
 
+    def idle_stats(self):
+        """GetCacheStats once no request runs. A stream's final message can reach the client
+        before the engine's step that sent it has ended and published its stats (seen under
+        the sanitizers), so stats read at once may still show that step's request running."""
+        return self.wait_stats(lambda s: s.requests_running == 0 and s.requests_waiting == 0,
+                               10 * TIME_SCALE, "the engine to publish the end of its last step")
+
     def metrics_text(self):
         with urllib.request.urlopen(self.metrics_url, timeout=RPC_TIMEOUT_S) as r:
             return r.read().decode()

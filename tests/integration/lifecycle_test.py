@@ -64,7 +64,7 @@ class SessionCloseTest(h.DaemonTestCase):
         case = h.load_golden()[2]
         _, _, _, turn2 = session_turns(self.daemon, "chat-7", case, 60, [13])
         self.assertGreater(turn2.usage.cached_prompt_tokens, 0, turn2.usage)
-        stats = self.daemon.cache_stats()
+        stats = self.daemon.idle_stats()
         self.assertGreater(stats.pinned_blocks, 0, stats)
         self.assertEqual(stats.num_sessions, 1)
 
