@@ -103,15 +103,20 @@ std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
 
 std::vector<SessionTable::Released> SessionTable::EnforcePinCap(int64_t max_pinned_blocks) {
   std::vector<Released> out;
-  while (num_pinned_blocks() > max_pinned_blocks && !detached_.empty()) {
-    out.push_back(Forget(detached_.begin()->second, SessionReleaseReason::kPinCap));
+  for (auto it = detached_.begin();
+       num_pinned_blocks() > max_pinned_blocks && it != detached_.end();) {
+    const std::string id = (it++)->second;  // Forget erases it from detached_
+    if (sessions_.find(Key(id))->second.chain.empty()) continue;  // releasing it frees nothing
+    out.push_back(Forget(id, SessionReleaseReason::kPinCap));
   }
   return out;
 }
 
 std::optional<SessionTable::Released> SessionTable::ReleaseOldest(SessionReleaseReason reason) {
-  if (detached_.empty()) return std::nullopt;
-  return Forget(detached_.begin()->second, reason);
+  for (const auto& [last_use, id] : detached_) {
+    if (!sessions_.find(Key(id))->second.chain.empty()) return Forget(id, reason);
+  }
+  return std::nullopt;
 }
 
 std::optional<SessionTable::Released> SessionTable::Release(std::string_view id, uint64_t serial,

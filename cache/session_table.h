@@ -77,9 +77,11 @@ class SessionTable {
   void Touch(std::string_view id);
   // Detached sessions idle for at least the timeout, oldest first.
   std::vector<Released> ExpireIdle();
-  // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned.
+  // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned;
+  // sessions that pin nothing (left empty by a preempted turn that ended) are passed by.
   std::vector<Released> EnforcePinCap(int64_t max_pinned_blocks);
-  // The oldest detached session, released for `reason`; nullopt when none is detached.
+  // The oldest detached session that pins a block, released for `reason`; nullopt when none
+  // does.
   std::optional<Released> ReleaseOldest(SessionReleaseReason reason);
   // Session `id` if it is still the one numbered `serial`, released for `reason` (attached
   // or not: an attached one gives back no chain, its sequence holds the blocks); nullopt

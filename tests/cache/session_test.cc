@@ -47,6 +47,17 @@ class SessionTest : public testing_util::CacheManagerTest {
     ASSERT_TRUE(Step(m, 1, 9));
     m.FreeForRecompute(1);
   }
+  // A pool of 8 blocks at most, 4 of them for pins, pinned by session "a" (2 blocks) and,
+  // 1 s later, "b" (2 blocks).
+  std::unique_ptr<KvCacheManager> SessionsAAndBAtThePinCap() {
+    KvCacheOptions o = TinyOptions(1, 2);
+    o.max_pinned_fraction = 0.5;
+    auto m = Make(o);
+    Turn(*m, 1, Iota(8, 100), 0, "a", 0);
+    clock_.Advance(absl::Seconds(1));
+    Turn(*m, 2, Iota(8, 200), 0, "b", 0);
+    return m;
+  }
   std::vector<int32_t> History(const std::vector<int32_t>& prompt, int32_t generated) {
     std::vector<int32_t> h = prompt;
     for (int32_t i = 0; i < generated; ++i) h.push_back(900 + i);
@@ -115,12 +126,7 @@ TEST_F(SessionTest, IdleSessionsReleaseTheirPinsLazilyAfterTheTimeout) {
 // it becomes the newest idle session, the last the pin cap (or pressure) lets go. Touching an
 // attached, unknown or empty session changes nothing.
 TEST_F(SessionTest, AWaitingTurnKeepsItsSessionFromExpiringAndLastInLine) {
-  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
-  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
-  auto m = Make(o);
-  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
-  clock_.Advance(absl::Seconds(1));
-  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: at the cap
+  auto m = SessionsAAndBAtThePinCap();
   clock_.Advance(absl::Seconds(20));
   m->TouchSession("a");  // "a" is now newer than "b"
   m->TouchSession("unknown");
@@ -444,12 +450,7 @@ TEST_F(SessionTest, AbandonGivesAnExistingSessionItsChainBack) {
 }
 
 TEST_F(SessionTest, PinCapDemotesTheOldestSessionsFirst) {
-  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
-  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
-  auto m = Make(o);
-  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
-  clock_.Advance(absl::Seconds(1));
-  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: at the cap
+  auto m = SessionsAAndBAtThePinCap();
   EXPECT_EQ(m->stats().pinned_blocks, 4);
   clock_.Advance(absl::Seconds(1));
   Turn(*m, 3, Iota(8, 300), 0, "c", 0);  // over: "a" goes
@@ -458,6 +459,37 @@ TEST_F(SessionTest, PinCapDemotesTheOldestSessionsFirst) {
   EXPECT_EQ(st.session_releases_pin_cap, 1);
   EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(m->CloseSession("b").ok());
+}
+
+// The pin cap and memory pressure pass by a session that pins nothing (left empty by a
+// preempted turn that ended): releasing it would free no block, yet count as a release.
+TEST_F(SessionTest, PinCapAndPressurePassBySessionsThatPinNothing) {
+  KvCacheOptions o = TinyOptions(1, 2);  // 8 blocks max
+  o.max_pinned_fraction = 0.5;           // 4 pinned blocks
+  auto m = Make(o);
+  ASSERT_TRUE(m->AddSequence(10, Iota(8, 500), "empty").ok());
+  ASSERT_TRUE(Step(*m, 10, 8));
+  m->FreeForRecompute(10);
+  m->EndPreempted(10);  // "empty": the oldest session, pinning nothing
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // 2 blocks
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 2, Iota(8, 200), 0, "b", 0);  // 2 blocks: at the cap
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 3, Iota(8, 300), 0, "c", 0);  // over: "a" goes, not "empty"
+  const KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 4);
+  EXPECT_EQ(st.session_releases_pin_cap, 1);
+  EXPECT_EQ(st.num_sessions, 3);
+  EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
+  // 6 blocks: the 4 not pinned and 2 of a session's. "b" gives way, not "empty".
+  ASSERT_TRUE(m->AddSequence(4, Iota(24, 600)).ok());
+  ASSERT_TRUE(Step(*m, 4, 24));
+  EXPECT_EQ(m->stats().session_releases_pressure, 1);
+  EXPECT_EQ(m->CloseSession("b").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(m->CloseSession("empty").ok());
+  m->Free(4);
+  ExpectValid(*m);
 }
 
 TEST_F(SessionTest, SessionsSurviveDefragmentationMoves) {
