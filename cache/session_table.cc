@@ -103,11 +103,10 @@ std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
 
 std::vector<SessionTable::Released> SessionTable::EnforcePinCap(int64_t max_pinned_blocks) {
   std::vector<Released> out;
-  for (auto it = detached_.begin();
-       num_pinned_blocks() > max_pinned_blocks && it != detached_.end();) {
-    const std::string id = (it++)->second;  // Forget erases it from detached_
-    if (sessions_.find(Key(id))->second.chain.empty()) continue;  // releasing it frees nothing
-    out.push_back(Forget(id, SessionReleaseReason::kPinCap));
+  while (num_pinned_blocks() > max_pinned_blocks) {
+    std::optional<Released> r = ReleaseOldest(SessionReleaseReason::kPinCap);
+    if (!r.has_value()) break;
+    out.push_back(*std::move(r));
   }
   return out;
 }

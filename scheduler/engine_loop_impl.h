@@ -69,11 +69,11 @@ class EngineLoop::Impl {
   // KV positions `r` can need at most: its prompt and all its output but the last token,
   // within the model's context.
   int64_t MaxKvTokens(const Request& r) const;
-  enum class AdmitResult { kAdmitted, kSessionBusy, kNoRoom, kFailed };
+  enum class AdmitResult { kAdmitted, kNoRoom, kFailed };
   // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on
-  // kSessionBusy or kNoRoom nothing of it stays in the cache (a preempted s's session stays
-  // attached to it); kFailed: the cache refused it for another reason, and s is finished
-  // with that error.
+  // kNoRoom nothing of it stays in the cache (a preempted s's session stays attached to it);
+  // kFailed: the cache refused it, and s is finished with that error. REQUIRES: its session
+  // is not busy with another turn (KvCacheManager::SessionBusy).
   AdmitResult Admit(Sequence& s, int32_t budget, int32_t& n);
   // Frees the victim's blocks and requeues it for recompute.
   void Preempt(Sequence* victim);

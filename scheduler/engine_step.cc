@@ -114,9 +114,6 @@ EngineLoop::Impl::AdmitResult EngineLoop::Impl::Admit(Sequence& s, int32_t budge
       static_cast<SeqId>(s.handle), s.tokens, s.request.session_id,
       s.scheduled_once ? KvCacheManager::Admission::kRecompute : KvCacheManager::Admission::kFirst);
   if (!cached.ok()) {
-    // FailedPrecondition: another turn of its session is running, or waits to run again after
-    // a preemption; it waits for that one.
-    if (absl::IsFailedPrecondition(cached.status())) return AdmitResult::kSessionBusy;
     Finish(s, FinishReason::kAborted, cached.status());
     return AdmitResult::kFailed;
   }
@@ -241,8 +238,8 @@ bool EngineLoop::Impl::Step() {
     }
     int32_t n = 0;
     const AdmitResult admitted = Admit(s, budget, n);
-    if (admitted == AdmitResult::kSessionBusy || admitted == AdmitResult::kFailed) {
-      ++k;  // kFailed: finished, removed after the step
+    if (admitted == AdmitResult::kFailed) {
+      ++k;  // finished, removed after the step
       continue;
     }
     if (admitted == AdmitResult::kNoRoom) {

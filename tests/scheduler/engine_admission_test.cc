@@ -114,6 +114,14 @@ class EngineAdmissionTest : public ::testing::Test {
     return r;
   }
 
+  // Req as a turn of session `session`.
+  static Request Turn(std::vector<int32_t> prompt, int32_t max_tokens,
+                      int32_t expected_output_tokens, std::string session) {
+    Request r = Req(std::move(prompt), max_tokens, expected_output_tokens);
+    r.session_id = std::move(session);
+    return r;
+  }
+
   // Submits r; its events are recorded in the returned Outcome, then passed to `also`.
   Outcome* Submit(Request r, std::function<void(const StreamEvent&)> also = nullptr) {
     outcomes_.push_back(std::make_unique<Outcome>());
@@ -204,8 +212,7 @@ TEST_F(EngineAdmissionTest, AnAdmissionWithoutRoomLeavesNoSessionBehind) {
     sessions_while_c_waits = cache_->stats().num_sessions;
     pinned_while_c_waits = cache_->stats().pinned_blocks;
   });
-  Request turn = Req(Concat(p, Iota(16, 200)), 2, 1);
-  turn.session_id = "s";
+  Request turn = Turn(Concat(p, Iota(16, 200)), 2, 1, "s");
   Outcome* c = Submit(turn);
   engine_->RunUntilIdle();
   EXPECT_EQ(cache_backend_.num_failed_allocations(), 1);  // C's admission met it
@@ -229,8 +236,7 @@ TEST_F(EngineAdmissionTest, AnAdmissionWithoutRoomLeavesNoSessionBehind) {
 TEST_F(EngineAdmissionTest, IdleSessionPinsGiveWayToNewWorkWhileOthersRun) {
   MakeCache(8, 1, 1);  // 8 blocks, no growth
   MakeEngine();
-  Request turn = Req(Iota(64, 300), 1, 1);
-  turn.session_id = "s";
+  Request turn = Turn(Iota(64, 300), 1, 1, "s");
   Submit(turn);
   engine_->RunUntilIdle();
   ASSERT_EQ(cache_->stats().pinned_blocks, 4);  // and 4 free
@@ -266,16 +272,14 @@ TEST_F(EngineAdmissionTest, ATurnsOwnSessionPinsAreNotCountedTwice) {
   MakeCache(8, 1, 1);  // 8 blocks, no growth
   MakeEngine();
   const std::vector<int32_t> p = Iota(64, 300);  // 4 blocks
-  Request turn1 = Req(p, 1, 1);
-  turn1.session_id = "s";
+  Request turn1 = Turn(p, 1, 1, "s");
   Submit(turn1);
   engine_->RunUntilIdle();
   ASSERT_EQ(cache_->stats().pinned_blocks, 4);
   // R: 20 + 30 - 1 = 49 tokens (4 blocks). Turn 2: 80 + 17 - 1 = 96 tokens (6 blocks), 4 of
   // them its session's pinned chain. 4 + 6 > 8: they must not run together.
   Outcome* r = Submit(Req(Iota(20, 100), 30, 30));
-  Request turn2 = Req(Concat(p, Iota(16, 200)), 17, 17);
-  turn2.session_id = "s";
+  Request turn2 = Turn(Concat(p, Iota(16, 200)), 17, 17, "s");
   Outcome* c = Submit(turn2);
   engine_->RunUntilIdle();
   for (const Outcome* o : {r, c}) {
@@ -445,11 +449,9 @@ TEST_F(EngineAdmissionTest, ATurnWaitingForItsSessionLetsOthersByWhateverItsSize
   // T1: 128 + 40 - 1 = 167 KV tokens (11 blocks). T2, its session's next turn: 148 + 4 - 1 =
   // 151 (10 blocks), which with T1's 11 exceeds 16. O: 11 + 3 - 1 = 13 (1 block) fits beside
   // T1 and, shorter, finishes first unless it waits for T1.
-  Request t1 = Req(p, 40, 40);
-  t1.session_id = "s";
+  Request t1 = Turn(p, 40, 40, "s");
   Outcome* a = Submit(t1, record("T1"));
-  Request t2 = Req(Concat(p, Iota(20, 100)), 4, 4);
-  t2.session_id = "s";
+  Request t2 = Turn(Concat(p, Iota(20, 100)), 4, 4, "s");
   Outcome* b = Submit(t2, record("T2"));
   Outcome* c = Submit(Req(Iota(11, 50), 3, 3), record("O"));
   engine_->RunUntilIdle();
@@ -468,8 +470,7 @@ TEST_F(EngineAdmissionTest, ASessionDoesNotExpireWhileItsNextTurnWaits) {
   MakeCache(64, 1, 1, /*prefix_caching=*/false);  // only the session can give back history
   MakeEngine({.max_batch_size = 1});
   const std::vector<int32_t> history = Iota(32, 300);  // 2 blocks
-  Request turn1 = Req(history, 1, 1);
-  turn1.session_id = "s";
+  Request turn1 = Turn(history, 1, 1, "s");
   Submit(turn1);
   engine_->RunUntilIdle();
   ASSERT_EQ(cache_->stats().num_sessions, 1);
@@ -477,8 +478,7 @@ TEST_F(EngineAdmissionTest, ASessionDoesNotExpireWhileItsNextTurnWaits) {
   // waits behind it.
   Outcome* r = Submit(Req(Iota(5, 100), 10, 10),
                       [this](const StreamEvent&) { clock_.Advance(absl::Seconds(5)); });
-  Request turn2 = Req(Concat(history, Iota(8, 200)), 2, 2);
-  turn2.session_id = "s";
+  Request turn2 = Turn(Concat(history, Iota(8, 200)), 2, 2, "s");
   Outcome* t2 = Submit(turn2);
   engine_->RunUntilIdle();
   ASSERT_TRUE(r->finished && t2->finished);
