@@ -74,7 +74,10 @@ class EngineLoop {
   // Cancels a request; its blocks are freed within one step and it gets a final event
   // with kCancelled. Unknown or finished handles are ignored.
   void Cancel(uint64_t handle);
-  // Releases a session's pinned KV now. NotFound for an unknown session.
+  // Releases a session's pinned KV now. Its turns submitted before the close run on without
+  // the session (their KV is not pinned at their end), those not started yet included. A
+  // turn submitted after the close starts the session afresh. NotFound for a session neither
+  // held nor named by a queued turn.
   absl::Status CloseSession(const std::string& session_id);
   // The clock the engine measures time on: Request::deadline is a time on it.
   const Clock& clock() const;

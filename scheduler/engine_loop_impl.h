@@ -59,6 +59,11 @@ class EngineLoop::Impl {
   // One step; false when the engine holds no request (nothing ran and nothing is left).
   bool Step();
   void DrainIngress();
+  // Closes a session for the client. Its turns that were submitted before the close and have
+  // not run yet (in `queued`, then in waiting_) go on without it, so that none re-creates it
+  // (a running or preempted turn's session the cache forgets at once); then the cache
+  // releases its pins. NotFound when neither the cache nor such a turn knew the id.
+  absl::Status CloseSessionNow(const std::string& session_id, std::vector<SeqPtr>& queued);
   void ExpireDeadlines();
   // Blocks s is still expected to take: TargetBlocks(s) less what it holds (0 if more).
   int64_t BlocksToCome(const Sequence& s) const;

@@ -54,9 +54,26 @@ void EngineLoop::Impl::DrainIngress() {
     }
   }
   for (SessionClose& c : closes) {
-    *c.result = cache_->CloseSession(c.session_id);
+    std::vector<SeqPtr> none;  // the intake above moved every earlier turn to waiting_
+    *c.result = CloseSessionNow(c.session_id, none);
     c.done->Notify();
   }
+}
+
+absl::Status EngineLoop::Impl::CloseSessionNow(const std::string& session_id,
+                                               std::vector<SeqPtr>& queued) {
+  bool had_turns = false;
+  for (auto* list : {&queued, &waiting_}) {
+    for (SeqPtr& s : *list) {
+      // A turn scheduled before was preempted: the cache holds its session for it.
+      if (s->scheduled_once || s->request.session_id != session_id) continue;
+      s->request.session_id.clear();
+      had_turns = true;
+    }
+  }
+  absl::Status closed = cache_->CloseSession(session_id);
+  if (had_turns && absl::IsNotFound(closed)) return absl::OkStatus();
+  return closed;
 }
 
 void EngineLoop::Impl::ExpireDeadlines() {

@@ -568,6 +568,92 @@ TEST_F(EngineLoopTest, CloseSessionReleasesAtOnce) {
   EXPECT_EQ(cache_->stats().session_releases_closed, 1);
 }
 
+// Closing a session also covers its turns sent before the close that have not started: they
+// run without it, so none re-creates the session and pins its KV until the idle timeout. A
+// close that names only such a turn succeeds.
+TEST_F(EngineLoopTest, ClosingASessionCoversItsTurnsNotYetStarted) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request r = Greedy(0);
+  r.max_tokens = 20;
+  r.session_id = "s";
+  Stream* turn = Submit(r);
+  EXPECT_TRUE(engine_->CloseSession("s").ok());
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(turn->finished);
+  EXPECT_EQ(turn->tokens,
+            std::vector<int32_t>(golden_[0].output.begin(), golden_[0].output.begin() + 20));
+  KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_THAT(engine_->CloseSession("s").code(), absl::StatusCode::kNotFound);
+  // A turn sent after the close starts the session afresh.
+  Submit(r);
+  engine_->RunUntilIdle();
+  st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_GT(st.pinned_blocks, 0);
+}
+
+// The same for a turn queued behind a running one of its session: closed while the first
+// runs, neither keeps the session, and the second runs beside the first.
+TEST_F(EngineLoopTest, ClosingASessionCoversATurnWaitingForTheRunningOne) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request first = Greedy(0);
+  first.max_tokens = 20;
+  first.session_id = "s";
+  Request second = Greedy(1);
+  second.max_tokens = 10;
+  second.session_id = "s";
+  bool closed = false;
+  Stream* a = Submit(first, nullptr, [&](const Stream& s) {
+    if (closed || s.tokens.size() < 5) return;
+    closed = true;
+    EXPECT_EQ(cache_->stats().num_sessions, 1);
+    EXPECT_TRUE(engine_->CloseSession("s").ok());
+  });
+  Stream* b = Submit(second);
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(closed);
+  ASSERT_TRUE(a->finished && b->finished);
+  // Without the session it no longer waits for the first turn: it starts the next step and,
+  // shorter, ends first.
+  EXPECT_LT(b->order, a->order);
+  EXPECT_EQ(b->tokens,
+            std::vector<int32_t>(golden_[1].output.begin(), golden_[1].output.begin() + 10));
+  const KvCacheStats st = cache_->stats();
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  EXPECT_EQ(st.session_releases_closed, 1);
+}
+
+// On the engine's own thread the close comes in at a step's intake, after every turn sent
+// before it: the waiting turn runs without the session.
+TEST_F(EngineLoopTest, ClosingASessionOnTheEngineThreadCoversItsQueuedTurns) {
+  MakeCache(64, 4);
+  MakeEngine();
+  engine_->Start();
+  Request first = Greedy(0);
+  first.max_tokens = 200;
+  first.stop_token_ids.clear();
+  first.session_id = "s";
+  Request second = Greedy(1);
+  second.max_tokens = 10;
+  second.session_id = "s";
+  Submit(first);
+  Stream* b = Submit(second);
+  EXPECT_TRUE(engine_->CloseSession("s").ok());
+  ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
+  ASSERT_TRUE(b->finished);
+  EXPECT_TRUE(b->error.ok()) << b->error;
+  const KvCacheStats st = engine_->Stats().cache;  // as of the last step's end
+  EXPECT_EQ(st.num_sessions, 0);
+  EXPECT_EQ(st.pinned_blocks, 0);
+  engine_->BeginDrain();
+  engine_->Stop();
+}
+
 TEST_F(EngineLoopTest, DefragmentationDuringGenerationChangesNoOutput) {
   // 16-block chunks: the twelve stories grow the pool to many chunks; as short stories
   // finish, live blocks move down and emptied top chunks are released.
