@@ -137,8 +137,8 @@ absl::Status EngineLoop::Impl::CloseSession(const std::string& session_id) {
     if (!failure_.ok()) return FailedEngineError(failure_);
     if (stopping_) return absl::UnavailableError("the engine is stopped");
     // Offline (no engine thread): the caller is the only thread touching the cache.
-    if (!started_) return CloseSessionNow(session_id, incoming_);
-    closes_.push_back({session_id, &result, &done});
+    if (!started_) return CloseSessionNow(session_id, next_handle_, incoming_);
+    closes_.push_back({session_id, next_handle_, &result, &done});
   }
   done.WaitForNotification();
   return result;

@@ -49,6 +49,7 @@ class EngineLoop::Impl {
  private:
   struct SessionClose {
     std::string session_id;
+    uint64_t submitted_before;  // next_handle_ at the close: earlier turns have lower handles
     absl::Status* result;
     absl::Notification* done;
   };
@@ -59,11 +60,13 @@ class EngineLoop::Impl {
   // One step; false when the engine holds no request (nothing ran and nothing is left).
   bool Step();
   void DrainIngress();
-  // Closes a session for the client. Its turns that were submitted before the close and have
-  // not run yet (in `queued`, then in waiting_) go on without it, so that none re-creates it
-  // (a running or preempted turn's session the cache forgets at once); then the cache
-  // releases its pins. NotFound when neither the cache nor such a turn knew the id.
-  absl::Status CloseSessionNow(const std::string& session_id, std::vector<SeqPtr>& queued);
+  // Closes a session for the client. Its turns submitted before the close (handles below
+  // `submitted_before`) that have not run yet, in `queued` or in waiting_, go on without it,
+  // so that none re-creates it (a running or preempted turn's session the cache forgets at
+  // once); later turns keep it and start it afresh. Then the cache releases its pins.
+  // NotFound when neither the cache nor such a turn knew the id.
+  absl::Status CloseSessionNow(const std::string& session_id, uint64_t submitted_before,
+                               std::vector<SeqPtr>& queued);
   void ExpireDeadlines();
   // Blocks s is still expected to take: TargetBlocks(s) less what it holds (0 if more).
   int64_t BlocksToCome(const Sequence& s) const;

@@ -54,19 +54,23 @@ void EngineLoop::Impl::DrainIngress() {
     }
   }
   for (SessionClose& c : closes) {
-    std::vector<SeqPtr> none;  // the intake above moved every earlier turn to waiting_
-    *c.result = CloseSessionNow(c.session_id, none);
+    std::vector<SeqPtr> none;  // the intake above moved every turn to waiting_
+    *c.result = CloseSessionNow(c.session_id, c.submitted_before, none);
     c.done->Notify();
   }
 }
 
 absl::Status EngineLoop::Impl::CloseSessionNow(const std::string& session_id,
+                                               uint64_t submitted_before,
                                                std::vector<SeqPtr>& queued) {
   bool had_turns = false;
   for (auto* list : {&queued, &waiting_}) {
     for (SeqPtr& s : *list) {
       // A turn scheduled before was preempted: the cache holds its session for it.
-      if (s->scheduled_once || s->request.session_id != session_id) continue;
+      if (s->handle >= submitted_before || s->scheduled_once ||
+          s->request.session_id != session_id) {
+        continue;
+      }
       s->request.session_id.clear();
       had_turns = true;
     }

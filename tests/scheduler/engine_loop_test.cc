@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/clock.h"
@@ -650,6 +651,43 @@ TEST_F(EngineLoopTest, ClosingASessionOnTheEngineThreadCoversItsQueuedTurns) {
   const KvCacheStats st = engine_->Stats().cache;  // as of the last step's end
   EXPECT_EQ(st.num_sessions, 0);
   EXPECT_EQ(st.pinned_blocks, 0);
+  engine_->BeginDrain();
+  engine_->Stop();
+}
+
+// A turn sent after the close keeps the session though it reaches the engine in the same
+// intake as the close: the close covers only turns sent before it. Here the engine thread,
+// in a stream callback, holds the intake while another thread closes the session and then a
+// turn of it is sent.
+TEST_F(EngineLoopTest, ATurnSentAfterTheCloseInTheSameIntakeStartsTheSessionAfresh) {
+  MakeCache(64, 4);
+  MakeEngine();
+  engine_->Start();
+  Request first = Greedy(0);
+  first.max_tokens = 20;
+  first.session_id = "s";
+  Request next = Greedy(1);
+  next.max_tokens = 10;
+  next.session_id = "s";
+  std::thread closer;
+  absl::Status closed = absl::UnknownError("not called");
+  Stream* b = nullptr;
+  Submit(first, nullptr, [&](const Stream& s) {
+    if (b != nullptr || s.tokens.empty()) return;
+    closer = std::thread([&] { closed = engine_->CloseSession("s"); });
+    absl::SleepFor(absl::Milliseconds(300));  // the close is queued: it waits for the intake
+    b = Submit(next);
+  });
+  ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
+  closer.join();
+  EXPECT_TRUE(closed.ok()) << closed;
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->finished);
+  EXPECT_TRUE(b->error.ok()) << b->error;
+  const KvCacheStats st = engine_->Stats().cache;
+  EXPECT_EQ(st.session_releases_closed, 1);  // the first turn's session
+  EXPECT_EQ(st.num_sessions, 1);             // the next turn's, started afresh
+  EXPECT_GT(st.pinned_blocks, 0);
   engine_->BeginDrain();
   engine_->Stop();
 }
