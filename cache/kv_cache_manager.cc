@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_check.h"
 #include "cache/eviction_policy.h"
@@ -243,9 +244,16 @@ bool KvCacheManager::MakeAllocatable(int64_t need) {
   while (need > pool_->num_free() && pool_->CanGrow() && pool_->Grow().ok()) {
   }
   if (need > NumObtainableBlocks()) return false;
+  // A session whose every block a sequence also holds would free nothing: passed by. Blocks
+  // that only pins hold (several sessions may pin one) become obtainable once every session
+  // pinning them is let go, and each of those sessions passes this test until then.
+  auto frees = [this](const std::vector<BlockId>& chain) {
+    return absl::c_any_of(chain,
+                          [this](BlockId b) { return pool_->RefCount(b) == pool_->PinCount(b); });
+  };
   while (need > pool_->NumObtainable()) {
     std::optional<SessionTable::Released> r =
-        sessions_.ReleaseOldest(SessionReleaseReason::kPressure);
+        sessions_.ReleaseOldest(SessionReleaseReason::kPressure, frees);
     KVD_CACHE_CHECK(r.has_value(), "MakeAllocatable: releasable pins ran out early");
     ReleaseSessions({*std::move(r)});
   }

@@ -104,16 +104,19 @@ std::vector<SessionTable::Released> SessionTable::ExpireIdle() {
 std::vector<SessionTable::Released> SessionTable::EnforcePinCap(int64_t max_pinned_blocks) {
   std::vector<Released> out;
   while (num_pinned_blocks() > max_pinned_blocks) {
-    std::optional<Released> r = ReleaseOldest(SessionReleaseReason::kPinCap);
+    std::optional<Released> r =
+        ReleaseOldest(SessionReleaseReason::kPinCap,
+                      [](const std::vector<BlockId>& chain) { return !chain.empty(); });
     if (!r.has_value()) break;
     out.push_back(*std::move(r));
   }
   return out;
 }
 
-std::optional<SessionTable::Released> SessionTable::ReleaseOldest(SessionReleaseReason reason) {
+std::optional<SessionTable::Released> SessionTable::ReleaseOldest(
+    SessionReleaseReason reason, absl::FunctionRef<bool(const std::vector<BlockId>&)> frees) {
   for (const auto& [last_use, id] : detached_) {
-    if (!sessions_.find(Key(id))->second.chain.empty()) return Forget(id, reason);
+    if (frees(sessions_.find(Key(id))->second.chain)) return Forget(id, reason);
   }
   return std::nullopt;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cache/block_links.h"
@@ -80,9 +81,10 @@ class SessionTable {
   // Detached sessions, oldest first, until at most `max_pinned_blocks` blocks are pinned;
   // sessions that pin nothing (left empty by a preempted turn that ended) are passed by.
   std::vector<Released> EnforcePinCap(int64_t max_pinned_blocks);
-  // The oldest detached session that pins a block, released for `reason`; nullopt when none
-  // does.
-  std::optional<Released> ReleaseOldest(SessionReleaseReason reason);
+  // The oldest detached session whose pinned chain `frees` accepts (the caller's test that
+  // letting it go would free something), released for `reason`; nullopt when there is none.
+  std::optional<Released> ReleaseOldest(SessionReleaseReason reason,
+                                        absl::FunctionRef<bool(const std::vector<BlockId>&)> frees);
   // Session `id` if it is still the one numbered `serial`, released for `reason` (attached
   // or not: an attached one gives back no chain, its sequence holds the blocks); nullopt
   // when it was released or re-created meanwhile.

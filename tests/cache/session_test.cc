@@ -492,6 +492,36 @@ TEST_F(SessionTest, PinCapAndPressurePassBySessionsThatPinNothing) {
   ExpectValid(*m);
 }
 
+// Memory pressure also passes by a session whose every pinned block a running sequence holds
+// too (it reached them through the prefix index): letting it go would free nothing, and would
+// leave its blocks unprotected once that sequence ends.
+TEST_F(SessionTest, PressurePassesByASessionWhoseBlocksARunningSequenceHolds) {
+  KvCacheOptions o = TinyOptions(2, 2);  // 8 blocks, no growth
+  o.max_pinned_fraction = 1;
+  auto m = Make(o);
+  Turn(*m, 1, Iota(8, 100), 0, "a", 0);  // "a" pins 2 blocks
+  ASSERT_EQ(*m->AddSequence(2, Iota(9, 100)), 8);
+  ASSERT_TRUE(Step(*m, 2, 1));  // sequence 2 holds "a"'s 2 blocks and 1 of its own
+  clock_.Advance(absl::Seconds(1));
+  Turn(*m, 3, Iota(8, 200), 0, "b", 0);  // "b", newer, pins 2 blocks no one else holds
+  ASSERT_EQ(m->stats().free_blocks, 3);
+  // 4 blocks: 1 more than is free. "b" gives way, not the older "a".
+  ASSERT_TRUE(m->AddSequence(4, Iota(16, 300)).ok());
+  ASSERT_TRUE(Step(*m, 4, 16));
+  ExpectValid(*m);
+  EXPECT_EQ(m->stats().session_releases_pressure, 1);
+  EXPECT_EQ(m->CloseSession("b").code(), absl::StatusCode::kNotFound);
+  m->Free(2);
+  m->Free(4);
+  // When nothing but pins hold "a"'s blocks, pressure takes it as any other.
+  ASSERT_TRUE(m->AddSequence(5, Iota(32, 400)).ok());
+  ASSERT_TRUE(Step(*m, 5, 32));
+  EXPECT_EQ(m->stats().session_releases_pressure, 2);
+  EXPECT_EQ(m->CloseSession("a").code(), absl::StatusCode::kNotFound);
+  m->Free(5);
+  ExpectValid(*m);
+}
+
 TEST_F(SessionTest, SessionsSurviveDefragmentationMoves) {
   KvCacheOptions o = TinyOptions(1, 2);
   o.defrag_max_moves_per_step = 1;
@@ -550,12 +580,17 @@ TEST(SessionTableTest, ABlockPinnedByTwoSessionsCountsOnceUntilBothLetGo) {
   EXPECT_EQ(t.Find("a")->chain_max, 7);
   ASSERT_TRUE(t.Attach("a").ok());  // "a"'s turn takes its chain back: 1 and 7 stay pinned
   EXPECT_EQ(t.num_pinned_blocks(), 3);
-  std::optional<SessionTable::Released> r = t.ReleaseOldest(SessionReleaseReason::kPressure);
+  // ReleaseOldest takes the oldest detached session whose chain the caller's test accepts.
+  auto any = [](const std::vector<BlockId>&) { return true; };
+  EXPECT_FALSE(t.ReleaseOldest(SessionReleaseReason::kPressure, [](const std::vector<BlockId>&) {
+                  return false;
+                }).has_value());
+  std::optional<SessionTable::Released> r = t.ReleaseOldest(SessionReleaseReason::kPressure, any);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->id, "b");
   EXPECT_EQ(r->chain, (std::vector<BlockId>{1, 7, 2}));
   EXPECT_EQ(t.num_pinned_blocks(), 0);
-  EXPECT_FALSE(t.ReleaseOldest(SessionReleaseReason::kPressure).has_value());
+  EXPECT_FALSE(t.ReleaseOldest(SessionReleaseReason::kPressure, any).has_value());
   // Release by serial: only the session still numbered so.
   EXPECT_FALSE(t.Release("a", a + 100, SessionReleaseReason::kPressure).has_value());
   EXPECT_TRUE(t.Release("a", a, SessionReleaseReason::kPressure).has_value());
