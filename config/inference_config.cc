@@ -20,7 +20,11 @@ absl::Status InferenceConfig::Validate() const {
         absl::StrCat("kv_cache_config.memory_pool.initial_size: invalid value '",
                      FormatByteSize(pool.initial_size_bytes), "' (", pool.initial_size_bytes,
                      " bytes); allowed: at most kv_cache_config.memory_pool.max_size, which is '",
-                     FormatByteSize(pool.max_size_bytes), "' (", pool.max_size_bytes, " bytes)"));
+                     FormatByteSize(pool.max_size_bytes), "' (", pool.max_size_bytes, " bytes)",
+                     pool.initial_size_bytes == MemoryPoolConfig{}.initial_size_bytes
+                         ? " (initial_size is at its default: a max_size under it needs "
+                           "initial_size set too)"
+                         : ""));
   }
   if (kv_cache.max_batch_size > scheduler.max_num_batched_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(

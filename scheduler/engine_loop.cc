@@ -182,7 +182,9 @@ void EngineLoop::Impl::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  AbortAll(absl::UnavailableError("the engine stopped"));
+  AbortAll(absl::UnavailableError(
+      "the server is shutting down and stopped the request before it finished; retry on "
+      "another server"));
 }
 
 void EngineLoop::Impl::RunUntilIdle() {

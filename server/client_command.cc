@@ -226,8 +226,9 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   const grpc::Status status = reader->Finish();
   if (wrote) out << "\n";
-  if (!status.ok()) return CallFailed(status, err);
-  if (flags.GetBool("usage")) {
+  // A call that ends with an error after its final message (aborted at a drain's end, say)
+  // still has its usage to print.
+  if (flags.GetBool("usage") && !last.finish_reason().empty()) {
     const v1::Usage& u = last.usage();
     err << "request_id=" << last.request_id() << " finish_reason=" << last.finish_reason()
         << " prompt_tokens=" << u.prompt_tokens()
@@ -237,6 +238,7 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
         << " ttft_s=" << u.time_to_first_token_seconds() << " total_s=" << u.total_time_seconds()
         << " preemptions=" << u.num_preemptions() << "\n";
   }
+  if (!status.ok()) return CallFailed(status, err);
   return 0;
 }
 

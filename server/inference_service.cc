@@ -107,9 +107,8 @@ grpc::Status StatusForFinish(FinishReason reason) {
     case FinishReason::kDeadline:
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           "the request's deadline passed before it finished");
-    case FinishReason::kAborted:
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the server stopped before the request finished (drain timeout)");
+    case FinishReason::kAborted:  // the engine gives an aborted request its error: a fallback
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server aborted the request");
     default:
       return grpc::Status::OK;
   }

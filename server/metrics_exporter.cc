@@ -85,7 +85,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Gauge("kvd_kv_pool_max_bytes", "Most bytes the KV arena may grow to.",
           static_cast<double>(c.max_bytes));
   w.Gauge("kvd_kv_pool_chunks", "KV arena chunks allocated now.", c.num_chunks);
-  w.Counter("kvd_kv_pool_chunks_grown", "KV arena chunks allocated since start.",
+  w.Counter("kvd_kv_pool_chunks_grown",
+            "KV arena chunks allocated since start beyond the initial ones (initial_size).",
             static_cast<double>(c.chunks_grown));
   w.Counter("kvd_kv_pool_chunks_released", "KV arena chunks returned since start.",
             static_cast<double>(c.chunks_released));
@@ -108,8 +109,6 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             "Cached blocks evicted: for room, or by defragmentation and the release of the top "
             "chunk.",
             static_cast<double>(c.evictions));
-  w.Counter("kvd_kv_cache_fork_copied_blocks", "Partial blocks copied when forking sequences.",
-            static_cast<double>(c.fork_copies));
   w.Gauge("kvd_sessions_active", "Sessions known to the cache.", c.num_sessions);
   w.Counters("kvd_sessions_released", "Sessions whose pins were released, by reason.",
              {{{{"reason", "idle"}}, static_cast<double>(c.session_releases_idle)},

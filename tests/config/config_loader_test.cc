@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The issue's example, verbatim.
 constexpr char kSeedsExample[] = R"(kv_cache_config:
@@ -327,6 +328,14 @@ TEST(ApplyOverridesTest, AppliesInOrderThenValidatesTheWhole) {
   const std::vector<std::string> inverted = {"kv_cache_config.memory_pool.initial_size=64GiB"};
   EXPECT_THAT(Message(ApplyOverrides(other, inverted)),
               HasSubstr("at most kv_cache_config.memory_pool.max_size"));
+  EXPECT_THAT(Message(ApplyOverrides(other, inverted)), Not(HasSubstr("default")));
+  // Lowering max_size alone under initial_size's default: the error says why initial_size is
+  // named.
+  InferenceConfig smaller;
+  const std::vector<std::string> max_only = {"kv_cache_config.memory_pool.max_size=512MiB"};
+  EXPECT_THAT(Message(ApplyOverrides(smaller, max_only)),
+              AllOf(HasSubstr("kv_cache_config.memory_pool.initial_size: invalid value '1GiB'"),
+                    HasSubstr("'512MiB'"), HasSubstr("initial_size is at its default")));
   const std::vector<std::string> no_equals = {"kv_cache_config.block_size"};
   EXPECT_THAT(Message(ApplyOverrides(other, no_equals)), HasSubstr("dotted.key=value"));
 }

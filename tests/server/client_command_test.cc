@@ -41,7 +41,9 @@ Result Client(const std::vector<std::string>& args) {
 
 // An Inference server on a free local port that records each GenerateRequest and answers
 // with two deltas ("Once", " upon"; ids 10, 11), then a last message with finish_reason
-// "stop", usage and the request id (the client's, or "made-up").
+// "stop", usage and the request id (the client's, or "made-up"). A request with the id
+// "shutdown" ends instead as a drain's end aborts one: finish_reason "aborted", then
+// UNAVAILABLE.
 class RecordingServer final : public v1::Inference::Service {
  public:
   RecordingServer() {
@@ -95,6 +97,11 @@ class RecordingServer final : public v1::Inference::Service {
     end.mutable_usage()->set_prompt_tokens(3);
     end.mutable_usage()->set_completion_tokens(2);
     end.mutable_usage()->set_num_preemptions(1);
+    if (id == "shutdown") {
+      end.set_finish_reason("aborted");
+      writer->Write(end);
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    }
     writer->Write(end);
     return grpc::Status::OK;
   }
@@ -186,6 +193,19 @@ TEST(ClientCommandTest, UsageLineNamesTheRequestAndItsPreemptions) {
   EXPECT_THAT(r.err, HasSubstr("request_id=made-up finish_reason=stop prompt_tokens=3"));
   EXPECT_THAT(r.err, HasSubstr("completion_tokens=2"));
   EXPECT_THAT(r.err, HasSubstr("preemptions=1"));
+}
+
+// A call that fails after its final message still prints that message's usage, then the
+// error.
+TEST(ClientCommandTest, UsageLineComesAlsoWhenTheCallEndsWithAnError) {
+  RecordingServer server;
+  ASSERT_TRUE(server.started());
+  const Result r = Client(
+      {"--address", server.address(), "--prompt", "hi", "--request-id", "shutdown", "--usage"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "Once upon\n");
+  EXPECT_THAT(r.err, HasSubstr("request_id=shutdown finish_reason=aborted prompt_tokens=3"));
+  EXPECT_THAT(r.err, HasSubstr("kvd client: UNAVAILABLE: the server is shutting down"));
 }
 
 TEST(ClientCommandTest, CloseSessionReleasesASessionOnceThenNotFound) {

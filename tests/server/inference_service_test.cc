@@ -317,6 +317,7 @@ TEST_F(InferenceServiceTest, EngineStopEndsAStreamWithAnAbortedFinalMessageThenU
   EXPECT_LT(tokens, 507u);
   EXPECT_EQ(last.usage().prompt_tokens(), 5u);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("the server is shutting down"));
 }
 
 // A stream's handler counts as open until it has written the final message: the daemon

@@ -285,9 +285,11 @@ TEST(ServeCommandTest, CheapChecksComeBeforeTheWeightsLoad) {
   std::filesystem::copy_file(std::filesystem::path(kModel).parent_path() / "tok512.bin",
                              dir / "tok512.bin");
   r = Serve({"--model", model, "--device", "cpu", "--metrics-address", "", "--set",
+             "kv_cache_config.memory_pool.initial_size=0", "--set",
              "kv_cache_config.memory_pool.max_size=1KiB"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, HasSubstr("kv_cache_config.memory_pool.max_size"));
+  EXPECT_THAT(r.err,
+              HasSubstr("kv_cache_config.memory_pool.max_size: 1KiB is smaller than one KV block"));
 
   r = Serve({"--model", model, "--device", "cpu", "--metrics-address", ""});  // now the NaN
   EXPECT_EQ(r.code, 1);
