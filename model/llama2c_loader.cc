@@ -132,7 +132,7 @@ absl::StatusOr<ModelSpec> SpecFromParams(const std::string& path, const RawParam
   spec.shared_classifier = shared_classifier;
   spec.bos_token_id = 1;
   spec.eos_token_id = 2;
-  spec.stop_token_id = spec.bos_token_id;
+  spec.ends_at_bos = true;
   if (absl::Status s = spec.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(Where(path), ": ", s.message()));
   }

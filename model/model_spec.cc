@@ -43,10 +43,10 @@ absl::Status ModelSpec::Validate() const {
         absl::StrCat("model spec: norm_eps must be positive, got ", norm_eps));
   }
   if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
-      eos_token_id >= vocab_size || StopTokenId() < 0 || StopTokenId() >= vocab_size) {
+      eos_token_id >= vocab_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model spec: bos/eos/stop token ids (", bos_token_id, ", ", eos_token_id, ", ",
-                     StopTokenId(), ") must be in [0, vocab_size ", vocab_size, ")"));
+        absl::StrCat("model spec: bos/eos token ids (", bos_token_id, ", ", eos_token_id,
+                     ") must be in [0, vocab_size ", vocab_size, ")"));
   }
   return absl::OkStatus();
 }

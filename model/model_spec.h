@@ -2,8 +2,8 @@
 #define KVD_MODEL_MODEL_SPEC_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/params.h"
@@ -27,12 +27,16 @@ struct ModelSpec {
   bool shared_classifier = true;  // output projection is the token embedding table
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;
-  // Where a completion ends unless the request says otherwise, when not EOS: a llama2.c
-  // checkpoint ends a story with BOS (run.c stops there), whatever its file is called.
-  std::optional<int32_t> stop_token_id;
+  // A llama2.c checkpoint, whatever its file is called: a story model ends a story with BOS
+  // (run.c's generate stops there), a chat model its answer with EOS (run.c's chat).
+  bool ends_at_bos = false;
 
-  // The token a completion ends at by default: stop_token_id, else EOS.
-  int32_t StopTokenId() const { return stop_token_id.value_or(eos_token_id); }
+  // The tokens a completion ends at unless the request says otherwise: EOS, and BOS first
+  // where ends_at_bos.
+  std::vector<int32_t> StopTokenIds() const {
+    if (ends_at_bos) return {bos_token_id, eos_token_id};
+    return {eos_token_id};
+  }
 
   // Returns InvalidArgument naming the first inconsistent field.
   absl::Status Validate() const;

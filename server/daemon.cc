@@ -148,7 +148,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
   limits.pool_tokens = max_blocks * int64_t{cache_options.block_size};
   limits.default_seed = config.model.seed;
-  limits.default_stop_token_ids = {spec.StopTokenId()};
+  limits.default_stop_token_ids = spec.StopTokenIds();
   ServedModelInfo info;
   info.spec = spec;
   info.backend = std::string(d.backend->name());

@@ -52,12 +52,13 @@ FlagSet MakeFlags() {
       "Completes PROMPT with the model and prints the completion (the prompt is not\n"
       "repeated); with --prompt-token-ids, which needs no tokenizer (synthetic models have\n"
       "none), the generated token ids are printed instead, space-separated.\n"
-      "llama2.c models stop at BOS (id 1), as llama2.c's run.c does. On cuda the\n"
-      "weights and the KV cache are bf16 (logits differ slightly from the fp32 CPU\n"
-      "reference); synthetic models are generated in device memory from --seed. A number\n"
-      "outside its flag's range (below) is a usage error, never wrapped or clamped, as is a\n"
-      "sampling value outside the range its help gives or a --device other than those three;\n"
-      "both are refused before the model loads.");
+      "llama2.c models stop at BOS (id 1), as llama2.c's run.c does, or at EOS (id 2),\n"
+      "where a chat model ends its answer; others at EOS. On cuda the weights and the KV\n"
+      "cache are bf16 (logits differ slightly from the fp32 CPU reference); synthetic\n"
+      "models are generated in device memory from --seed. A number outside its flag's\n"
+      "range (below) is a usage error, never wrapped or clamped, as is a sampling value\n"
+      "outside the range its help gives or a --device other than those three; both are\n"
+      "refused before the model loads.");
   f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
               "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
@@ -218,7 +219,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
 
   request.max_new_tokens = static_cast<int32_t>(flags.GetInt("max-tokens"));
   request.sampling = sampling;
-  request.stop_token_ids = {spec.StopTokenId()};
+  request.stop_token_ids = spec.StopTokenIds();
 
   RealClock clock;
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));

@@ -140,7 +140,7 @@ World& TheWorld() {
     limits.max_stop_string_bytes = 8;
     limits.max_stop_token_ids = 4;
     limits.max_id_bytes = kMaxIdBytes;
-    limits.default_stop_token_ids = {w->spec.StopTokenId()};
+    limits.default_stop_token_ids = w->spec.StopTokenIds();
     w->validator.emplace(limits, &kvd::fuzz::Stories260kTokenizer());
     w->info.spec = w->spec;
     w->info.backend = "cpu";

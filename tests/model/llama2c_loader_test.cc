@@ -232,7 +232,8 @@ TEST(Llama2cLoaderTest, Stories260KLoadsWithItsPublishedSpec) {
   EXPECT_EQ(s.norm_eps, 1e-5f);
   EXPECT_EQ(s.bos_token_id, 1);
   EXPECT_EQ(s.eos_token_id, 2);
-  EXPECT_EQ(s.StopTokenId(), 1);  // a story ends with BOS, as run.c stops
+  // A story ends with BOS, as run.c's generate stops; a chat model's answer with EOS.
+  EXPECT_EQ(s.StopTokenIds(), (std::vector<int32_t>{1, 2}));
 
   EXPECT_EQ(w->token_embedding.size(), 512u * 64);
   EXPECT_EQ(w->final_norm.size(), 64u);
@@ -273,13 +274,14 @@ TEST(Llama2cLoaderTest, Stories260KLoadsWithItsPublishedSpec) {
 
 // The format, not the file's name, sets where a completion stops: a checkpoint called
 // .ckpt is the same llama2.c model (serve once chose BOS by a ".bin" suffix).
-TEST(Llama2cLoaderTest, AnyFileNameStopsAtBos) {
+TEST(Llama2cLoaderTest, AnyFileNameStopsAtBosAndEos) {
   const std::string path = UniqueTempPath("stories260K.ckpt");
   WriteFile(path, ReadFile(kStoriesPath));
   absl::StatusOr<ModelWeights> w = LoadModel(path);
   std::filesystem::remove(path);
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(w->spec.StopTokenId(), w->spec.bos_token_id);
+  EXPECT_TRUE(w->spec.ends_at_bos);
+  EXPECT_EQ(w->spec.StopTokenIds(), (std::vector<int32_t>{1, 2}));
 }
 
 TEST(Llama2cLoaderTest, ReadSpecMatchesTheFullLoad) {

@@ -37,7 +37,8 @@ TEST(SyntheticSpecTest, Llama3_8bMatchesMetaLlama3Config) {
   EXPECT_FALSE(s.shared_classifier);
   EXPECT_EQ(s.bos_token_id, 128000);
   EXPECT_EQ(s.eos_token_id, 128001);
-  EXPECT_EQ(s.StopTokenId(), 128001);  // <|end_of_text|>: not a llama2.c model
+  // <|end_of_text|> alone: not a llama2.c model.
+  EXPECT_EQ(s.StopTokenIds(), std::vector<int32_t>{128001});
   EXPECT_TRUE(s.Validate().ok());
   // The parameter count Meta publishes for Llama 3 8B.
   EXPECT_EQ(s.NumParameters(), 8'030'261'248);
@@ -186,15 +187,15 @@ TEST(SyntheticWeightsTest, RefusesWeightsOverTheHostLimit) {
             absl::StatusCode::kResourceExhausted);
 }
 
-TEST(ModelSpecTest, TheStopTokenIsEosUnlessSetAndMustBeInTheVocabulary) {
+TEST(ModelSpecTest, StopTokensAreEosAndBosFirstWhereTheModelEndsAtBos) {
   ModelSpec spec = Spec("tiny");
-  EXPECT_EQ(spec.StopTokenId(), spec.eos_token_id);
-  spec.stop_token_id = spec.bos_token_id;
-  EXPECT_EQ(spec.StopTokenId(), spec.bos_token_id);
-  spec.stop_token_id = spec.vocab_size;
+  EXPECT_EQ(spec.StopTokenIds(), std::vector<int32_t>{spec.eos_token_id});
+  spec.ends_at_bos = true;
+  EXPECT_EQ(spec.StopTokenIds(), (std::vector<int32_t>{spec.bos_token_id, spec.eos_token_id}));
+  spec.eos_token_id = spec.vocab_size;
   const absl::Status s = spec.Validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("stop"));
+  EXPECT_THAT(s.message(), HasSubstr("bos/eos token ids"));
 }
 
 TEST(SyntheticWeightsTest, InvalidSpecIsRefused) {

@@ -51,6 +51,18 @@ TEST(KvdGenerateTest, StopsAtBosLikeLlama2c) {
   EXPECT_EQ(j["output_tokens"].size(), 220u);  // golden: 220 tokens, then BOS
 }
 
+// A llama2.c model also stops at EOS (id 2), where a chat model ends its answer. stories260K
+// never emits it greedily; sampled this hot, its 44th token is EOS: generation ends before it.
+TEST(KvdGenerateTest, StopsAtEosToo) {
+  const KvdResult r = RunKvd(kGenerate +
+                             " --prompt-token-ids 1 --max-tokens 100 --temperature 50 --seed 4"
+                             " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stop"], "stop");
+  EXPECT_EQ(j["output_tokens"].size(), 43u);
+}
+
 TEST(KvdGenerateTest, SeededSamplingIsReproducible) {
   const std::string args = kGenerate +
                            " --prompt 'The little dog' --max-tokens 40 --temperature 0.9"
