@@ -11,9 +11,20 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stop
 std::string StopMatcher::Push(const std::string& delta) {
   if (stopped_) return "";
   held_ += delta;
-  // Earliest complete match wins.
+  // The match that completes first wins (of those, the longest), as if the text had come one
+  // byte at a time: the cut never depends on how the text was split into deltas. A stop
+  // string's first occurrence is also where it first completes.
   size_t match = std::string::npos;
-  for (const std::string& s : stops_) match = std::min(match, held_.find(s));
+  size_t match_end = std::string::npos;
+  for (const std::string& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < match_end || (end == match_end && at < match)) {
+      match = at;
+      match_end = end;
+    }
+  }
   if (match != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, match);

@@ -14,7 +14,9 @@ class StopMatcher {
   explicit StopMatcher(std::vector<std::string> stops);
 
   // Appends `delta`; returns newly safe text. After a match, returns the text before it
-  // and stopped() turns true; further input is ignored.
+  // and stopped() turns true; further input is ignored. Where several stop strings occur,
+  // the one that completes first is the match (of those, the longest), so that the result
+  // is the same however the text is split into deltas.
   std::string Push(const std::string& delta);
   // The text held back (at the end of a stream that stopped for another reason).
   std::string Flush();

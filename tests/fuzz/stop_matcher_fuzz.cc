@@ -1,10 +1,12 @@
 // Fuzz target: StopMatcher over any stop strings and any split of the generated text.
 //
-// Invariants, after every Push: what has been streamed is exactly the text so far up to
-// the earliest occurrence of a stop string in it (then stopped() is true and nothing more
-// comes), or, with no occurrence yet, the text so far less its longest tail that is a
-// proper prefix of some stop string (the held-back part, which Flush() returns). The
-// reference below rescans the whole text each time; the matcher must agree with it.
+// Invariants, after every Push: once a stop string occurs in the text so far, what has been
+// streamed is exactly the text up to the match that byte-at-a-time generation would stop at
+// (the shortest prefix of the text that ends with a stop string; of the stop strings it ends
+// with, the longest starts the cut), then stopped() is true and nothing more comes. With no
+// occurrence yet, it is the text so far less its longest tail that is a proper prefix of
+// some stop string (the held-back part, which Flush() returns). The reference below rescans
+// the whole text each time; the matcher must agree with it, however the text was split.
 
 #include <algorithm>
 #include <cstdint>
@@ -32,6 +34,21 @@ size_t HeldBack(std::string_view text, const std::vector<std::string>& stops) {
   return held;
 }
 
+// Where byte-at-a-time generation of `text` would cut it for a stop string (npos: none
+// occurs): at the first end of a stop string, less the longest one ending there.
+size_t CutAt(std::string_view text, const std::vector<std::string>& stops) {
+  for (size_t end = 1; end <= text.size(); ++end) {
+    size_t longest = 0;
+    for (const std::string& stop : stops) {
+      if (stop.size() <= end && text.substr(end - stop.size(), stop.size()) == stop) {
+        longest = std::max(longest, stop.size());
+      }
+    }
+    if (longest > 0) return end - longest;
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -57,9 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     text += delta;
     streamed += out;
-    size_t match = std::string::npos;
-    for (const std::string& stop : nonempty_stops) match = std::min(match, text.find(stop));
-    if (match != std::string::npos) {
+    const size_t match = CutAt(text, nonempty_stops);
+    if (match != std::string_view::npos) {
       Require(matcher.stopped(), "a stop string went by unnoticed");
       Require(streamed == text.substr(0, match), "stopped at the wrong place");
     } else {

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "scheduler/output_length_predictor.h"
 
 namespace kvd {
@@ -18,14 +22,44 @@ TEST(StopMatcherTest, HoldsBackPossiblePrefixesAndCutsAtTheMatch) {
   EXPECT_EQ(m.Flush(), "");
 }
 
-TEST(StopMatcherTest, EarliestMatchWinsAndFlushReturnsTheRest) {
+TEST(StopMatcherTest, FirstToCompleteWinsAndFlushReturnsTheRest) {
   StopMatcher m({"b", "abc"});
-  EXPECT_EQ(m.Push("xxabc"), "xx");  // "abc" starts before "b"
+  EXPECT_EQ(m.Push("xxabc"), "xxa");  // "b" completes before "abc", though it starts later
+  StopMatcher longest({"bc", "abc", "c"});
+  EXPECT_EQ(longest.Push("xxabcd"), "xx");  // all three complete at the "c": the longest
   StopMatcher n({"zz"});
   EXPECT_EQ(n.Push("az"), "a");
   EXPECT_EQ(n.Flush(), "z");
   StopMatcher none({});
   EXPECT_EQ(none.Push("abc"), "abc");
+}
+
+// The same text gives the same output and stop however it is split into deltas: every split
+// of each text into up to three pieces against stop sets where strings overlap, nest or
+// share prefixes.
+TEST(StopMatcherTest, TheResultDoesNotDependOnHowTheTextIsSplit) {
+  const std::vector<std::vector<std::string>> stop_sets = {
+      {"b", "abc"}, {"abcd", "bc"}, {"aab", "ab", "b"}, {"END", "\n\n"}, {"abab", "bab"}};
+  const std::vector<std::string> texts = {"xxabcd", "aaabab", "ab\n\nEND", "ababab", "zzz"};
+  for (const auto& stops : stop_sets) {
+    for (const std::string& text : texts) {
+      auto run = [&](const std::vector<std::string>& pieces) {
+        StopMatcher m(stops);
+        std::string out;
+        for (const std::string& p : pieces) out += m.Push(p);
+        const bool stopped = m.stopped();
+        out += m.Flush();
+        return std::make_pair(out, stopped);
+      };
+      const auto whole = run({text});
+      for (size_t i = 0; i <= text.size(); ++i) {
+        for (size_t j = i; j <= text.size(); ++j) {
+          EXPECT_EQ(run({text.substr(0, i), text.substr(i, j - i), text.substr(j)}), whole)
+              << "text " << text << " split at " << i << ", " << j;
+        }
+      }
+    }
+  }
 }
 
 TEST(OutputLengthPredictorTest, TracksTheQuantileOfRecentLengths) {
