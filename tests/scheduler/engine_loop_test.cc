@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cache/clock.h"
@@ -91,6 +92,15 @@ class EngineLoopTest : public ::testing::Test {
     r.max_tokens = golden_[golden_index].max_tokens;
     r.sampling.temperature = 0;
     r.stop_token_ids = {1};
+    return r;
+  }
+
+  // A greedy turn of session `session_id`: golden case `golden_index`'s prompt, cut to
+  // `max_tokens` tokens.
+  Request SessionTurn(size_t golden_index, int32_t max_tokens, std::string session_id = "s") {
+    Request r = Greedy(golden_index);
+    r.max_tokens = max_tokens;
+    r.session_id = std::move(session_id);
     return r;
   }
 
@@ -558,10 +568,7 @@ TEST_F(PreemptedSessionTest, CancellingItsTurnWhileItWaitsFreesTheSession) {
 TEST_F(EngineLoopTest, CloseSessionReleasesAtOnce) {
   MakeCache(64, 4);
   MakeEngine();
-  Request r = Greedy(0);
-  r.max_tokens = 20;
-  r.session_id = "s";
-  Submit(r);
+  Submit(SessionTurn(0, 20));
   engine_->RunUntilIdle();
   ASSERT_GT(cache_->stats().pinned_blocks, 0);
   EXPECT_TRUE(engine_->CloseSession("s").ok());
@@ -575,9 +582,7 @@ TEST_F(EngineLoopTest, CloseSessionReleasesAtOnce) {
 TEST_F(EngineLoopTest, ClosingASessionCoversItsTurnsNotYetStarted) {
   MakeCache(64, 4);
   MakeEngine();
-  Request r = Greedy(0);
-  r.max_tokens = 20;
-  r.session_id = "s";
+  const Request r = SessionTurn(0, 20);
   Stream* turn = Submit(r);
   EXPECT_TRUE(engine_->CloseSession("s").ok());
   engine_->RunUntilIdle();
@@ -601,20 +606,14 @@ TEST_F(EngineLoopTest, ClosingASessionCoversItsTurnsNotYetStarted) {
 TEST_F(EngineLoopTest, ClosingASessionCoversATurnWaitingForTheRunningOne) {
   MakeCache(64, 4);
   MakeEngine();
-  Request first = Greedy(0);
-  first.max_tokens = 20;
-  first.session_id = "s";
-  Request second = Greedy(1);
-  second.max_tokens = 10;
-  second.session_id = "s";
   bool closed = false;
-  Stream* a = Submit(first, nullptr, [&](const Stream& s) {
+  Stream* a = Submit(SessionTurn(0, 20), nullptr, [&](const Stream& s) {
     if (closed || s.tokens.size() < 5) return;
     closed = true;
     EXPECT_EQ(cache_->stats().num_sessions, 1);
     EXPECT_TRUE(engine_->CloseSession("s").ok());
   });
-  Stream* b = Submit(second);
+  Stream* b = Submit(SessionTurn(1, 10));
   engine_->RunUntilIdle();
   ASSERT_TRUE(closed);
   ASSERT_TRUE(a->finished && b->finished);
@@ -635,15 +634,10 @@ TEST_F(EngineLoopTest, ClosingASessionOnTheEngineThreadCoversItsQueuedTurns) {
   MakeCache(64, 4);
   MakeEngine();
   engine_->Start();
-  Request first = Greedy(0);
-  first.max_tokens = 200;
+  Request first = SessionTurn(0, 200);
   first.stop_token_ids.clear();
-  first.session_id = "s";
-  Request second = Greedy(1);
-  second.max_tokens = 10;
-  second.session_id = "s";
   Submit(first);
-  Stream* b = Submit(second);
+  Stream* b = Submit(SessionTurn(1, 10));
   EXPECT_TRUE(engine_->CloseSession("s").ok());
   ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
   ASSERT_TRUE(b->finished);
@@ -663,20 +657,14 @@ TEST_F(EngineLoopTest, ATurnSentAfterTheCloseInTheSameIntakeStartsTheSessionAfre
   MakeCache(64, 4);
   MakeEngine();
   engine_->Start();
-  Request first = Greedy(0);
-  first.max_tokens = 20;
-  first.session_id = "s";
-  Request next = Greedy(1);
-  next.max_tokens = 10;
-  next.session_id = "s";
   std::thread closer;
   absl::Status closed = absl::UnknownError("not called");
   Stream* b = nullptr;
-  Submit(first, nullptr, [&](const Stream& s) {
+  Submit(SessionTurn(0, 20), nullptr, [&](const Stream& s) {
     if (b != nullptr || s.tokens.empty()) return;
     closer = std::thread([&] { closed = engine_->CloseSession("s"); });
     absl::SleepFor(absl::Milliseconds(300));  // the close is queued: it waits for the intake
-    b = Submit(next);
+    b = Submit(SessionTurn(1, 10));
   });
   ASSERT_TRUE(engine_->WaitIdle(absl::Seconds(60)));
   closer.join();
