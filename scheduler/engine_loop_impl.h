@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
 #include "scheduler/engine_loop.h"
 #include "scheduler/output_length_predictor.h"
 #include "scheduler/sequence.h"
@@ -66,7 +67,7 @@ class EngineLoop::Impl {
   // once); later turns keep it and start it afresh. Then the cache releases its pins.
   // NotFound when neither the cache nor such a turn knew the id.
   absl::Status CloseSessionNow(const std::string& session_id, uint64_t submitted_before,
-                               std::vector<SeqPtr>& queued);
+                               absl::Span<const SeqPtr> queued = {});
   void ExpireDeadlines();
   // Blocks s is still expected to take: TargetBlocks(s) less what it holds (0 if more).
   int64_t BlocksToCome(const Sequence& s) const;

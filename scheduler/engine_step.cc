@@ -54,27 +54,25 @@ void EngineLoop::Impl::DrainIngress() {
     }
   }
   for (SessionClose& c : closes) {
-    std::vector<SeqPtr> none;  // the intake above moved every turn to waiting_
-    *c.result = CloseSessionNow(c.session_id, c.submitted_before, none);
+    // The intake above moved every turn to waiting_.
+    *c.result = CloseSessionNow(c.session_id, c.submitted_before);
     c.done->Notify();
   }
 }
 
 absl::Status EngineLoop::Impl::CloseSessionNow(const std::string& session_id,
                                                uint64_t submitted_before,
-                                               std::vector<SeqPtr>& queued) {
+                                               absl::Span<const SeqPtr> queued) {
   bool had_turns = false;
-  for (auto* list : {&queued, &waiting_}) {
-    for (SeqPtr& s : *list) {
-      // A turn scheduled before was preempted: the cache holds its session for it.
-      if (s->handle >= submitted_before || s->scheduled_once ||
-          s->request.session_id != session_id) {
-        continue;
-      }
+  auto detach = [&](const SeqPtr& s) {
+    // A turn scheduled before was preempted: the cache holds its session for it.
+    if (s->handle < submitted_before && !s->scheduled_once && s->request.session_id == session_id) {
       s->request.session_id.clear();
       had_turns = true;
     }
-  }
+  };
+  for (const SeqPtr& s : queued) detach(s);
+  for (const SeqPtr& s : waiting_) detach(s);
   absl::Status closed = cache_->CloseSession(session_id);
   if (had_turns && absl::IsNotFound(closed)) return absl::OkStatus();
   return closed;
