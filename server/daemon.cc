@@ -87,23 +87,30 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   }
   int threads = config.server.num_threads;
   if (threads <= 0) threads = UsableCpus();
-  if (!setup.device_fallback.empty()) {
-    out << "kvd: " << setup.device_source << " auto runs on the CPU: " << setup.device_fallback
-        << "\n";
-  }
-  auto backend = MakeBackend(setup.device, threads);
-  if (!backend.ok()) {
-    return Prefixed(setup.device_source, backend.status());
-  }
-  d.backend = *std::move(backend);
   // Every cheap check before the weights load (minutes for a large checkpoint): the spec from
-  // the header, the tokenizer, the pool's size.
+  // the header (also before the backend is made, for the device to fit the model), the
+  // tokenizer, the pool's size.
   const std::string model_field = absl::StrCat("model.path '", model_path, "'");
   auto header_spec = LoadModelSpec(model_path);
   if (!header_spec.ok()) {
     return Prefixed(model_field, header_spec.status());
   }
   const ModelSpec& spec = *header_spec;
+  auto fitted = FitDeviceToModel(setup.device, spec.head_dim);
+  if (!fitted.ok()) return Prefixed(setup.device_source, fitted.status());
+  const Device device = fitted->device;
+  if (device != setup.device.device) {  // the CPU, for "auto": what it supports
+    if (absl::Status s = CheckServable(config, device); !s.ok()) return s;
+  }
+  if (!fitted->fallback_reason.empty()) {
+    out << "kvd: " << setup.device_source << " auto runs on the CPU: " << fitted->fallback_reason
+        << "\n";
+  }
+  auto backend = MakeBackend(device, threads);
+  if (!backend.ok()) {
+    return Prefixed(setup.device_source, backend.status());
+  }
+  d.backend = *std::move(backend);
 
   if (!config.model.tokenizer.empty()) {
     auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
@@ -122,12 +129,12 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
       CacheOptionsFrom(config.kv_cache, DefaultKvDtype(*d.backend), shape);
   if (absl::Status s = CheckPoolSize(config.kv_cache, cache_options, shape); !s.ok()) return s;
 
-  auto model = LoadModelOn(model_path, config.model.seed, setup.device, d.backend.get());
+  auto model = LoadModelOn(model_path, config.model.seed, device, d.backend.get());
   if (!model.ok()) {
     return Prefixed(model_field, model.status());
   }
   d.model = *std::move(model);
-  const bool graphs = cuda_graphs && setup.device == Device::kCuda;
+  const bool graphs = cuda_graphs && device == Device::kCuda;
   if (graphs) {
     d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
   }
@@ -218,9 +225,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
       << " layers, vocab " << spec.vocab_size << ", context " << limits.max_context_tokens
       << " tokens; backend " << info.backend << " ("
-      << (setup.device == Device::kCuda
-              ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
-              : absl::StrCat(threads, " threads"))
+      << (device == Device::kCuda ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
+                                  : absl::StrCat(threads, " threads"))
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
       << max_blocks << " blocks\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";

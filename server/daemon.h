@@ -24,14 +24,13 @@
 
 namespace kvd {
 
-// What `kvd serve` decided before loading anything: the validated config and the device it
-// runs on.
+// What `kvd serve` decided before loading anything: the validated config and the device
+// (StartDaemon fits it to the model, FitDeviceToModel, and says why "auto" runs on the CPU
+// where it does).
 struct ServeSetup {
   InferenceConfig config;
-  Device device = Device::kCpu;
+  DeviceChoice device;
   const char* device_source = "model.device";  // or "--device": what device errors name
-  // Why "auto" runs on the CPU although a GPU is visible (DeviceChoice); StartDaemon says it.
-  std::string device_fallback;
 };
 
 // Everything a serving daemon runs on, in construction order (destroyed in reverse).

@@ -107,8 +107,8 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags) {
     return Prefixed(device_source, device.status());
   }
   if (absl::Status st = CheckServable(config, device->device); !st.ok()) return st;
-  return ServeSetup{std::move(config), device->device, device_source,
-                    std::move(device->fallback_reason)};
+  // StartDaemon fits the device to the model once it has read its header (FitDeviceToModel).
+  return ServeSetup{std::move(config), *std::move(device), device_source};
 }
 
 const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }

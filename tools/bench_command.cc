@@ -418,7 +418,11 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
                        spec->max_context_tokens)));
     }
   }
-  auto choice = ResolveDevice(flags.GetString("device"));
+  auto resolved = ResolveDevice(flags.GetString("device"));
+  if (!resolved.ok()) {
+    return fail(Prefixed("--device", resolved.status()));
+  }
+  auto choice = FitDeviceToModel(*resolved, spec->head_dim);
   if (!choice.ok()) {
     return fail(Prefixed("--device", choice.status()));
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/cuda/cuda_support.h"
 #include "tools/cpu_count.h"
 #if defined(KVD_HAVE_CUDA)
 #include "kernels/cuda/cublas_api.h"
@@ -79,28 +80,51 @@ absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view typed, const CudaProb
   }
   const bool is_auto = name == "auto";
   if (!probe.built) {
-    if (is_auto) return DeviceChoice{Device::kCpu, ""};
+    if (is_auto) return DeviceChoice{Device::kCpu, "", true};
     return absl::FailedPreconditionError(
         "'cuda': this kvd was built without the CUDA backend (configure with a CUDA toolkit and "
         "KVD_CUDA=ON)");
   }
   if (!probe.devices.ok() || *probe.devices <= 0) {
-    if (is_auto) return DeviceChoice{Device::kCpu, ""};
+    if (is_auto) return DeviceChoice{Device::kCpu, "", true};
     // The runtime's reason, where it gave one: a driver too old for this runtime reads as
     // "no GPU" otherwise.
     return absl::UnavailableError(absl::StrCat(
         "'cuda': no CUDA device is visible (no GPU or no driver)",
         probe.devices.ok() ? "" : absl::StrCat(": ", probe.devices.status().message())));
   }
+  if (!probe.compute_capability.ok() || *probe.compute_capability < cuda::kMinComputeCapability) {
+    const std::string why =
+        probe.compute_capability.ok()
+            ? absl::StrCat("GPU 0 ", cuda::ComputeCapabilityShortfall(*probe.compute_capability))
+            : absl::StrCat("GPU 0's compute capability could not be read: ",
+                           probe.compute_capability.status().message());
+    if (is_auto) {
+      return DeviceChoice{Device::kCpu,
+                          absl::StrCat("a GPU is visible but the CUDA backend cannot run: ", why),
+                          true};
+    }
+    return absl::FailedPreconditionError(absl::StrCat("'cuda': ", why));
+  }
   if (!probe.cublas.ok()) {
     if (is_auto) {
       return DeviceChoice{Device::kCpu,
                           absl::StrCat("a GPU is visible but the CUDA backend cannot run: ",
-                                       probe.cublas.message())};
+                                       probe.cublas.message()),
+                          true};
     }
     return absl::UnavailableError(absl::StrCat("'cuda': ", probe.cublas.message()));
   }
-  return DeviceChoice{Device::kCuda, ""};
+  return DeviceChoice{Device::kCuda, "", is_auto};
+}
+
+absl::StatusOr<DeviceChoice> FitDeviceToModel(const DeviceChoice& choice, int head_dim) {
+  if (choice.device != Device::kCuda || cuda::HasAttentionKernel(head_dim)) return choice;
+  const std::string why = absl::StrCat("the model's head_dim ", head_dim,
+                                       " has no CUDA attention kernel (64 and 128, or up to ",
+                                       cuda::kGenericAttentionMaxHeadDim, ")");
+  if (choice.automatic) return DeviceChoice{Device::kCpu, why, true};
+  return absl::FailedPreconditionError(absl::StrCat("'cuda': ", why, "; the CPU backend runs it"));
 }
 
 absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view typed) {
@@ -109,7 +133,10 @@ absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view typed) {
 #if defined(KVD_HAVE_CUDA)
   if (const std::string name = DeviceKey(typed); name == "cuda" || name == "auto") {
     probe.devices = CountCudaDevices();
-    if (probe.devices.ok() && *probe.devices > 0) probe.cublas = LoadCublas().status();
+    if (probe.devices.ok() && *probe.devices > 0) {
+      probe.compute_capability = CudaComputeCapability(0);
+      probe.cublas = LoadCublas().status();
+    }
   }
 #endif
   return ChooseDevice(typed, probe);

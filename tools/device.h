@@ -34,6 +34,9 @@ struct CudaProbe {
   bool built = false;               // this binary has the CUDA backend
   absl::StatusOr<int> devices = 0;  // GPUs visible, or why the runtime could not count them
   absl::Status cublas;              // whether the cuBLAS libraries load (asked only with a GPU)
+  // GPU 0's compute capability, major * 10 + minor (asked only with a GPU), or why it could
+  // not be read.
+  absl::StatusOr<int> compute_capability = 0;
 };
 
 // A resolved device name.
@@ -42,20 +45,29 @@ struct DeviceChoice {
   // Set when "auto" runs on the CPU although a GPU is visible: why (the CUDA backend cannot
   // run here), for the command to tell the user; empty otherwise.
   std::string fallback_reason;
+  bool automatic = false;  // resolved from "auto"
 };
 
 // Pure: what a device name, in any case (a --device flag or the config's model.device),
-// resolves to given `probe`. "cpu"; "cuda" (FailedPrecondition on a build without CUDA,
-// Unavailable when no GPU is visible or the cuBLAS libraries do not load); "auto" is cuda
-// when "cuda" would be, else cpu (with the reason when a GPU is visible). InvalidArgument
+// resolves to given `probe`. "cpu"; "cuda" (FailedPrecondition on a build without CUDA or
+// on a GPU older than the kernels need, Unavailable when no GPU is visible or the cuBLAS
+// libraries do not load); "auto" is cuda when "cuda" would be, else cpu (with the reason
+// when a GPU is visible). InvalidArgument
 // for anything else. Error messages name the value as typed but not where it came from: the
 // caller prefixes the flag or the config key the user set (e.g. "--device: ",
 // "model.device: ").
 absl::StatusOr<DeviceChoice> ChooseDevice(std::string_view name, const CudaProbe& probe);
 
 // ChooseDevice with this machine's probe: GPUs are counted only for "cuda" and "auto", and
-// the cuBLAS libraries loaded (as the CUDA backend would) only when one is visible.
+// GPU 0's compute capability read and the cuBLAS libraries loaded (as the CUDA backend
+// would) only when one is visible.
 absl::StatusOr<DeviceChoice> ResolveDevice(std::string_view name);
+
+// Pure: the device a model of `head_dim` runs on, given `choice`. The choice stands unless
+// it is cuda and the CUDA backend has no attention kernel for that head_dim
+// (cuda::HasAttentionKernel): then "auto" runs on the CPU, saying why, and "cuda" is
+// FailedPrecondition (the caller prefixes the flag or key, as for ChooseDevice).
+absl::StatusOr<DeviceChoice> FitDeviceToModel(const DeviceChoice& choice, int head_dim);
 
 // A CpuBackend with `cpu_threads` threads (<= 0: UsableCpus()), or a CudaBackend on GPU 0.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_threads);

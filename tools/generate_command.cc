@@ -164,23 +164,25 @@ absl::Status CheckFlagValues(const FlagSet& flags) {
 absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, bool* usage_error) {
   const std::string model_ref = flags.GetString("model");
   const SamplingParams sampling = SamplingFromFlags(flags);
-  auto device = ResolveDevice(flags.GetString("device"));
-  if (!device.ok()) {
-    return Prefixed("--device", device.status());
+  auto resolved = ResolveDevice(flags.GetString("device"));
+  if (!resolved.ok()) {
+    return Prefixed("--device", resolved.status());
   }
+  // Synthetic weights are made in backend memory (no host fp32 copy, any size); checkpoints
+  // are loaded on the host and uploaded.
+  // The spec (the header alone) and the tokenizer are checked before the weights load; the
+  // spec also before the backend is made, for the device to fit the model.
+  const bool synthetic = model_ref.rfind("synthetic:", 0) == 0;
+  auto header_spec = LoadModelSpec(model_ref);
+  if (!header_spec.ok()) return header_spec.status();
+  const ModelSpec& spec = *header_spec;
+  auto device = FitDeviceToModel(*resolved, spec.head_dim);
+  if (!device.ok()) return Prefixed("--device", device.status());
   if (!device->fallback_reason.empty()) {
     err << "kvd generate: --device auto runs on the CPU: " << device->fallback_reason << "\n";
   }
   auto backend = MakeBackend(device->device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return backend.status();
-
-  // Synthetic weights are made in backend memory (no host fp32 copy, any size); checkpoints
-  // are loaded on the host and uploaded.
-  // The spec (the header alone) and the tokenizer are checked before the weights load.
-  const bool synthetic = model_ref.rfind("synthetic:", 0) == 0;
-  auto header_spec = LoadModelSpec(model_ref);
-  if (!header_spec.ok()) return header_spec.status();
-  const ModelSpec& spec = *header_spec;
   // Token ids need no tokenizer; text needs one (the given file, else the one beside the
   // model).
   const bool token_ids = flags.Has("prompt-token-ids");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/blas_gemm.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cuda_support.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemv_kernels.h"
@@ -107,6 +108,18 @@ absl::StatusOr<int> CountCudaDevices() {
   return count;
 }
 
+absl::StatusOr<int> CudaComputeCapability(int device_index) {
+  int major = 0;
+  int minor = 0;
+  KVD_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index),
+      "compute capability");
+  KVD_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index),
+      "compute capability");
+  return major * 10 + minor;
+}
+
 int CudaDeviceCount() {
   absl::StatusOr<int> count = CountCudaDevices();
   return count.ok() ? *count : 0;
@@ -117,6 +130,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_inde
   if (device_index < 0 || device_index >= count) {
     return absl::UnavailableError(
         absl::StrCat("CudaBackend: device ", device_index, " requested, ", count, " visible"));
+  }
+  absl::StatusOr<int> capability = CudaComputeCapability(device_index);
+  if (!capability.ok()) return capability.status();
+  if (*capability < cuda::kMinComputeCapability) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CudaBackend: GPU ", device_index, " ", cuda::ComputeCapabilityShortfall(*capability)));
   }
   KVD_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_index), "CudaBackend: cudaSetDevice");
   int num_sms = 0;
@@ -492,13 +511,13 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   if (p.blocks.num_seqs == 0) return absl::OkStatus();  // whatever the view, as on every backend
   if (absl::Status s = ValidateCacheView(kOp, c); !s.ok()) return s;
   // Head sizes without a fast kernel (small test models) take the simple generic kernel.
-  const bool fast_head_dim = c.head_dim == 64 || c.head_dim == 128;
-  if (!fast_head_dim && c.head_dim > cuda::kGenericAttentionMaxHeadDim) {
+  if (!cuda::HasAttentionKernel(c.head_dim)) {
     return absl::UnimplementedError(absl::StrCat(kOp, ": head_dim ", c.head_dim,
                                                  " (fast kernels exist for 64 and 128, the "
                                                  "generic one up to ",
                                                  cuda::kGenericAttentionMaxHeadDim, ")"));
   }
+  const bool fast_head_dim = c.head_dim == 64 || c.head_dim == 128;
   if (!IsPowerOfTwo(c.block_size)) {
     return Invalid(kOp, absl::StrCat("block_size ", c.block_size, " is not a power of two"));
   }

@@ -29,6 +29,10 @@ absl::StatusOr<int> CountCudaDevices();
 // As CountCudaDevices, with 0 for an error (never fails, never aborts).
 int CudaDeviceCount();
 
+// GPU `device_index`'s compute capability as major * 10 + minor (90 for an H100), or the
+// runtime's error. The backend needs cuda::kMinComputeCapability (cuda_support.h).
+absl::StatusOr<int> CudaComputeCapability(int device_index);
+
 // CudaBackend runs the Backend ops on one GPU, in issue order on one non-blocking stream.
 //
 // Memory: Allocate is plain cudaMalloc (never managed), Free is cudaFree. Copies are

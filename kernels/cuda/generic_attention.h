@@ -10,13 +10,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/cuda_support.h"  // kGenericAttentionMaxHeadDim
 #include "kernels/params.h"
 
 namespace kvd::cuda {
-
-// Largest head_dim the generic kernel handles (one value per lane of a warp). Sizes between
-// it and the fast kernels' (e.g. 96) stay Unimplemented rather than silently slow.
-constexpr int kGenericAttentionMaxHeadDim = 32;
 
 // REQUIRES (validated by the caller): KV dtype f32 or bf16, 0 < head_dim <=
 // kGenericAttentionMaxHeadDim, num_q_heads a multiple of num_kv_heads, at most 65535
