@@ -23,8 +23,8 @@
 # one line per part: PASS, FAIL (with the exit status) or SKIP (with why: not built, turned
 # off, no PyTorch). Exit status: non-zero when one of kvd's programs failed (gpu_test,
 # gpu_bench including its runs in the rounds, gpu_engine_test, serve_check.sh, `kvd bench`:
-# an error, a crash, non-finite logits, graphs never replayed; never a time), or gpu_test is
-# missing. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py, and
+# an error, a crash, non-finite logits, graphs never replayed; never a time), gpu_test is
+# missing, or gpu_test or gpu_engine_test skipped every test. The peer steps (torch_peers.py, sdpa_shapes.py, compare_peers.py, and
 # paired_prefill.py, which runs gpu_bench itself) and decode_fit.py are informational: a
 # failure is listed as FAIL in the summary but leaves the exit status alone, as a missing
 # PyTorch does.
@@ -139,11 +139,31 @@ PY
   fi
 }
 
+# gtest_status NAME STATUS: STATUS, or 1 where it is 0 but every test of $OUT/NAME.json was
+# skipped (the tests skip where no GPU is visible, say a driver too old for the runtime: such
+# a run tested nothing).
+gtest_status() {
+  if [[ $2 == 0 ]] && command -v python3 > /dev/null && [[ -f "$OUT/$1.json" ]] &&
+    python3 - "$OUT/$1.json" <<'PY'; then
+import json, sys
+report = json.load(open(sys.argv[1]))
+tests = [t for s in report.get("testsuites", []) for t in s.get("testsuite", [])]
+ran = [t for t in tests if t.get("result") != "SKIPPED" and t.get("status") != "NOTRUN"]
+sys.exit(0 if tests and not ran else 1)
+PY
+    echo "$1: every test was skipped (no GPU visible to it?): counted as a failure" >&2
+    echo 1
+  else
+    echo "$2"
+  fi
+}
+
 echo "== gpu_test"
 if [[ -x "$bin/gpu_test" ]]; then
   "$bin/gpu_test" --gtest_output="json:$OUT/gpu_test.json" "$@" 2>&1 | tee "$OUT/gpu_test.log"
   test_status=${PIPESTATUS[0]}
   summarize gpu_test
+  test_status=$(gtest_status gpu_test "$test_status")
   echo "gpu_test exit status $test_status"
   record gpu_test "$test_status"
 else
@@ -185,6 +205,7 @@ else
     tee "$OUT/gpu_engine_test.log"
   engine_status=${PIPESTATUS[0]}
   summarize gpu_engine_test
+  engine_status=$(gtest_status gpu_engine_test "$engine_status")
   echo "gpu_engine_test exit status $engine_status"
   record gpu_engine_test "$engine_status"
 fi
