@@ -1,6 +1,7 @@
 # kvd container image: CPU backend, stories260K baked in (deploy/README.md).
 #   docker build -t kvd:latest .
-#   docker run --rm -p 50051:50051 -p 9400:9400 kvd:latest
+#   docker run --rm --stop-timeout 45 -p 50051:50051 -p 50052:50052 kvd:latest
+# (--stop-timeout: the drain on SIGTERM takes up to 30 s + 10 s; docker's default kills at 10.)
 # The build stage needs network access (Debian packages; the model from Hugging Face).
 
 # ---- build: Debian 12 with the packages `make build` installs ----------------------------
@@ -50,9 +51,9 @@ ENV KVD_MODEL_CACHE=/opt/kvd/models
 # Numeric, the kvd user and group made above: Kubernetes' runAsNonRoot can only check a
 # numeric USER, so a pod with no runAsUser of its own still starts.
 USER 10001:10001
-EXPOSE 50051 9400
+EXPOSE 50051 50052
 ENTRYPOINT ["/usr/local/bin/kvd"]
 # Every key at its default except these; mount a file and pass --config to change more (the
-# defaults listen on 0.0.0.0:50051 and 0.0.0.0:9400, as here).
+# defaults listen on 0.0.0.0:50051 and 0.0.0.0:50052, as here).
 CMD ["serve", "--model", "/opt/kvd/models/stories260K.bin", \
-     "--grpc-address", "0.0.0.0:50051", "--metrics-address", "0.0.0.0:9400"]
+     "--grpc-address", "0.0.0.0:50051", "--metrics-address", "0.0.0.0:50052"]

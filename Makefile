@@ -56,7 +56,7 @@ bench: build
 # packages, builds kvd, finds or downloads the model (scripts/fetch-model), then serves in the
 # foreground until Ctrl-C: kvd drains and exits 0, but make, interrupted by the same Ctrl-C,
 # then exits 130. It listens where SERVE_CONFIG says
-# (config/serve.yaml: gRPC 127.0.0.1:50051, metrics 127.0.0.1:9400); GRPC_ADDRESS or
+# (config/serve.yaml: gRPC 127.0.0.1:50051, metrics 127.0.0.1:50052); GRPC_ADDRESS or
 # METRICS_ADDRESS, given on the make command line or in the environment, override that
 # (METRICS_ADDRESS= turns metrics off). The model is passed with --model, which wins over
 # SERVE_CONFIG's model.path: stories260K, or SERVE_MODEL (a checkpoint path or synthetic:<preset>).

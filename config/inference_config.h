@@ -31,7 +31,7 @@ struct ModelConfig {
 // `server:` - listeners and ingress limits.
 struct ServerConfig {
   std::string grpc_address = "0.0.0.0:50051";    // host:port or unix:/path; port 0 = any free
-  std::string metrics_address = "0.0.0.0:9400";  // same forms; empty = no metrics listener
+  std::string metrics_address = "0.0.0.0:50052";  // same forms; empty = no metrics listener
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_waiting_requests = 256;  // beyond this, Generate fails RESOURCE_EXHAUSTED
   int32_t num_threads = 0;             // CPU backend threads; 0 = UsableCpus()

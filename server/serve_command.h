@@ -23,7 +23,7 @@ namespace kvd {
 // kvd.v1.Inference, grpc.health.v1.Health and server reflection over gRPC, and Prometheus
 // metrics at /metrics. Once listening it prints one line per listener to `out`:
 //   kvd: serving gRPC on 127.0.0.1:50051
-//   kvd: serving metrics on http://127.0.0.1:9400/metrics
+//   kvd: serving metrics on http://127.0.0.1:50052/metrics
 // (port 0 in an address picks a free port; the line shows the real one).
 // On SIGTERM or SIGINT: health turns NOT_SERVING, new Generate calls get UNAVAILABLE,
 // accepted requests finish (bounded by server.drain_timeout, then they are aborted; a

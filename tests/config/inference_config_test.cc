@@ -23,7 +23,7 @@ TEST(InferenceConfigTest, DefaultsAreValidAndDocumentedValues) {
   EXPECT_TRUE(config.Validate().ok()) << config.Validate();
   EXPECT_EQ(config.model.device, DeviceKind::kAuto);
   EXPECT_EQ(config.server.grpc_address, "0.0.0.0:50051");
-  EXPECT_EQ(config.server.metrics_address, "0.0.0.0:9400");  // clear of Prometheus's 9090
+  EXPECT_EQ(config.server.metrics_address, "0.0.0.0:50052");  // next to gRPC's 50051
   EXPECT_EQ(config.server.drain_timeout, absl::Seconds(30));
   EXPECT_EQ(config.server.max_waiting_requests, 256);
   EXPECT_EQ(config.kv_cache.max_batch_size, 8);

@@ -253,5 +253,65 @@ class ShippedConfigTest(unittest.TestCase):
                                 (pre_stop, drain, shutdown))
 
 
+class ShippedPortsTest(unittest.TestCase):
+    """Every shipped file that names kvd's ports names the defaults (config/inference_config.h):
+    the example config, the Dockerfile, the Kubernetes manifest and its README, and `make
+    serve`'s config with what documents it."""
+
+    def read(self, *path):
+        with open(os.path.join(SOURCE_DIR, *path)) as f:
+            return f.read()
+
+    def default_port(self, key):
+        m = re.search(r'std::string %s = "[^"]*:(\d+)";' % key,
+                      self.read("config", "inference_config.h"))
+        self.assertIsNotNone(m, "no default %s in config/inference_config.h" % key)
+        return m.group(1)
+
+    def assertPorts(self, text, where, patterns, port):
+        for pattern in patterns:
+            found = re.findall(pattern, text)
+            self.assertTrue(found, "%s: nothing matches %r" % (where, pattern))
+            for value in found:
+                self.assertEqual(value, port, "%s: %r gives %s, not %s" %
+                                 (where, pattern, value, port))
+
+    def test_the_files_agree_with_the_defaults(self):
+        grpc_port = self.default_port("grpc_address")
+        metrics = self.default_port("metrics_address")
+        self.assertPorts(self.read("config", "inference_config.yaml"), "inference_config.yaml",
+                         [r"metrics_address: 0\.0\.0\.0:(\d+)"], metrics)
+        self.assertPorts(self.read("config", "inference_config.yaml"), "inference_config.yaml",
+                         [r"grpc_address: 0\.0\.0\.0:(\d+)"], grpc_port)
+        dockerfile = self.read("Dockerfile")
+        self.assertPorts(dockerfile, "Dockerfile",
+                         [r"EXPOSE \d+ (\d+)", r'"--metrics-address", "0\.0\.0\.0:(\d+)"',
+                          r"-p (\d+):\d+ kvd:latest", r"0\.0\.0\.0:\d+ and 0\.0\.0\.0:(\d+)"], metrics)
+        self.assertPorts(dockerfile, "Dockerfile",
+                         [r"EXPOSE (\d+) \d+", r'"--grpc-address", "0\.0\.0\.0:(\d+)"'], grpc_port)
+        manifest = self.read("deploy", "kvd.yaml")
+        self.assertPorts(manifest, "deploy/kvd.yaml",
+                         [r"metrics_address: 0\.0\.0\.0:(\d+)", r'prometheus\.io/port: "(\d+)"',
+                          r"name: metrics\n\s+containerPort: (\d+)",
+                          r"name: metrics\n\s+port: (\d+)"], metrics)
+        self.assertPorts(manifest, "deploy/kvd.yaml",
+                         [r"grpc_address: 0\.0\.0\.0:(\d+)", r"name: grpc\n\s+containerPort: (\d+)",
+                          r"name: grpc\n\s+port: (\d+)"], grpc_port)
+        self.assertPorts(self.read("deploy", "README.md"), "deploy/README.md",
+                         [r"-p \d+:\d+ -p (\d+):\d+", r"-p \d+:\d+ -p \d+:(\d+)",
+                          r"\(metrics `:(\d+)`\)", r"port-forward svc/kvd \S+ (\d+):",
+                          r"curl -s 127\.0\.0\.1:(\d+)/metrics", r"`metrics` (\d+)"], metrics)
+
+    def test_make_serves_metrics_address_is_documented_where_it_is_scraped(self):
+        m = re.search(r"metrics_address: 127\.0\.0\.1:(\d+)", self.read("config", "serve.yaml"))
+        self.assertIsNotNone(m, "no metrics_address in config/serve.yaml")
+        port = m.group(1)
+        self.assertPorts(self.read("README.md"), "README.md",
+                         [r"`http://127\.0\.0\.1:(\d+)/metrics`"], port)
+        self.assertPorts(self.read("deploy", "prometheus.yml"), "deploy/prometheus.yml",
+                         [r'targets: \["127\.0\.0\.1:(\d+)"\]'], port)
+        self.assertPorts(self.read("Makefile"), "Makefile", [r"metrics 127\.0\.0\.1:(\d+)"], port)
+
+
 if __name__ == "__main__":
     h.main()

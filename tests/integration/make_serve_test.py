@@ -18,7 +18,7 @@ SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 # README.md's Quick start: where `make serve` listens by default.
 DOCUMENTED_GRPC_ADDRESS = "127.0.0.1:50051"
-DOCUMENTED_METRICS_ADDRESS = "127.0.0.1:9400"
+DOCUMENTED_METRICS_ADDRESS = "127.0.0.1:50052"
 
 
 def serve_command(make_args=(), env=None):
