@@ -4,7 +4,9 @@ deploy/kvd.yaml start a daemon that serves."""
 
 import os
 import re
+import shutil
 import socket
+import subprocess
 import tempfile
 import unittest
 
@@ -311,6 +313,52 @@ class ShippedPortsTest(unittest.TestCase):
         self.assertPorts(self.read("deploy", "prometheus.yml"), "deploy/prometheus.yml",
                          [r'targets: \["127\.0\.0\.1:(\d+)"\]'], port)
         self.assertPorts(self.read("Makefile"), "Makefile", [r"metrics 127\.0\.0\.1:(\d+)"], port)
+
+
+class DockerfileRuntimeTest(unittest.TestCase):
+    """The Dockerfile's runtime stage installs the Debian package of every shared library the
+    kvd binary links (ldd, then dpkg -S), so that a new dependency shows here rather than as a
+    missing library at `docker run` (no Docker here or in CI to build the image)."""
+
+    # In debian:12-slim already; the sanitizer runtimes link only into test-sanitize's build.
+    BASE = {"libc6", "libgcc-s1", "libstdc++6"}
+    SANITIZER = re.compile(r"^lib(asan|ubsan)\d*$")
+
+    def linked_packages(self):
+        ldd = subprocess.run(["ldd", h.Paths.kvd], capture_output=True, text=True, check=True)
+        paths = re.findall(r"=> (/\S+)", ldd.stdout)
+        # One dpkg-query for all (it exits non-zero when some path has no owner): each line
+        # is "package[:arch]: path".
+        query = subprocess.run(["dpkg-query", "-S"] + sorted(
+            {p for path in paths for p in (path, os.path.realpath(path))}),
+            capture_output=True, text=True)
+        owners = {}
+        for line in query.stdout.splitlines():
+            package, _, owned = line.partition(": ")
+            owners[owned] = package.split(":")[0]
+        packages = set()
+        for path in paths:
+            owner = owners.get(os.path.realpath(path), owners.get(path))
+            if owner is None and path.startswith("/usr/local/"):
+                continue  # a CUDA toolkit library: the image is built without CUDA
+            self.assertIsNotNone(owner, "no Debian package owns %s" % path)
+            packages.add(owner)
+        return packages
+
+    def test_the_runtime_stage_installs_every_library_kvd_links(self):
+        if shutil.which("dpkg-query") is None or shutil.which("ldd") is None:
+            self.skipTest("needs dpkg-query and ldd (Debian)")
+        with open(os.path.join(SOURCE_DIR, "Dockerfile")) as f:
+            dockerfile = f.read()
+        runtime = dockerfile[dockerfile.index("FROM debian:12-slim"):]
+        m = re.search(r"apt-get install -y --no-install-recommends([^&]*)&&", runtime)
+        self.assertIsNotNone(m, "no apt-get install in the Dockerfile's runtime stage")
+        installed = set(m.group(1).replace("\\", " ").split())
+        needed = {p for p in self.linked_packages()
+                  if p not in self.BASE and not self.SANITIZER.match(p)}
+        self.assertTrue(needed, "ldd found no library at all")
+        self.assertEqual(needed - installed, set(),
+                         "the Dockerfile's runtime stage lacks these packages")
 
 
 if __name__ == "__main__":
