@@ -1,11 +1,25 @@
 #include "scheduler/generator.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvd {
 
+namespace {
+
+// Run submits every request before the engine takes any, so the waiting-queue bound (the
+// daemon's back-pressure on clients) would refuse a batch larger than it.
+EngineOptions Offline(EngineOptions options) {
+  options.max_waiting_requests = std::numeric_limits<int32_t>::max();
+  return options;
+}
+
+}  // namespace
+
 Generator::Generator(LlamaModel* model, KvCacheManager* cache, EngineOptions options)
-    : engine_(options, model, cache, /*tokenizer=*/nullptr, &clock_) {}
+    : engine_(Offline(options), model, cache, /*tokenizer=*/nullptr, &clock_) {}
 
 absl::StatusOr<std::vector<GenerationResult>> Generator::Run(
     absl::Span<const GenerationRequest> requests, const TokenCallback& on_token) {

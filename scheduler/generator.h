@@ -40,7 +40,8 @@ class Generator {
   // Called after each generated token: (request index, token id).
   using TokenCallback = std::function<void(size_t, int32_t)>;
 
-  // `model` and `cache` must outlive the generator.
+  // `model` and `cache` must outlive the generator. options.max_waiting_requests is ignored:
+  // Run takes any number of requests.
   Generator(LlamaModel* model, KvCacheManager* cache, EngineOptions options = {});
 
   // Fails with the first request's error (InvalidArgument naming the request and field,

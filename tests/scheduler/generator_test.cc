@@ -160,6 +160,21 @@ TEST_F(GeneratorTest, RunReturnsOnlyOnceEveryRequestHasFinished) {
   EXPECT_EQ(st.used_blocks, 0);
 }
 
+// The waiting-queue bound is the daemon's back-pressure on clients; a batch larger than it
+// runs whole (Run submits every request before the engine takes any).
+TEST_F(GeneratorTest, RunsMoreRequestsThanTheWaitingQueueHolds) {
+  auto cache = Cache(16, 4);
+  Generator gen(model_.get(), cache.get(), {.max_waiting_requests = 8});
+  std::vector<GenerationRequest> requests(20, golden_[0].request);
+  for (GenerationRequest& r : requests) r.max_new_tokens = 3;
+  auto results = gen.Run(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 20u);
+  const std::vector<int32_t> want(golden_[0].output.begin(), golden_[0].output.begin() + 3);
+  for (const GenerationResult& r : *results) EXPECT_EQ(r.output, want);
+  EXPECT_EQ(cache->stats().used_blocks, 0);
+}
+
 TEST_F(GeneratorTest, ContextLimitEndsGeneration) {
   auto cache = Cache(16, 1);
   Generator gen(model_.get(), cache.get());
