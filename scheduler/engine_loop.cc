@@ -126,6 +126,9 @@ absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallbac
 
 void EngineLoop::Impl::Cancel(uint64_t handle) {
   absl::MutexLock lock(&mu_);
+  // Stopped or failed, every request is finished or being aborted, and nothing would ever
+  // drain the list.
+  if (stopping_ || !failure_.ok()) return;
   cancels_.push_back(handle);
 }
 
@@ -178,13 +181,20 @@ void EngineLoop::Impl::Start() {
 void EngineLoop::Impl::Stop() {
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
+    if (stopping_) {
+      // Another thread is stopping: return once it has (the destructor frees what its
+      // AbortAll still uses).
+      mu_.Await(absl::Condition(&stopped_));
+      return;
+    }
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
   AbortAll(absl::UnavailableError(
       "the server is shutting down and stopped the request before it finished; retry on "
       "another server"));
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
 }
 
 void EngineLoop::Impl::RunUntilIdle() {

@@ -56,7 +56,8 @@ class EngineLoop {
 
   // Spawns the engine thread.
   void Start();
-  // Finishes every request at once (kAborted) and joins the engine thread.
+  // Finishes every request at once (kAborted) and joins the engine thread. A second call,
+  // from any thread, returns once the first has done so.
   void Stop();
   // Offline use instead of Start(): runs steps on the calling thread until nothing is
   // waiting or running. REQUIRES: Start() was not called.
@@ -72,12 +73,14 @@ class EngineLoop {
   // engine-wide request handle.
   absl::StatusOr<uint64_t> Submit(Request request, StreamCallback on_event);
   // Cancels a request; its blocks are freed within one step and it gets a final event
-  // with kCancelled. Unknown or finished handles are ignored.
+  // with kCancelled. Unknown or finished handles are ignored, and so is every handle once
+  // the engine is stopping or has failed (its requests are aborted).
   void Cancel(uint64_t handle);
   // Releases a session's pinned KV now. Its turns submitted before the close run on without
   // the session (their KV is not pinned at their end), those not started yet included. A
   // turn submitted after the close starts the session afresh. NotFound for a session neither
-  // held nor named by a queued turn.
+  // held nor named by a queued turn. Before Start() it runs on the calling thread, which
+  // must then be RunUntilIdle's.
   absl::Status CloseSession(const std::string& session_id);
   // The clock the engine measures time on: Request::deadline is a time on it.
   const Clock& clock() const;

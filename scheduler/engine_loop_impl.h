@@ -120,6 +120,7 @@ class EngineLoop::Impl {
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Stop has aborted every request
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);  // set once, by Fail
   // Nothing waiting or running: false from a request's submission, through its intake, until

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -678,6 +679,32 @@ TEST_F(EngineLoopTest, ATurnSentAfterTheCloseInTheSameIntakeStartsTheSessionAfre
   EXPECT_GT(st.pinned_blocks, 0);
   engine_->BeginDrain();
   engine_->Stop();
+}
+
+// Two threads stopping at once: the second returns only once the first has aborted every
+// request, since what follows a Stop (the destructor) frees what that abort still uses. Here
+// the second starts from the first one's abort, in a stream callback.
+TEST_F(EngineLoopTest, ASecondStopReturnsOnlyOnceTheFirstHasAbortedEveryRequest) {
+  MakeCache(64, 4);
+  MakeEngine();
+  std::thread second;
+  std::atomic<bool> second_returned = false;
+  bool returned_during_abort = true;
+  Stream* s = Submit(Greedy(0), nullptr, [&](const Stream& st) {
+    if (!st.finished) return;
+    second = std::thread([&] {
+      engine_->Stop();
+      second_returned = true;
+    });
+    absl::SleepFor(absl::Milliseconds(300));
+    returned_during_abort = second_returned;
+  });
+  engine_->Stop();  // never started: aborts the queued request on this thread
+  ASSERT_TRUE(second.joinable());
+  second.join();
+  EXPECT_EQ(s->reason, FinishReason::kAborted);
+  EXPECT_FALSE(returned_during_abort);
+  EXPECT_TRUE(second_returned);
 }
 
 TEST_F(EngineLoopTest, DefragmentationDuringGenerationChangesNoOutput) {
