@@ -119,7 +119,9 @@ __global__ void __launch_bounds__(kThreads)
     float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only, summed over the quad at end
 
     const int num_key_tiles = it.num_key_tiles;
-    load_tile(0, 0);
+    // An item with no key tiles loads nothing: a copy left in flight would land in the next
+    // item's buffer 0, and its block id may lie past the block table.
+    if (num_key_tiles > 0) load_tile(0, 0);
     for (int kt = 0; kt < num_key_tiles; ++kt) {
       if (kt + 1 < num_key_tiles) {
         load_tile(kt + 1, (kt + 1) & 1);

@@ -89,6 +89,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (threadIdx.x == 0) s_item = atomicAdd(work_counter, 1);
     __syncthreads();  // also: the previous item is done with shared memory
     const int item = s_item;
+    // Every thread has read s_item before thread 0 may write the next: an item with no key
+    // tiles reaches no other barrier.
+    __syncthreads();
     if (item >= total_items) break;
     const Item it = ItemOf<kRows, kKeys>(p, tile_indptr, item, group);
     const int warp_row0 = it.tile_row0 + warp * kWarpRows;

@@ -237,6 +237,60 @@ TEST_F(InvalidParamsTest, PagedAttentionRefusesWhatTheCpuBackendRefuses) {
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
+// Embedding and RmsNorm refuse a null array, as the CPU reference does (kernels/cpu_elementwise.h),
+// naming it: launched, the kernel would fault and leave the context unusable, so the
+// Synchronize at the end fails if any call slipped through. With no rows nothing is read.
+TEST_F(InvalidParamsTest, EmbeddingAndRmsNormRefuseANullArray) {
+  DeviceBuffer scratch = Upload(gpu(), std::vector<float>(64, 0.0f));
+  float* any = scratch.as<float>();
+  const EmbeddingParams embedding{.out = any,
+                                  .table = any,
+                                  .table_dtype = DType::kF32,
+                                  .token_ids = scratch.as<int32_t>(),  // zeros: id 0
+                                  .num_tokens = 2,
+                                  .dim = 8,
+                                  .vocab_size = 4};
+  ASSERT_TRUE(gpu().Embedding(embedding).ok());
+  const auto embedding_with = [&](auto change) {
+    EmbeddingParams p = embedding;
+    change(p);
+    return gpu().Embedding(p);
+  };
+  EXPECT_TRUE(RejectedNaming(embedding_with([](EmbeddingParams& p) { p.out = nullptr; }),
+                             "Embedding", "out is null"));
+  EXPECT_TRUE(RejectedNaming(embedding_with([](EmbeddingParams& p) { p.table = nullptr; }),
+                             "Embedding", "table is null"));
+  EXPECT_TRUE(RejectedNaming(embedding_with([](EmbeddingParams& p) { p.token_ids = nullptr; }),
+                             "Embedding", "token_ids is null"));
+  EXPECT_TRUE(embedding_with([](EmbeddingParams& p) {
+                p.num_tokens = 0;
+                p.out = nullptr;
+                p.table = nullptr;
+                p.token_ids = nullptr;
+              }).ok());
+
+  const RmsNormParams norm{.out = any, .in = any, .weight = any, .num_rows = 2, .dim = 8};
+  ASSERT_TRUE(gpu().RmsNorm(norm).ok());
+  const auto norm_with = [&](auto change) {
+    RmsNormParams p = norm;
+    change(p);
+    return gpu().RmsNorm(p);
+  };
+  EXPECT_TRUE(RejectedNaming(norm_with([](RmsNormParams& p) { p.out = nullptr; }), "RmsNorm",
+                             "out is null"));
+  EXPECT_TRUE(
+      RejectedNaming(norm_with([](RmsNormParams& p) { p.in = nullptr; }), "RmsNorm", "in is null"));
+  EXPECT_TRUE(RejectedNaming(norm_with([](RmsNormParams& p) { p.weight = nullptr; }), "RmsNorm",
+                             "weight is null"));
+  EXPECT_TRUE(norm_with([](RmsNormParams& p) {
+                p.num_rows = 0;
+                p.out = nullptr;
+                p.in = nullptr;
+                p.weight = nullptr;
+              }).ok());
+  EXPECT_TRUE(gpu().Synchronize().ok());
+}
+
 // An empty op is a no-op whatever its view, on the CPU (kernels/cpu_kv_ops.h) and here; a
 // negative count is refused.
 TEST_F(InvalidParamsTest, EmptyAppendAndAttentionAreNoOpsWhateverTheView) {

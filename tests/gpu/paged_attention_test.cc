@@ -819,6 +819,128 @@ TEST_F(PagedAttentionLimitsTest, RefusesTailSplitsWithoutRoom) {
   EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
+// A causal chunk longer than its context (q_len 40 over 8 keys: its first 32 rows see no key)
+// breaks PagedAttentionParams' contract, and the CPU reference refuses it; the CUDA backend,
+// whose block tables are in device memory, cannot. Its prefill kernels then write zeros for the
+// rows that see no key, attend the others as usual, and leave the rest of the batch intact: an
+// item with no key tile must leave no copy in flight (the mma kernel's buffer 0 is the next
+// item's) nor skip the barrier that guards the work counter's slot (the wide kernel). One CTA
+// takes every item in turn, the keyless ones just before the next sequence's.
+TEST_F(PagedAttentionLimitsTest, RowsThatSeeNoKeyAreZerosAndLeaveTheBatchIntact) {
+  const std::vector<SeqShape> gpu_seqs = {{64, 64}, {40, 8}, {100, 300}};
+  constexpr int kKeyless = 32;  // rows 64 .. 95 of the GPU batch see no key
+  constexpr int kKeylessBegin = 64;
+  constexpr int kHeadDim = 128, kKvHeads = 2, kGroup = 4, kQHeads = kKvHeads * kGroup;
+  constexpr int kRow = kQHeads * kHeadDim;  // q and out rows: dense
+  struct Mode {
+    const char* name;
+    DType dtype;
+    cuda::MmaPrecision precision;
+    bool allow_wgmma;
+    double rtol, atol;
+  };
+  std::vector<Mode> modes = {
+      {"f32", DType::kF32, cuda::MmaPrecision::kSplit, false, kExactRtol, kExactAtol},
+      {"bf16 split", DType::kBF16, cuda::MmaPrecision::kSplit, false, kExactRtol, kExactAtol},
+      {"bf16 wide", DType::kBF16, cuda::MmaPrecision::kBf16, false, kBf16PrefillRtol,
+       kBf16PrefillAtol}};
+  if (cuda::HopperPrefillSupported()) {
+    modes.push_back({"bf16 wgmma", DType::kBF16, cuda::MmaPrecision::kBf16, true, kBf16PrefillRtol,
+                     kBf16PrefillAtol});
+  }
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    ArenaShape shape;
+    shape.num_kv_heads = kKvHeads;
+    shape.head_dim = kHeadDim;
+    shape.block_size = 16;
+    shape.chunk_shift = 5;  // 32 blocks: 4 + 1 + 19 needed
+    shape.num_chunks = 1;
+    shape.gpu_dtype = mode.dtype;
+    TwinArena arena(cpu(), gpu(), shape);
+    const std::vector<int32_t> ids = arena.ShuffledBlockIds(7);
+
+    // The GPU's block tables and every token's slot; the CPU's batch is the same but for the
+    // second sequence, which keeps only its 8 rows that see keys (a valid {8, 8} chunk).
+    std::vector<int32_t> indptr = {0}, indices, last_block_len, gpu_q_indptr = {0};
+    std::vector<int64_t> slots;
+    for (const SeqShape& seq : gpu_seqs) {
+      const int num_blocks = (seq.kv_len + 15) / 16;
+      for (int b = 0; b < num_blocks; ++b) indices.push_back(ids[indices.size()]);
+      for (int t = 0; t < seq.kv_len; ++t) {
+        slots.push_back(int64_t{indices[indptr.back() + t / 16]} * 16 + t % 16);
+      }
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+      last_block_len.push_back(seq.kv_len - (num_blocks - 1) * 16);
+      gpu_q_indptr.push_back(gpu_q_indptr.back() + seq.q_len);
+    }
+    const std::vector<int32_t> cpu_q_indptr = {0, 64, 72, 172};
+    const int gpu_rows = gpu_q_indptr.back();
+    const int cpu_rows = cpu_q_indptr.back();
+
+    std::vector<float> k = RandomFloats(slots.size() * kKvHeads * kHeadDim, 11);
+    std::vector<float> v = RandomFloats(slots.size() * kKvHeads * kHeadDim, 12);
+    if (mode.dtype == DType::kBF16) {
+      k = RoundBf16(k);
+      v = RoundBf16(v);
+    }
+    const std::vector<float> gpu_q = RandomFloats(size_t(gpu_rows) * kRow, 13, -3, 3);
+    std::vector<float> cpu_q(gpu_q.begin(), gpu_q.begin() + size_t(kKeylessBegin) * kRow);
+    cpu_q.insert(cpu_q.end(), gpu_q.begin() + size_t(kKeylessBegin + kKeyless) * kRow, gpu_q.end());
+
+    auto run = [&](Backend& b, const KvCacheView& view, const std::vector<float>& q,
+                   const std::vector<int32_t>& q_indptr, DeviceBuffer& out) {
+      const DeviceBuffer dk = Upload(b, k), dv = Upload(b, v), dslots = Upload(b, slots);
+      AppendKvParams a{.cache = view,
+                       .k = dk.as<float>(),
+                       .v = dv.as<float>(),
+                       .slot_mapping = dslots.as<int64_t>(),
+                       .num_tokens = static_cast<int32_t>(slots.size()),
+                       .k_stride = kKvHeads * kHeadDim,
+                       .v_stride = kKvHeads * kHeadDim};
+      OrDie(b.AppendKv(a), "AppendKv");
+      const DeviceBuffer dq = Upload(b, q), dq_indptr = Upload(b, q_indptr),
+                         dindptr = Upload(b, indptr), dindices = Upload(b, indices),
+                         dlast = Upload(b, last_block_len);
+      out = Poisoned(b, q.size() * sizeof(float));
+      PagedAttentionParams p;
+      p.out = out.as<float>();
+      p.q = dq.as<float>();
+      p.q_indptr = dq_indptr.as<int32_t>();
+      p.cache = view;
+      p.blocks = {.indptr = dindptr.as<int32_t>(),
+                  .indices = dindices.as<int32_t>(),
+                  .last_block_len = dlast.as<int32_t>(),
+                  .num_seqs = static_cast<int32_t>(q_indptr.size() - 1)};
+      p.num_q_heads = kQHeads;
+      p.q_stride = p.out_stride = kRow;
+      p.sm_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+      if (&b == &cpu()) {
+        OrDie(b.PagedAttention(p), "CPU PagedAttention");
+        return;
+      }
+      DeviceBuffer tile_indptr = Poisoned(b, sizeof(int32_t) * (p.blocks.num_seqs + 1));
+      ASSERT_EQ(cuda::LaunchPrefillAttention(p, tile_indptr.as<int32_t>(), /*num_ctas=*/1,
+                                             gpu().stream(), mode.precision, mode.allow_wgmma),
+                cudaSuccess);
+      OrDie(b.Synchronize(), "Synchronize");  // before the inputs are freed
+    };
+    DeviceBuffer cpu_out, gpu_out;
+    run(cpu(), arena.CpuView(/*layer=*/0), cpu_q, cpu_q_indptr, cpu_out);
+    run(gpu(), arena.GpuView(/*layer=*/0), gpu_q, gpu_q_indptr, gpu_out);
+    const std::vector<float> got = DownloadFloats(gpu(), gpu_out.data(), size_t(gpu_rows) * kRow);
+    const std::vector<float> want = DownloadFloats(cpu(), cpu_out.data(), size_t(cpu_rows) * kRow);
+
+    const auto keyless_begin = got.begin() + size_t(kKeylessBegin) * kRow;
+    const auto keyless_end = keyless_begin + size_t(kKeyless) * kRow;
+    EXPECT_TRUE(std::all_of(keyless_begin, keyless_end, [](float x) { return x == 0.0f; }))
+        << "rows that see no key are not all zeros";
+    std::vector<float> attended(got.begin(), keyless_begin);
+    attended.insert(attended.end(), keyless_end, got.end());
+    EXPECT_TRUE(AllClose(attended, want, mode.rtol, mode.atol)) << "rows that see keys";
+  }
+}
+
 // The backend reads a bf16 copy of Q where its Hopper prefill runs, and only there.
 TEST_F(PagedAttentionLimitsTest, ReadsBf16QOnlyWhereTheHopperPrefillRuns) {
   EXPECT_EQ(gpu().ReadsBf16Q(128), cuda::HopperPrefillSupported());
