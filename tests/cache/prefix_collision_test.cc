@@ -85,6 +85,23 @@ TEST(PrefixKeySecretTest, ClaimVouchesForAKeyOnlyWhenItsHolderHasTheSamePrefix) 
   EXPECT_TRUE(index.CheckInvariants().ok());
 }
 
+// A cache made without prefix_key_secret, as the daemon makes it, draws its own: the pair
+// crafted against unkeyed keys does not collide there, so the forged prompt is cached as any
+// other. Under unkeyed keys its first block's key is the popular block's, and it would not be.
+TEST_F(PrefixCollisionTest, ACacheDrawsASecretWhenGivenNone) {
+  KvCacheOptions o = TinyOptions();
+  ASSERT_FALSE(o.prefix_key_secret.has_value());
+  auto m = Make(o);
+  const std::vector<int32_t> forged_prompt = Concat(Concat(kForged, {5, 6, 7, 8}), {9});
+  ASSERT_EQ(*m->AddSequence(1, Concat(kPopular, {9})), 0);
+  ASSERT_TRUE(Step(*m, 1, 5));
+  ASSERT_EQ(*m->AddSequence(2, forged_prompt), 0);
+  ASSERT_TRUE(Step(*m, 2, 9));
+  m->Free(2);
+  EXPECT_EQ(m->ProbePrefix(forged_prompt), 8);
+  ExpectValid(*m);
+}
+
 TEST_F(PrefixCollisionTest, ACraftedCollisionNeverHandsOutKvOfAnotherPrefix) {
   // Unkeyed keys, as a client who knew the secret would see them: the pair collides, and
   // only the registration rule (RegisterFullBlocks, PrefixIndex::Claim) stands between the

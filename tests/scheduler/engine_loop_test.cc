@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
@@ -705,6 +706,60 @@ TEST_F(EngineLoopTest, ASecondStopReturnsOnlyOnceTheFirstHasAbortedEveryRequest)
   EXPECT_EQ(s->reason, FinishReason::kAborted);
   EXPECT_FALSE(returned_during_abort);
   EXPECT_TRUE(second_returned);
+}
+
+// A request whose deadline passes while it runs ends there, kDeadline, with the tokens it had
+// and its blocks freed; the request beside it runs on.
+TEST_F(EngineLoopTest, ARunningRequestPastItsDeadlineEndsThere) {
+  MakeCache(64, 4);
+  MakeEngine();
+  Request late = Greedy(0);
+  late.deadline = clock_.Now() + absl::Seconds(1);
+  Stream* other = Submit(Greedy(1));
+  size_t tokens_by_deadline = 0;
+  Stream* s = Submit(late, nullptr, [&](const Stream& st) {
+    if (tokens_by_deadline == 0 && st.tokens.size() >= 3) {
+      tokens_by_deadline = st.tokens.size();
+      clock_.Advance(absl::Seconds(2));
+    }
+  });
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(s->finished);
+  EXPECT_EQ(s->reason, FinishReason::kDeadline);
+  EXPECT_TRUE(s->error.ok()) << s->error;
+  // Its tokens so far, the greedy output's start, and nothing after the deadline.
+  ASSERT_GE(tokens_by_deadline, 3u);
+  ASSERT_LT(tokens_by_deadline, golden_[0].output.size());
+  ASSERT_EQ(s->tokens.size(), tokens_by_deadline);
+  EXPECT_TRUE(std::equal(s->tokens.begin(), s->tokens.end(), golden_[0].output.begin()));
+  EXPECT_EQ(s->usage.completion_tokens, static_cast<int32_t>(tokens_by_deadline));
+  EXPECT_EQ(other->tokens, golden_[1].output);
+  EXPECT_TRUE(other->error.ok()) << other->error;
+  EXPECT_EQ(cache_->stats().used_blocks, 0);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+// A request still waiting when its deadline passes ends without a token, kDeadline, its whole
+// life counted as queue time.
+TEST_F(EngineLoopTest, AWaitingRequestPastItsDeadlineEndsWithoutAToken) {
+  MakeCache(64, 4);
+  MakeEngine({.max_batch_size = 1});
+  bool advanced = false;
+  Stream* first = Submit(Greedy(0), nullptr, [&](const Stream& st) {
+    if (!advanced && !st.tokens.empty()) clock_.Advance(absl::Seconds(2));
+    advanced = advanced || !st.tokens.empty();
+  });
+  Request late = Greedy(1);
+  late.deadline = clock_.Now() + absl::Seconds(1);
+  Stream* s = Submit(late);
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(s->finished);
+  EXPECT_EQ(s->reason, FinishReason::kDeadline);
+  EXPECT_TRUE(s->tokens.empty());
+  EXPECT_EQ(s->usage.queue_time, s->usage.total_time);
+  EXPECT_GE(s->usage.queue_time, absl::Seconds(2));
+  EXPECT_EQ(first->tokens, golden_[0].output);  // no deadline: runs to its end
+  EXPECT_EQ(cache_->stats().used_blocks, 0);
 }
 
 TEST_F(EngineLoopTest, DefragmentationDuringGenerationChangesNoOutput) {
