@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "re2/re2.h"
 #include "server/prometheus_writer.h"
 #include "server/utf8.h"
@@ -308,6 +309,138 @@ TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
                 {"block_size", "16"}, {"num_blocks", "1000"}, {"kv_dtype", "f32"}}));
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_sum")[0].value, 0.0015);
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_count")[0].value, 3);
+}
+
+// Every sample but the histograms' buckets (CheckHistograms, and the test above) carries the
+// snapshot field it names, each field a distinct value: a swapped, dropped or mislabelled
+// field, or a sample nobody listed here, fails.
+TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
+  EngineStats s;
+  s.requests_waiting = 11;
+  s.requests_running = 12;
+  s.requests_finished = 13;
+  s.requests_rejected = 14;
+  s.preemptions = 15;
+  s.steps = 16;
+  s.prompt_tokens = 17;
+  s.computed_prompt_tokens = 18;
+  s.generated_tokens = 19;
+  s.predicted_output_tokens = 20.5;
+  auto histogram = [](double sum, int64_t count) {
+    Histogram h({1});
+    h.counts = {count, 0};
+    h.sum = sum;
+    h.count = count;
+    return h;
+  };
+  s.output_length = histogram(21, 22);
+  s.prediction_error = histogram(23, 24);
+  s.time_to_first_token = histogram(25, 26);
+  s.inter_token_latency = histogram(27, 28);
+  s.end_to_end_latency = histogram(29, 30);
+  KvCacheStats& c = s.cache;
+  c.max_blocks = 400;  // usage ratio = used / max = 0.25
+  c.used_blocks = 100;
+  c.free_blocks = 31;
+  c.cached_blocks = 32;
+  c.pinned_blocks = 33;
+  c.total_blocks = 34;
+  c.block_bytes = 35;
+  c.total_bytes = 36;
+  c.used_bytes = 37;
+  c.cached_bytes = 38;
+  c.max_bytes = 39;
+  c.num_chunks = 40;
+  c.chunks_grown = 41;
+  c.chunks_released = 42;
+  c.num_sequences = 43;
+  c.num_prefix_keys = 44;
+  c.prefix_query_tokens = 45;
+  c.prefix_hit_tokens = 46;
+  c.session_hit_tokens = 47;
+  c.evictions = 48;
+  c.num_sessions = 49;
+  c.session_releases_idle = 50;
+  c.session_releases_pin_cap = 51;
+  c.session_releases_closed = 52;
+  c.session_releases_pressure = 53;
+  c.defrag_moves = 54;
+  c.defrag_pauses.num_pauses = 55;
+  c.defrag_pauses.bucket_counts.back() = 55;
+  c.defrag_pauses.total = absl::Seconds(56);
+  c.defrag_pauses.max = absl::Seconds(57);
+
+  // name{label="value",...} -> value
+  const std::map<std::string, double> want = {
+      {"kvd_cache_config_info{block_size=\"16\",kv_dtype=\"f32\",num_blocks=\"1000\"}", 1},
+      {"kvd_model_info{backend=\"cpu\",model=\"stories260K\"}", 1},
+      {"kvd_num_requests_waiting", 11},
+      {"kvd_num_requests_running", 12},
+      {"kvd_requests_finished_total", 13},
+      {"kvd_admission_rejections_total", 14},
+      {"kvd_preemptions_total", 15},
+      {"kvd_engine_steps_total", 16},
+      {"kvd_prompt_tokens_total", 17},
+      {"kvd_prompt_tokens_computed_total", 18},
+      {"kvd_generation_tokens_total", 19},
+      {"kvd_output_length_predicted_tokens", 20.5},
+      {"kvd_output_length_tokens_sum", 21},
+      {"kvd_output_length_tokens_count", 22},
+      {"kvd_output_length_prediction_error_tokens_sum", 23},
+      {"kvd_output_length_prediction_error_tokens_count", 24},
+      {"kvd_time_to_first_token_seconds_sum", 25},
+      {"kvd_time_to_first_token_seconds_count", 26},
+      {"kvd_inter_token_latency_seconds_sum", 27},
+      {"kvd_inter_token_latency_seconds_count", 28},
+      {"kvd_request_latency_seconds_sum", 29},
+      {"kvd_request_latency_seconds_count", 30},
+      {"kvd_kv_cache_usage_ratio", 0.25},
+      {"kvd_kv_cache_blocks{state=\"used\"}", 100},
+      {"kvd_kv_cache_blocks{state=\"free\"}", 31},
+      {"kvd_kv_cache_blocks{state=\"cached\"}", 32},
+      {"kvd_kv_cache_blocks{state=\"pinned\"}", 33},
+      {"kvd_kv_cache_allocated_blocks", 34},
+      {"kvd_kv_cache_capacity_blocks", 400},
+      {"kvd_kv_cache_block_bytes", 35},
+      {"kvd_kv_pool_reserved_bytes", 36},
+      {"kvd_kv_pool_used_bytes", 37},
+      {"kvd_kv_pool_cached_bytes", 38},
+      {"kvd_kv_pool_max_bytes", 39},
+      {"kvd_kv_pool_chunks", 40},
+      {"kvd_kv_pool_chunks_grown_total", 41},
+      {"kvd_kv_pool_chunks_released_total", 42},
+      {"kvd_kv_cache_sequences", 43},
+      {"kvd_prefix_cache_keys", 44},
+      {"kvd_prefix_cache_query_tokens_total", 45},
+      {"kvd_prefix_cache_hit_tokens_total", 46},
+      {"kvd_session_cache_hit_tokens_total", 47},
+      {"kvd_kv_cache_evicted_blocks_total", 48},
+      {"kvd_sessions_active", 49},
+      {"kvd_sessions_released_total{reason=\"idle\"}", 50},
+      {"kvd_sessions_released_total{reason=\"pin_cap\"}", 51},
+      {"kvd_sessions_released_total{reason=\"closed\"}", 52},
+      {"kvd_sessions_released_total{reason=\"pressure\"}", 53},
+      {"kvd_defrag_moved_blocks_total", 54},
+      {"kvd_defrag_pause_seconds_count", 55},
+      {"kvd_defrag_pause_seconds_sum", 56},
+      {"kvd_defrag_pause_max_seconds", 57},
+  };
+  const Scrape scrape = Parse(MetricsExporter::Render(s, Info()));
+  ASSERT_THAT(scrape.errors, ::testing::IsEmpty());
+  std::map<std::string, double> got;
+  for (const Sample& sample : scrape.samples) {
+    if (sample.labels.count("le")) continue;  // a bucket
+    std::string key = sample.name;
+    if (!sample.labels.empty()) {
+      std::vector<std::string> labels;
+      for (const auto& [name, value] : sample.labels) {
+        labels.push_back(absl::StrCat(name, "=\"", value, "\""));
+      }
+      key += absl::StrCat("{", absl::StrJoin(labels, ","), "}");
+    }
+    EXPECT_TRUE(got.emplace(key, sample.value).second) << "twice: " << key;
+  }
+  EXPECT_EQ(got, want);
 }
 
 TEST(MetricsExporterTest, ScrapeReadsTheSourceEachTime) {

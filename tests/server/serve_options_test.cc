@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "cache/kv_cache_options.h"
 #include "cache/kv_layout.h"
 #include "cache/memory_estimator.h"
@@ -43,6 +45,61 @@ Translated Translate(const KvCacheConfig& kv, DType dtype, const KvShape& shape)
   EXPECT_TRUE(t.options.Validate().ok()) << t.options.Validate();
   t.geometry = KvPoolGeometry::Compute(t.options, *layout);
   return t;
+}
+
+// Every config key `kvd serve` hands to the cache reaches its own option: each set to a value
+// that is neither its default nor any other key's.
+TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
+  KvCacheConfig kv;
+  kv.block_size = 32;
+  kv.memory_pool.initial_size_bytes = int64_t{3} << 20;
+  kv.memory_pool.max_size_bytes = int64_t{5} << 30;
+  kv.enable_prefix_caching = false;
+  kv.session.idle_timeout = absl::Seconds(77);
+  kv.session.max_pinned_fraction = 0.375;
+  kv.defrag.enabled = false;
+  kv.defrag.interval = absl::Milliseconds(1234);
+  kv.defrag.max_pause = absl::Microseconds(4321);
+  kv.defrag.max_moves_per_step = 99;
+  const KvCacheOptions o = CacheOptionsFrom(kv, DType::kBF16, kLlama3_8b);
+  EXPECT_EQ(o.block_size, 32);
+  EXPECT_EQ(o.kv_dtype, DType::kBF16);
+  EXPECT_EQ(o.initial_pool_bytes, int64_t{3} << 20);
+  EXPECT_EQ(o.max_pool_bytes, int64_t{5} << 30);
+  EXPECT_FALSE(o.enable_prefix_caching);
+  EXPECT_EQ(o.eviction_policy, "lru");
+  EXPECT_EQ(o.session_idle_timeout, absl::Seconds(77));
+  EXPECT_EQ(o.max_pinned_fraction, 0.375);
+  EXPECT_FALSE(o.enable_defrag);
+  EXPECT_EQ(o.defrag_interval, absl::Milliseconds(1234));
+  EXPECT_EQ(o.defrag_max_pause, absl::Microseconds(4321));
+  EXPECT_EQ(o.defrag_max_moves_per_step, 99);
+  // And the switches the other way, from their defaults.
+  const KvCacheOptions defaults = CacheOptionsFrom(KvCacheConfig{}, DType::kBF16, kLlama3_8b);
+  EXPECT_TRUE(defaults.enable_prefix_caching);
+  EXPECT_TRUE(defaults.enable_defrag);
+}
+
+TEST(EngineOptionsFromTest, EveryKeyReachesItsOption) {
+  InferenceConfig config;
+  config.kv_cache.max_batch_size = 21;
+  config.scheduler.max_num_batched_tokens = 1111;
+  config.scheduler.prefill_chunk_tokens = 333;
+  config.scheduler.predictor_quantile = 0.625;
+  config.server.max_waiting_requests = 44;
+  const EngineOptions o = EngineOptionsFrom(config);
+  EXPECT_EQ(o.max_batch_size, 21);
+  EXPECT_EQ(o.max_num_batched_tokens, 1111);
+  EXPECT_EQ(o.prefill_chunk_tokens, 333);
+  EXPECT_EQ(o.predictor_quantile, 0.625);
+  EXPECT_EQ(o.max_waiting_requests, 44);
+  for (const auto& [policy, mode] :
+       {std::pair{AdmissionPolicyKind::kPredicted, AdmissionMode::kPredicted},
+        std::pair{AdmissionPolicyKind::kReserveMax, AdmissionMode::kReserveMax},
+        std::pair{AdmissionPolicyKind::kOptimistic, AdmissionMode::kOptimistic}}) {
+    config.scheduler.admission_policy = policy;
+    EXPECT_EQ(EngineOptionsFrom(config).admission, mode) << static_cast<int>(policy);
+  }
 }
 
 // Llama-3-8B in bf16 at block_size 256 has 32 MiB blocks, twice the usual 16 MiB chunk: the
