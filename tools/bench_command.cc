@@ -354,7 +354,9 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
                   "synthetic:<preset> (weights made on the device from --seed) or a llama2.c "
                   "checkpoint",
                   "synthetic:llama3-8b");
-  flags.AddString("device", "cuda, cpu, or auto (cuda when a GPU is visible and cuBLAS loads)",
+  flags.AddString("device",
+                  "cuda, cpu, or auto (cuda on a GPU of compute capability 9.0+ where cuBLAS loads "
+                  "and the model's head_dim has a kernel)",
                   "auto");
   flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",
                   "1x512,1x4096,64x1024,64x4096");
