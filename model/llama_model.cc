@@ -279,7 +279,11 @@ absl::StatusOr<const float*> LlamaModel::ForwardToDevice(const ForwardBatch& bat
     }
   }
   KVD_RETURN_IF_ERROR(batch.Validate(s.vocab_size, block_size));
-  if (recorder_ != nullptr && IsGraphableDecode(batch)) {
+  // Graphs need scratch for the largest bucket up front (growing it later would move what
+  // they read). Where the device cannot hold that, this step runs uncaptured in scratch for
+  // its own rows, and a later step tries again.
+  if (recorder_ != nullptr && IsGraphableDecode(batch) &&
+      EnsureScratch(max_bucket_, max_bucket_).ok()) {
     KVD_RETURN_IF_ERROR(ForwardDecodeGraph(batch, layers));
     return logits_.as<const float>();
   }

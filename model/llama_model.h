@@ -120,8 +120,9 @@ class LlamaModel {
   // batches run uncaptured. Logits equal the uncaptured path's bit for bit when a batch
   // fills its bucket, and up to the GEMM's algorithm choice for the padded row count
   // otherwise. Should a recording fail, the step's (uncaptured) result stands, the failure
-  // is counted in decode_graph_stats() and graphs are turned off. A null recorder turns
-  // graphs off (the default).
+  // is counted in decode_graph_stats() and graphs are turned off. Graphs take scratch for
+  // the largest bucket; a decode step for which that cannot be allocated runs uncaptured. A
+  // null recorder turns graphs off (the default).
   // REQUIRES: max_batch_size >= 1 when recorder is not null.
   void SetDecodeGraphs(std::unique_ptr<OpGraphRecorder> recorder, int32_t max_batch_size);
   const DecodeGraphStats& decode_graph_stats() const { return graph_stats_; }
@@ -157,6 +158,7 @@ class LlamaModel {
   // Enqueues the whole forward pass of `b`; logits land in logits_.
   absl::Status Enqueue(const DeviceBatch& b, absl::Span<const KvCacheView> layers);
   bool IsGraphableDecode(const ForwardBatch& batch) const;
+  // REQUIRES: IsGraphableDecode(batch); scratch holds max_bucket_ rows.
   absl::Status ForwardDecodeGraph(const ForwardBatch& batch, absl::Span<const KvCacheView> layers);
 
   ModelSpec spec_;

@@ -94,8 +94,6 @@ absl::Status LlamaModel::ForwardDecodeGraph(const ForwardBatch& batch,
   const int32_t n = batch.num_seqs();
   const int32_t bucket = BucketFor(n);
   const int32_t pad = bucket - n;
-  // Scratch for the largest bucket up front, so growing buckets do not invalidate graphs.
-  KVD_RETURN_IF_ERROR(EnsureScratch(max_bucket_, max_bucket_));
 
   const int32_t num_blocks = static_cast<int32_t>(batch.kv_indices.size()) + pad;
   const GraphBatchLayout at(max_bucket_);

@@ -222,6 +222,20 @@ TEST(LlamaModelGraphsTest, AScratchGrowthFailingPartWayLeavesNoGraphOverFreedMem
   }
 }
 
+// Graphs need scratch for the largest bucket (8 here); where that cannot be had, a decode step
+// runs uncaptured in scratch for its own two rows, and a later step records its graph.
+TEST(LlamaModelGraphsTest, ADecodeRunsUncapturedWhereTheLargestBucketsScratchCannotBeHad) {
+  GraphedAndReference models(/*max_batch_size=*/8, /*chunk_shift=*/6);
+  models.fake().FailAllocation(0);  // the first of the 8-row buffers
+  models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
+  EXPECT_EQ(models.stats().captures, 0);
+  models.ExpectSameLogits(Decode({21, 41}, {0, 10}));
+  EXPECT_EQ(models.stats().captures, 1);
+  models.ExpectSameLogits(Decode({22, 42}, {0, 10}));
+  EXPECT_EQ(models.stats().replays, 1);
+  EXPECT_EQ(models.stats().capture_failures, 0);
+}
+
 // The decode-graph metadata buffer must grow for a step with more blocks, and that allocation
 // fails. The step fails, and the steps after it still run: those that fit the old buffer
 // replay the graph recorded before, and the larger step grows the buffer once it can.
