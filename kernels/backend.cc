@@ -155,6 +155,20 @@ SiluMulParams MatmulPrologueSiluMul(const MatmulParams& p, float* out) {
           .up_stride = p.up_stride == 0 ? p.k : p.up_stride};
 }
 
+absl::Status ValidateEmbedding(const EmbeddingParams& p) {
+  if (p.out == nullptr) return absl::InvalidArgumentError("Embedding: out is null");
+  if (p.table == nullptr) return absl::InvalidArgumentError("Embedding: table is null");
+  if (p.token_ids == nullptr) return absl::InvalidArgumentError("Embedding: token_ids is null");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRmsNorm(const RmsNormParams& p) {
+  if (p.out == nullptr) return absl::InvalidArgumentError("RmsNorm: out is null");
+  if (p.in == nullptr) return absl::InvalidArgumentError("RmsNorm: in is null");
+  if (p.weight == nullptr) return absl::InvalidArgumentError("RmsNorm: weight is null");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSiluMul(const SiluMulParams& p) {
   if (p.out == nullptr) return absl::InvalidArgumentError("SiluMul: out is null");
   if (p.gate == nullptr) return absl::InvalidArgumentError("SiluMul: gate is null");

@@ -65,6 +65,7 @@ class Backend {
   virtual absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) = 0;
 
   // --- ops ---
+  // Every backend checks ValidateEmbedding and ValidateRmsNorm (below) where there are rows.
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   // Every backend checks ValidateMatmulPrologue (below) when there are rows.
@@ -133,6 +134,17 @@ absl::Status ValidateMatmulPrologue(const MatmulParams& p);
 // kSiluMul's SiluMul (gate = in, rows in_stride apart).
 RmsNormParams MatmulPrologueRmsNorm(const MatmulParams& p, float* out);
 SiluMulParams MatmulPrologueSiluMul(const MatmulParams& p, float* out);
+
+// The backend-neutral checks of an Embedding with tokens, after each backend's own checks of
+// the table dtype and the sizes: out, table and token_ids given. InvalidArgument naming
+// "Embedding" and the field otherwise. The ids are each backend's to check where it can read
+// them.
+absl::Status ValidateEmbedding(const EmbeddingParams& p);
+
+// The backend-neutral checks of an RmsNorm with rows, after each backend's own checks of the
+// weight dtype and the sizes: out, in and weight given. InvalidArgument naming "RmsNorm" and
+// the field otherwise.
+absl::Status ValidateRmsNorm(const RmsNormParams& p);
 
 // The backend-neutral checks of a SiluMul whose num_rows > 0 and dim > 0 (each backend
 // checks those first): out, gate and up are given, the strides are at least dim, and out

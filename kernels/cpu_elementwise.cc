@@ -38,11 +38,6 @@ absl::Status RequireF32(absl::string_view op, absl::string_view field, DType t) 
                                                " is not supported by the CPU backend (f32 only)"));
 }
 
-absl::Status RequireNonNull(absl::string_view op, absl::string_view field, const void* ptr) {
-  if (ptr != nullptr) return absl::OkStatus();
-  return Invalid(op, absl::StrCat(field, " is null"));
-}
-
 absl::Status RequireNonNegativeRows(absl::string_view op, absl::string_view field, int64_t rows) {
   if (rows >= 0) return absl::OkStatus();
   return Invalid(op, absl::StrCat(field, " must be >= 0, got ", rows));
@@ -58,9 +53,7 @@ absl::Status CpuEmbedding(const EmbeddingParams& p, ThreadPool& pool) {
   if (p.num_tokens == 0) return absl::OkStatus();
   KVD_RETURN_IF_ERROR(RequirePositive(kOp, "dim", p.dim));
   KVD_RETURN_IF_ERROR(RequirePositive(kOp, "vocab_size", p.vocab_size));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "out", p.out));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "table", p.table));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "token_ids", p.token_ids));
+  KVD_RETURN_IF_ERROR(ValidateEmbedding(p));
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     if (p.token_ids[t] < 0 || p.token_ids[t] >= p.vocab_size) {
       return Invalid(kOp, absl::StrCat("token_ids[", t, "] = ", p.token_ids[t],
@@ -83,9 +76,7 @@ absl::Status CpuRmsNorm(const RmsNormParams& p, ThreadPool& pool) {
   KVD_RETURN_IF_ERROR(RequireNonNegativeRows(kOp, "num_rows", p.num_rows));
   if (p.num_rows == 0) return absl::OkStatus();
   KVD_RETURN_IF_ERROR(RequirePositive(kOp, "dim", p.dim));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "out", p.out));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "in", p.in));
-  KVD_RETURN_IF_ERROR(RequireNonNull(kOp, "weight", p.weight));
+  KVD_RETURN_IF_ERROR(ValidateRmsNorm(p));
   const float* weight = static_cast<const float*>(p.weight);
   pool.ParallelFor(p.num_rows, RowGrain(p.dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {

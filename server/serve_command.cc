@@ -61,8 +61,7 @@ FlagSet MakeFlags() {
   f.AddString("config", "inference_config.yaml; default: built-in defaults");
   f.AddString("model", "overrides model.path (llama2.c .bin or synthetic:<preset>)");
   f.AddString("device",
-              "overrides model.device: auto (cuda on a GPU of compute capability 9.0+ where cuBLAS "
-              "loads and the model's head_dim has a kernel), cpu, cuda");
+              absl::StrCat("overrides model.device: auto (", kAutoPicksCuda, "), cpu, cuda"));
   f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");
   f.AddString("metrics-address", "overrides server.metrics_address; empty = no metrics");
   f.AddString("cuda-graphs", "on or off: replay decode steps as CUDA graphs (cuda only)", "on");

@@ -354,10 +354,7 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
                   "synthetic:<preset> (weights made on the device from --seed) or a llama2.c "
                   "checkpoint",
                   "synthetic:llama3-8b");
-  flags.AddString("device",
-                  "cuda, cpu, or auto (cuda on a GPU of compute capability 9.0+ where cuBLAS loads "
-                  "and the model's head_dim has a kernel)",
-                  "auto");
+  flags.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
   flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",
                   "1x512,1x4096,64x1024,64x4096");
   flags.AddInt("steps", "timed decode steps per case", 32, IntRange{1, kMaxInt32});

@@ -26,6 +26,11 @@ enum class Device { kCpu, kCuda };
 // "cpu" or "cuda".
 std::string_view DeviceName(Device device);
 
+// When "auto" picks CUDA (ChooseDevice, then FitDeviceToModel), as the commands' --help says.
+inline constexpr char kAutoPicksCuda[] =
+    "cuda on a GPU of compute capability 9.0+ where cuBLAS loads and the model's head_dim has "
+    "a kernel";
+
 // True when this binary was built with the CUDA backend.
 bool BuiltWithCuda();
 

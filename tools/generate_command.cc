@@ -76,10 +76,7 @@ FlagSet MakeFlags() {
               "sampling seed, as the config's model.seed; the same seed gives the same text", 0);
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
            IntRange{1, 256, /*power_of_two=*/true});
-  f.AddString("device",
-              "cuda, cpu, or auto (cuda on a GPU of compute capability 9.0+ where cuBLAS loads and "
-              "the model's head_dim has a kernel)",
-              "auto");
+  f.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
   f.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
            IntRange{0, kMaxCpuThreads});
   f.AddBool("json", "print one JSON object instead of text");

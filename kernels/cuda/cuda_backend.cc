@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -46,17 +45,6 @@ absl::Status Unsupported(absl::string_view op, absl::string_view what, DType t) 
 
 absl::Status Invalid(absl::string_view op, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
-}
-
-// InvalidArgument "<op>: <name> is null" for the first of `pointers` that is null: a kernel
-// handed one would fault and leave the context unusable for every later call.
-absl::Status RequireGiven(
-    absl::string_view op,
-    std::initializer_list<std::pair<absl::string_view, const void*>> pointers) {
-  for (const auto& [name, pointer] : pointers) {
-    if (pointer == nullptr) return Invalid(op, absl::StrCat(name, " is null"));
-  }
-  return absl::OkStatus();
 }
 
 // The shape complaint of the row-wise ops (RmsNorm, SiluMul).
@@ -392,10 +380,7 @@ absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
     return Invalid(kOp, absl::StrCat("num_tokens ", p.num_tokens, ", dim ", p.dim, ", vocab_size ",
                                      p.vocab_size, ": num_tokens must be >= 0, the others > 0"));
   }
-  if (p.num_tokens > 0) {
-    KVD_RETURN_IF_ERROR(
-        RequireGiven(kOp, {{"out", p.out}, {"table", p.table}, {"token_ids", p.token_ids}}));
-  }
+  if (p.num_tokens > 0) KVD_RETURN_IF_ERROR(ValidateEmbedding(p));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchEmbedding(p, stream_), kOp);
@@ -405,9 +390,7 @@ absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
   constexpr absl::string_view kOp = "RmsNorm";
   if (!IsStorageDtype(p.weight_dtype)) return Unsupported(kOp, "weight dtype", p.weight_dtype);
   if (p.num_rows < 0 || p.dim <= 0) return Invalid(kOp, RowsShape(p.num_rows, p.dim));
-  if (p.num_rows > 0) {
-    KVD_RETURN_IF_ERROR(RequireGiven(kOp, {{"out", p.out}, {"in", p.in}, {"weight", p.weight}}));
-  }
+  if (p.num_rows > 0) KVD_RETURN_IF_ERROR(ValidateRmsNorm(p));
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
   return CudaStatus(cuda::LaunchRmsNorm(p, stream_), kOp);
