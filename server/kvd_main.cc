@@ -7,6 +7,7 @@
 #include "server/client_command.h"
 #include "server/serve_command.h"
 #include "tools/bench_command.h"
+#include "tools/device.h"
 #include "tools/estimate_command.h"
 #include "tools/generate_command.h"
 
@@ -20,14 +21,15 @@ constexpr char kUsage[] =
     "commands:\n"
     "  serve      run the daemon: gRPC API, health, reflection and /metrics\n"
     "  client     stream a completion from a running daemon\n"
-    "  generate   complete one prompt in this process and print the text (on CUDA when a\n"
-    "             GPU is visible, else on the CPU; --device picks)\n"
+    "  generate   complete one prompt in this process and print the text (on CUDA where\n"
+    "             the GPU can run the model, else on the CPU; --device picks)\n"
     "  estimate   KV-cache memory for a model and workload (capacity planning)\n"
     "  bench      time decode steps of the whole engine on a synthetic model or a\n"
-    "             checkpoint, beside the memory roofline (on CUDA when a GPU is visible,\n"
-    "             else on the CPU; --device picks)\n"
+    "             checkpoint, beside the memory roofline (on CUDA where the GPU can run\n"
+    "             the model, else on the CPU; --device picks)\n"
     "\n"
-    "`kvd <command> --help` describes a command's flags.\n";
+    "`kvd <command> --help` describes a command's flags; `kvd --version` prints the\n"
+    "version and whether this build has the CUDA backend.\n";
 
 }  // namespace
 
@@ -40,6 +42,13 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kUsage;
+    return 0;
+  }
+  if (command == "--version" || command == "version") {
+    std::cout << "kvd " << KVD_VERSION << " ("
+              << (kvd::BuiltWithCuda() ? "CUDA and CPU backends"
+                                       : "CPU backend only; built without CUDA")
+              << ")\n";
     return 0;
   }
   if (command == "serve") return kvd::RunServeCommand(args, std::cout, std::cerr);

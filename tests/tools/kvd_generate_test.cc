@@ -8,8 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/tools/run_kvd.h"
+#include "tools/device.h"
 
 namespace kvd {
 namespace {
@@ -144,12 +146,13 @@ TEST(KvdGenerateTest, AFlagWhereAValueBelongsIsAUsageError) {
 }
 
 TEST(KvdGenerateTest, TopLevelUsageSaysGenerateRunsWhereDevicePoints) {
-  // --device defaults to auto: CUDA when a GPU is visible, not always the CPU.
+  // --device defaults to auto: CUDA where the GPU can run the model, not always the CPU, and
+  // not on every visible GPU (kAutoPicksCuda).
   const KvdResult top = RunKvd("--help");
   EXPECT_EQ(top.exit_code, 0);
   EXPECT_THAT(top.out, HasSubstr("generate   complete one prompt in this process and print the "
-                                 "text (on CUDA when a\n             GPU is visible, else on the "
-                                 "CPU; --device picks)"));
+                                 "text (on CUDA where\n             the GPU can run the model, "
+                                 "else on the CPU; --device picks)"));
 }
 
 TEST(KvdGenerateTest, IntegerFlagsOutsideTheirRangeAreUsageErrors) {
@@ -223,6 +226,20 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));
+}
+
+// `kvd --version` (or `kvd version`) prints the project's version and whether this build
+// has the CUDA backend, and exits 0; the top-level help says so.
+TEST(KvdGenerateTest, VersionNamesTheReleaseAndTheBackends) {
+  const std::string want = absl::StrCat(
+      "kvd ", KVD_VERSION, " (",
+      BuiltWithCuda() ? "CUDA and CPU backends" : "CPU backend only; built without CUDA", ")\n");
+  for (const char* flag : {"--version", "version"}) {
+    const KvdResult r = RunKvd(flag);
+    EXPECT_EQ(r.exit_code, 0) << flag;
+    EXPECT_EQ(r.out, want) << flag;
+  }
+  EXPECT_THAT(RunKvd("--help").out, HasSubstr("`kvd --version` prints"));
 }
 
 // Token ids in, token ids out: what runs a model without a tokenizer (synthetic ones have
