@@ -36,6 +36,8 @@ std::string_view Name(EvictionPolicyKind v) {
   switch (v) {
     case EvictionPolicyKind::kLru:
       return "lru";
+    case EvictionPolicyKind::kChunkLru:
+      return "chunk_lru";
   }
   return "?";
 }

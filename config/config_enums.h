@@ -21,8 +21,10 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 // reference backend, bf16 on CUDA). Whether a build can run one is decided by the engine.
 enum class KvQuantization { kNone, kBF16, kFP16, kFP8, kInt8, kInt4 };
 
-// Which cached (refcount 0) block is evicted first. Only LRU exists for now.
-enum class EvictionPolicyKind { kLru };
+// Which cached (refcount 0) block is evicted first (cache/eviction_policy.h): the least
+// recently released, or that of the highest chunk holding one (keeps the cache in low chunks,
+// so that defragmentation can return the top ones without losing hits).
+enum class EvictionPolicyKind { kLru, kChunkLru };
 
 // How the scheduler sizes a waiting request's KV need (DESIGN.md "Admission").
 enum class AdmissionPolicyKind { kPredicted, kReserveMax, kOptimistic };
@@ -45,7 +47,7 @@ constexpr auto AllValues<KvQuantization>() {
 }
 template <>
 constexpr auto AllValues<EvictionPolicyKind>() {
-  return std::array{EvictionPolicyKind::kLru};
+  return std::array{EvictionPolicyKind::kLru, EvictionPolicyKind::kChunkLru};
 }
 template <>
 constexpr auto AllValues<AdmissionPolicyKind>() {

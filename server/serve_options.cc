@@ -52,7 +52,7 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
   options.enable_prefix_caching = kv.enable_prefix_caching;
-  options.eviction_policy = "lru";
+  options.eviction_policy = std::string(Name(kv.eviction_policy));
   options.session_idle_timeout = kv.session.idle_timeout;
   options.max_pinned_fraction = kv.session.max_pinned_fraction;
   options.enable_defrag = kv.defrag.enabled;

@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
             {"kv_cache_config.quantization", "'int3'", "one of none, bf16, fp16, fp8, int8, int4"}},
         BadCase{"UnknownEvictionPolicy",
                 "kv_cache_config:\n  eviction_policy: fifo\n",
-                {"kv_cache_config.eviction_policy", "'fifo'", "one of lru"}},
+                {"kv_cache_config.eviction_policy", "'fifo'", "one of lru, chunk_lru"}},
         BadCase{"NegativeIdleTimeout",
                 "kv_cache_config:\n  session:\n    idle_timeout: -1s\n",
                 {"kv_cache_config.session.idle_timeout", "'-1s'", "duration >= 0"}},

@@ -61,13 +61,14 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   kv.defrag.interval = absl::Milliseconds(1234);
   kv.defrag.max_pause = absl::Microseconds(4321);
   kv.defrag.max_moves_per_step = 99;
+  kv.eviction_policy = EvictionPolicyKind::kChunkLru;
   const KvCacheOptions o = CacheOptionsFrom(kv, DType::kBF16, kLlama3_8b);
   EXPECT_EQ(o.block_size, 32);
   EXPECT_EQ(o.kv_dtype, DType::kBF16);
   EXPECT_EQ(o.initial_pool_bytes, int64_t{3} << 20);
   EXPECT_EQ(o.max_pool_bytes, int64_t{5} << 30);
   EXPECT_FALSE(o.enable_prefix_caching);
-  EXPECT_EQ(o.eviction_policy, "lru");
+  EXPECT_EQ(o.eviction_policy, "chunk_lru");
   EXPECT_EQ(o.session_idle_timeout, absl::Seconds(77));
   EXPECT_EQ(o.max_pinned_fraction, 0.375);
   EXPECT_FALSE(o.enable_defrag);
@@ -78,6 +79,7 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   const KvCacheOptions defaults = CacheOptionsFrom(KvCacheConfig{}, DType::kBF16, kLlama3_8b);
   EXPECT_TRUE(defaults.enable_prefix_caching);
   EXPECT_TRUE(defaults.enable_defrag);
+  EXPECT_EQ(defaults.eviction_policy, "lru");
 }
 
 TEST(EngineOptionsFromTest, EveryKeyReachesItsOption) {
