@@ -1,8 +1,11 @@
 #include "scheduler/engine_loop.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "scheduler/engine_loop_impl.h"
 
 namespace kvd {
@@ -17,7 +20,49 @@ std::vector<double> LengthBuckets() {
 }
 std::vector<double> ErrorBuckets() { return {-1024, -256, -64, -16, -4, 0, 4, 16, 64, 256, 1024}; }
 
+absl::Status OutOfRange(absl::string_view field, double value, absl::string_view allowed) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("EngineOptions.", field, " = ", value, " is out of range; allowed: ", allowed));
+}
+
+// `options`, once Validate() has passed it: the engine's contract (a step must hold a token of
+// every sequence in it and make progress), so a bad value is a caller's bug.
+const EngineOptions& CheckedOptions(const EngineOptions& options) {
+  if (absl::Status status = options.Validate(); !status.ok()) {
+    std::fprintf(stderr, "EngineLoop: invalid EngineOptions: %s\n", status.ToString().c_str());
+    std::abort();
+  }
+  return options;
+}
+
 }  // namespace
+
+absl::Status EngineOptions::Validate() const {
+  if (max_batch_size < 1) return OutOfRange("max_batch_size", max_batch_size, ">= 1");
+  if (max_num_batched_tokens < max_batch_size) {
+    return OutOfRange("max_num_batched_tokens", max_num_batched_tokens,
+                      absl::StrCat(">= max_batch_size, which is ", max_batch_size,
+                                   " (every sequence in a step needs a token)"));
+  }
+  if (prefill_chunk_tokens < 1) {
+    return OutOfRange("prefill_chunk_tokens", prefill_chunk_tokens, ">= 1");
+  }
+  if (max_waiting_requests < 1) {
+    return OutOfRange("max_waiting_requests", max_waiting_requests, ">= 1");
+  }
+  if (!(predictor_quantile >= 0.0 && predictor_quantile <= 1.0)) {
+    return OutOfRange("predictor_quantile", predictor_quantile, "[0, 1]");
+  }
+  if (predictor_default_tokens < 1) {
+    return OutOfRange("predictor_default_tokens", predictor_default_tokens, ">= 1");
+  }
+  if (idle_tick < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EngineOptions.idle_tick = ", absl::FormatDuration(idle_tick),
+                     " is out of range; allowed: >= 0"));
+  }
+  return absl::OkStatus();
+}
 
 Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
@@ -223,7 +268,7 @@ void EngineLoop::Impl::ThreadMain() {
 
 EngineLoop::EngineLoop(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
                        const Tokenizer* tokenizer, Clock* clock)
-    : impl_(std::make_unique<Impl>(options, model, cache, tokenizer, clock)) {}
+    : impl_(std::make_unique<Impl>(CheckedOptions(options), model, cache, tokenizer, clock)) {}
 EngineLoop::~EngineLoop() { impl_->Stop(); }
 void EngineLoop::Start() { impl_->Start(); }
 void EngineLoop::Stop() { impl_->Stop(); }

@@ -27,14 +27,19 @@ enum class AdmissionMode {
 };
 
 struct EngineOptions {
-  int32_t max_batch_size = 64;            // sequences per step
-  int32_t max_num_batched_tokens = 2048;  // tokens per step, prefill chunks and decodes
-  int32_t prefill_chunk_tokens = 512;     // most prompt tokens of one sequence per step
-  int32_t max_waiting_requests = 256;     // Submit fails with ResourceExhausted beyond
+  int32_t max_batch_size = 64;            // sequences per step, >= 1
+  int32_t max_num_batched_tokens = 2048;  // tokens per step, prefill chunks and decodes;
+                                          // >= max_batch_size (each sequence needs one)
+  int32_t prefill_chunk_tokens = 512;     // most prompt tokens of one sequence per step, >= 1
+  int32_t max_waiting_requests = 256;     // Submit fails with ResourceExhausted beyond; >= 1
   AdmissionMode admission = AdmissionMode::kPredicted;
-  double predictor_quantile = 0.9;                    // of observed output lengths
-  int32_t predictor_default_tokens = 128;             // prediction before any request finished
-  absl::Duration idle_tick = absl::Milliseconds(50);  // cache Tick() period while idle
+  double predictor_quantile = 0.9;                    // of observed output lengths, [0, 1]
+  int32_t predictor_default_tokens = 128;             // prediction before any finished, >= 1
+  absl::Duration idle_tick = absl::Milliseconds(50);  // cache Tick() period while idle, >= 0
+
+  // InvalidArgument naming the first field outside its range (above), its value and what is
+  // allowed. The daemon's config (InferenceConfig::Validate) never yields one.
+  absl::Status Validate() const;
 };
 
 // The engine thread: continuous batching over one model and one KV cache.
@@ -50,6 +55,8 @@ struct EngineOptions {
 // tokenizer (offline token-id runs) events carry no text and stop strings are refused.
 class EngineLoop {
  public:
+  // REQUIRES: options.Validate() is OK (checked: aborts with its message otherwise; a step
+  // of no tokens would spin forever).
   EngineLoop(const EngineOptions& options, LlamaModel* model, KvCacheManager* cache,
              const Tokenizer* tokenizer, Clock* clock);
   ~EngineLoop();  // Stop()s

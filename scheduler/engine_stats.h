@@ -8,11 +8,13 @@
 
 namespace kvd {
 
-// Cumulative histogram with fixed upper bounds (Prometheus style): counts[i] counts
-// observations <= bounds[i]; the last count (one more than bounds) is +Inf.
+// A histogram with fixed upper bounds, kept per bucket: counts[i] counts observations in
+// (bounds[i - 1], bounds[i]] (counts[0] those <= bounds[0]), and the last count, one past the
+// bounds, those above every bound (+Inf). The exporter sums them into Prometheus's cumulative
+// buckets.
 struct Histogram {
   std::vector<double> bounds;
-  std::vector<int64_t> counts;  // [bounds.size() + 1], not cumulative
+  std::vector<int64_t> counts;  // [bounds.size() + 1], one bucket each, not cumulative
   double sum = 0;
   int64_t count = 0;
 

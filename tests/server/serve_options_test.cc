@@ -102,6 +102,9 @@ TEST(EngineOptionsFromTest, EveryKeyReachesItsOption) {
     config.scheduler.admission_policy = policy;
     EXPECT_EQ(EngineOptionsFrom(config).admission, mode) << static_cast<int>(policy);
   }
+  // What a valid config makes, the engine takes (EngineLoop aborts on anything else).
+  EXPECT_TRUE(EngineOptionsFrom(InferenceConfig{}).Validate().ok());
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
 }
 
 // Llama-3-8B in bf16 at block_size 256 has 32 MiB blocks, twice the usual 16 MiB chunk: the
