@@ -1,6 +1,8 @@
 #include "config/inference_config.h"
 
 #include <algorithm>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,17 +44,25 @@ absl::Status InferenceConfig::Validate() const {
   return absl::OkStatus();
 }
 
+std::string QuantizationNames(absl::Span<const KvQuantization> quantizations) {
+  if (quantizations.empty()) return "(nothing)";
+  return absl::StrJoin(quantizations, ", ", [](std::string* out, KvQuantization q) {
+    const std::string_view name = Name(q);
+    out->append(name.data(), name.size());
+  });
+}
+
 absl::Status CheckQuantizationSupported(const KvCacheConfig& config, absl::string_view device,
-                                        absl::Span<const std::string> supported,
+                                        absl::Span<const KvQuantization> supported,
                                         absl::string_view elsewhere) {
-  const std::string_view name = Name(config.quantization);
-  if (std::find(supported.begin(), supported.end(), name) != supported.end()) {
+  if (std::find(supported.begin(), supported.end(), config.quantization) != supported.end()) {
     return absl::OkStatus();
   }
+  const std::string_view name = Name(config.quantization);
   return absl::UnimplementedError(absl::StrCat(
       "kv_cache_config.quantization: '", absl::string_view(name.data(), name.size()),
       "' is valid but the ", device, " device cannot run it yet; supported on ", device, ": ",
-      supported.empty() ? "(nothing)" : absl::StrJoin(supported, ", "), elsewhere,
+      QuantizationNames(supported), elsewhere,
       ". kvd does not fall back to another type; set kv_cache_config.quantization to a "
       "supported one"));
 }

@@ -114,14 +114,17 @@ struct InferenceConfig {
   bool operator==(const InferenceConfig&) const = default;
 };
 
-// OK when `supported` (quantization names, as Name(KvQuantization) spells them), what the
-// device named `device` runs, contains config.quantization; otherwise Unimplemented with a
-// message that names the key, the configured value, the device and what it supports, then
-// `elsewhere` (e.g. what another device would run). The engine calls this at startup so that
-// an unsupported quantization is refused, never silently replaced.
+// OK when `supported`, the quantizations the device named `device` runs, contains
+// config.quantization; otherwise Unimplemented with a message that names the key, the
+// configured value, the device and what it supports (QuantizationNames), then `elsewhere`
+// (e.g. what another device would run). The engine calls this at startup so that an
+// unsupported quantization is refused, never silently replaced.
 absl::Status CheckQuantizationSupported(const KvCacheConfig& config, absl::string_view device,
-                                        absl::Span<const std::string> supported,
+                                        absl::Span<const KvQuantization> supported,
                                         absl::string_view elsewhere = "");
+
+// The names of `quantizations` (Name(KvQuantization)), comma-separated; "(nothing)" for none.
+std::string QuantizationNames(absl::Span<const KvQuantization> quantizations);
 
 }  // namespace kvd
 

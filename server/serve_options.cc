@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "config/byte_size.h"
 #include "config/config_enums.h"
 
@@ -14,18 +13,21 @@ namespace {
 
 // KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
 // reference, bf16 on CUDA); CUDA also accepts bf16 by name.
-const std::vector<std::string> kCpuQuantizations = {"none"};
-const std::vector<std::string> kCudaQuantizations = {"none", "bf16"};
+constexpr KvQuantization kCpuQuantizations[] = {KvQuantization::kNone};
+constexpr KvQuantization kCudaQuantizations[] = {KvQuantization::kNone, KvQuantization::kBF16};
 
 }  // namespace
 
 absl::Status CheckServable(const InferenceConfig& config, Device device) {
   // A refusal also says what the other device runs, which may be the fix (--device).
   const bool cuda = device == Device::kCuda;
-  const std::vector<std::string>& other = cuda ? kCpuQuantizations : kCudaQuantizations;
+  const absl::Span<const KvQuantization> own =
+      cuda ? absl::Span<const KvQuantization>(kCudaQuantizations) : kCpuQuantizations;
+  const absl::Span<const KvQuantization> other =
+      cuda ? absl::Span<const KvQuantization>(kCpuQuantizations) : kCudaQuantizations;
   if (absl::Status s = CheckQuantizationSupported(
-          config.kv_cache, cuda ? "cuda" : "cpu", cuda ? kCudaQuantizations : kCpuQuantizations,
-          absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ", absl::StrJoin(other, ", "), ")"));
+          config.kv_cache, cuda ? "cuda" : "cpu", own,
+          absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ", QuantizationNames(other), ")"));
       !s.ok()) {
     return s;
   }

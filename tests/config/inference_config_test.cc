@@ -79,7 +79,7 @@ TEST(InferenceConfigTest, ValidateChecksRulesBetweenKeys) {
 TEST(CheckQuantizationSupportedTest, RefusesClearlyWithoutFallback) {
   KvCacheConfig config;
   config.quantization = KvQuantization::kInt4;
-  const std::vector<std::string> supported = {"none", "bf16"};
+  const std::vector<KvQuantization> supported = {KvQuantization::kNone, KvQuantization::kBF16};
   absl::Status status = CheckQuantizationSupported(config, "cuda", supported, " (on cpu: none)");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   // The device that cannot run it, not the build, is named: another device may.
