@@ -31,9 +31,10 @@
 //   max_tokens; without stop strings its text is its tokens' (Tokenizer::Decode) where those
 //   make whole characters; a golden one produced llama2.c's greedy tokens (a prefix of them
 //   when cancelled or past its deadline: CANCELLED and DEADLINE_EXCEEDED only then).
-// - CloseSession is OK or NOT_FOUND for an id of 1..max_id_bytes bytes, INVALID_ARGUMENT
-//   otherwise; GetCacheStats is a consistent snapshot of this pool (free + used + cached =
-//   total, bytes = blocks x block bytes); GetModelInfo is what the service was given.
+// - CloseSession is OK or NOT_FOUND for an id Generate would take (1..max_id_bytes bytes of
+//   UTF-8 without a control character), INVALID_ARGUMENT otherwise; GetCacheStats is a consistent
+//   snapshot of this pool (free + used + cached = total, bytes = blocks x block bytes);
+//   GetModelInfo is what the service was given.
 // - Once the server has shut down the engine goes idle without a failure, having refused
 //   nothing, finished at least the calls that ended OK and at most those it was given, and
 //   generated at least what was streamed; once this input's sessions are closed no KV block
@@ -444,11 +445,21 @@ Streamed CheckGenerate(const World& world, const Call& c, bool draining) {
   return streamed;
 }
 
+// A session id the service takes: 1..kMaxIdBytes bytes of UTF-8 with no C0 control character
+// and no DEL.
+bool AcceptableId(const std::string& id) {
+  return !id.empty() && id.size() <= kMaxIdBytes && kvd::IsValidUtf8(id) &&
+         std::none_of(id.begin(), id.end(), [](char ch) {
+           const auto byte = static_cast<unsigned char>(ch);
+           return byte < 0x20 || byte == 0x7f;
+         });
+}
+
 void CheckCloseSession(const Call& c) {
   const grpc::StatusCode code = c.status.error_code();
   kvd::v1::CloseSessionRequest request;
   if (!c.send_message || !kvd::ParseRequestMessage(c.wire, &request).ok() ||
-      request.session_id().empty() || request.session_id().size() > kMaxIdBytes) {
+      !AcceptableId(request.session_id())) {
     Require(code == grpc::StatusCode::INVALID_ARGUMENT, Why(c, "a bad CloseSession not refused"));
     Require(c.replies.empty(), Why(c, "a refused CloseSession answered"));
     return;
