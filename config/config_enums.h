@@ -14,7 +14,8 @@ namespace kvd {
 // lower-case spelling used in YAML, flags and errors) and AllValues<E>() (documentation
 // order); ParseEnum<E>() is the case-insensitive inverse of Name().
 
-// Where the model runs. kAuto: CUDA when a GPU is present and the build has CUDA, else CPU.
+// Where the model runs. kAuto: CUDA where the GPU can run the model (kAutoPicksCuda in
+// tools/device.h), else CPU.
 enum class DeviceKind { kAuto, kCpu, kCuda };
 
 // Storage type of the KV cache. kNone keeps the backend's compute type (fp32 on the CPU
