@@ -21,13 +21,11 @@ constexpr KvQuantization kCudaQuantizations[] = {KvQuantization::kNone, KvQuanti
 absl::Status CheckServable(const InferenceConfig& config, Device device) {
   // A refusal also says what the other device runs, which may be the fix (--device).
   const bool cuda = device == Device::kCuda;
-  const absl::Span<const KvQuantization> own =
-      cuda ? absl::Span<const KvQuantization>(kCudaQuantizations) : kCpuQuantizations;
-  const absl::Span<const KvQuantization> other =
-      cuda ? absl::Span<const KvQuantization>(kCpuQuantizations) : kCudaQuantizations;
+  const absl::Span<const KvQuantization> on_cpu = kCpuQuantizations, on_cuda = kCudaQuantizations;
   if (absl::Status s = CheckQuantizationSupported(
-          config.kv_cache, cuda ? "cuda" : "cpu", own,
-          absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ", QuantizationNames(other), ")"));
+          config.kv_cache, cuda ? "cuda" : "cpu", cuda ? on_cuda : on_cpu,
+          absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ",
+                       QuantizationNames(cuda ? on_cpu : on_cuda), ")"));
       !s.ok()) {
     return s;
   }
