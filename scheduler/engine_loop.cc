@@ -56,6 +56,9 @@ absl::Status EngineOptions::Validate() const {
   if (predictor_default_tokens < 1) {
     return OutOfRange("predictor_default_tokens", predictor_default_tokens, ">= 1");
   }
+  if (max_context_tokens < 0) {
+    return OutOfRange("max_context_tokens", max_context_tokens, ">= 0 (0 = the model's context)");
+  }
   if (idle_tick < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("EngineOptions.idle_tick = ", absl::FormatDuration(idle_tick),
@@ -82,6 +85,9 @@ EngineLoop::Impl::Impl(const EngineOptions& options, LlamaModel* model, KvCacheM
       tokenizer_(tokenizer),
       clock_(clock),
       max_blocks_(cache->stats().max_blocks),
+      context_tokens_(options.max_context_tokens > 0
+                          ? std::min(options.max_context_tokens, model->spec().max_context_tokens)
+                          : model->spec().max_context_tokens),
       predictor_(options.predictor_quantile, options.predictor_default_tokens) {
   stats_.time_to_first_token = Histogram(LatencyBuckets());
   stats_.inter_token_latency = Histogram(LatencyBuckets());
@@ -96,16 +102,15 @@ EngineLoop::Impl::Impl(const EngineOptions& options, LlamaModel* model, KvCacheM
 int64_t EngineLoop::Impl::MaxKvTokens(const Request& r) const {
   // The last token is emitted but never fed back, so its KV is never computed.
   return std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1,
-                           model_->spec().max_context_tokens);
+                           context_tokens_);
 }
 
 absl::StatusOr<uint64_t> EngineLoop::Impl::Submit(Request request, StreamCallback on_event) {
   const ModelSpec& spec = model_->spec();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
-  if (static_cast<int32_t>(request.prompt.size()) > spec.max_context_tokens) {
+  if (static_cast<int32_t>(request.prompt.size()) > context_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", request.prompt.size(),
-                                                   " tokens, the model's context holds ",
-                                                   spec.max_context_tokens));
+                                                   " tokens, the context holds ", context_tokens_));
   }
   for (int32_t t : request.prompt) {
     if (t < 0 || t >= spec.vocab_size) {

@@ -36,6 +36,10 @@ struct EngineOptions {
   double predictor_quantile = 0.9;                    // of observed output lengths, [0, 1]
   int32_t predictor_default_tokens = 128;             // prediction before any finished, >= 1
   absl::Duration idle_tick = absl::Milliseconds(50);  // cache Tick() period while idle, >= 0
+  // Positions a sequence may fill: the model's context, or this when smaller and > 0
+  // (kv_cache_config.max_seq_length); >= 0. A sequence that fills it before max_tokens ends
+  // with kContextLimit.
+  int32_t max_context_tokens = 0;
 
   // InvalidArgument naming the first field outside its range (above), its value and what is
   // allowed. The daemon's config (InferenceConfig::Validate) never yields one.

@@ -110,7 +110,8 @@ class EngineLoop::Impl {
   KvCacheManager* const cache_;
   const Tokenizer* const tokenizer_;
   Clock* const clock_;
-  const int64_t max_blocks_;  // the whole pool at max size
+  const int64_t max_blocks_;      // the whole pool at max size
+  const int32_t context_tokens_;  // positions a sequence may fill (EngineOptions)
 
   // Ingress: the only state shared with other threads.
   mutable absl::Mutex mu_;

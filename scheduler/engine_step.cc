@@ -104,7 +104,7 @@ int64_t EngineLoop::Impl::TargetBlocks(const Sequence& s) const {
     case AdmissionMode::kOptimistic:
       break;
   }
-  target = std::min<int64_t>(target, model_->spec().max_context_tokens);
+  target = std::min<int64_t>(target, context_tokens_);
   return cache_->layout().BlocksForTokens(target);
 }
 
@@ -346,7 +346,7 @@ void EngineLoop::Impl::HandleToken(Sequence& s, int32_t token) {
     Finish(s, FinishReason::kStop);
   } else if (s.num_generated >= r.max_tokens) {
     Finish(s, FinishReason::kLength);
-  } else if (static_cast<int32_t>(s.tokens.size()) > model_->spec().max_context_tokens) {
+  } else if (static_cast<int32_t>(s.tokens.size()) > context_tokens_) {
     // The new token would sit past the last position: nothing can attend to it.
     Finish(s, FinishReason::kContextLimit);
   } else {

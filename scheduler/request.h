@@ -30,7 +30,7 @@ struct Request {
 enum class FinishReason {
   kLength,        // max_tokens generated
   kStop,          // a stop token or stop string
-  kContextLimit,  // the model's context is full
+  kContextLimit,  // the context (EngineOptions::max_context_tokens) filled before max_tokens
   kCancelled,     // the client cancelled or went away
   kDeadline,      // the request's deadline passed
   kAborted,       // the engine stopped (drain timeout) or failed

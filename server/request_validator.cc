@@ -146,7 +146,9 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
   // Output length.
   const int64_t room = context + 1 - prompt_tokens;  // >= 1
   if (in.max_tokens() == 0) {
-    int64_t max_tokens = std::min<int64_t>(lim.default_max_tokens, room);
+    // Not capped by `room`: the engine ends the request at the context with kContextLimit,
+    // which the client can tell from reaching max_tokens (kLength).
+    int64_t max_tokens = lim.default_max_tokens;
     // When even the prompt cannot fit the pool, the engine refuses it, naming the prompt.
     if (const int64_t pool_room = lim.pool_tokens + 1 - prompt_tokens;
         lim.pool_tokens > 0 && pool_room >= 1) {

@@ -27,8 +27,9 @@ struct RequestLimits {
   int32_t vocab_size = 0;
   // KV positions of one request: min(the model's context, max_seq_length).
   int32_t max_context_tokens = 0;
-  // max_tokens when the request leaves it 0 (capped by what the context leaves, and by
-  // what the whole KV pool leaves: a request must not be refused for a value it never sent).
+  // max_tokens when the request leaves it 0, capped by what the whole KV pool leaves (a
+  // request must not be refused for a value it never sent), not by the context: a request
+  // that fills the context first ends with finish_reason "context_limit".
   int32_t default_max_tokens = 256;
   // KV positions the whole pool holds (blocks x block_size); 0 = no cap on the default.
   int64_t pool_tokens = 0;

@@ -69,6 +69,7 @@ EngineOptions EngineOptionsFrom(const InferenceConfig& config) {
   options.prefill_chunk_tokens = config.scheduler.prefill_chunk_tokens;
   options.max_waiting_requests = config.server.max_waiting_requests;
   options.predictor_quantile = config.scheduler.predictor_quantile;
+  options.max_context_tokens = config.kv_cache.max_seq_length;
   switch (config.scheduler.admission_policy) {
     case AdmissionPolicyKind::kPredicted:
       options.admission = AdmissionMode::kPredicted;

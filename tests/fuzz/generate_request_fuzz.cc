@@ -3,7 +3,9 @@
 //
 // Invariants: a refusal is InvalidArgument whose message starts with the field it is about
 // ("max_tokens: ..."); a request that passes is one the engine can run as it stands: prompt
-// ids in the vocabulary, prompt + max_tokens within the context (+ 1), sampling options the
+// ids in the vocabulary, prompt + max_tokens within the context (+ 1) when the client set
+// max_tokens (the default may run past it: the engine ends the request at the context with
+// "context_limit") and within the pool (+ 1) when it did not, sampling options the
 // Sampler accepts (its constructor aborts on others), stop strings non-empty UTF-8, stop ids
 // in the vocabulary with the model's end of text unless ignore_eos, identifiers UTF-8
 // without control characters.
@@ -133,12 +135,15 @@ void Check(const kvd::v1::GenerateRequest& in) {
   Require(!r.prompt.empty(), "an empty prompt passed");
   for (int32_t id : r.prompt) Require(id >= 0 && id < 512, "a prompt id outside the vocabulary");
   Require(r.max_tokens >= 1, "max_tokens < 1");
-  Require(static_cast<int64_t>(r.prompt.size()) + r.max_tokens <= kContext + 1,
-          "prompt + max_tokens exceed the context");
-  if (in.max_tokens() == 0) {
-    Require(static_cast<int64_t>(r.prompt.size()) > 128 ||
-                static_cast<int64_t>(r.prompt.size()) + r.max_tokens <= 128 + 1,
-            "the default max_tokens exceeds what the pool holds");
+  if (in.max_tokens() != 0) {
+    Require(static_cast<int64_t>(r.prompt.size()) + r.max_tokens <= kContext + 1,
+            "prompt + max_tokens exceed the context");
+  } else {
+    // 200, capped by what the 128-token pool leaves unless the prompt alone overflows it
+    // (the engine refuses that prompt).
+    const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+    Require(r.max_tokens == (prompt > 128 ? 200 : std::min<int64_t>(200, 128 + 1 - prompt)),
+            "the default max_tokens is not 200 capped by what the pool leaves");
   }
   Require(r.sampling.Validate().ok(), "sampling options the Sampler refuses");
   kvd::Sampler sampler(r.sampling);  // aborts on options it cannot use

@@ -439,6 +439,13 @@ Streamed CheckGenerate(const World& world, const Call& c, bool draining) {
     Require(static_cast<int32_t>(tokens.size()) == request.max_tokens,
             Why(c, "ended by length early"));
   }
+  if (reason == "context_limit") {
+    // Every position filled (the last token takes none), short of max_tokens.
+    Require(static_cast<int64_t>(request.prompt.size()) + static_cast<int64_t>(tokens.size()) ==
+                    int64_t{world.info.max_context_tokens} + 1 &&
+                static_cast<int32_t>(tokens.size()) < request.max_tokens,
+            Why(c, "ended by the context elsewhere than at its end"));
+  }
   if (!c.expected.empty()) {
     Require(reason == "length", Why(c, "a golden call did not end by length"));
   }

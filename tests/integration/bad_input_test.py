@@ -183,6 +183,38 @@ class TinyPoolTest(h.DaemonTestCase):
         self.assertStillServing()
 
 
+class ShortContextTest(h.DaemonTestCase):
+    # kv_cache_config.max_seq_length below the model's 512: the context every request gets.
+    SETTINGS = {"kv_cache_config.max_seq_length": "64"}
+
+    def generate(self, **fields):
+        tokens, final = [], None
+        for r in self.daemon.stub.Generate(request(**fields), timeout=h.RPC_TIMEOUT_S):
+            tokens.extend(r.token_ids)
+            if r.finish_reason:
+                final = r
+        return tokens, final
+
+    def test_the_default_max_tokens_runs_to_the_context_and_says_so(self):
+        # The server default (256) is more than the context leaves: the stream ends there with
+        # "context_limit", not "length", so a client can tell the two apart.
+        tokens, final = self.generate(max_tokens=0, ignore_eos=True)
+        self.assertEqual(final.finish_reason, "context_limit")
+        self.assertEqual(len(tokens), 64 + 1 - len(PROMPT))  # the last token takes no position
+        self.assertEqual(final.usage.completion_tokens, len(tokens))
+        self.assertStillServing()
+
+    def test_a_max_tokens_that_ends_at_the_context_is_length(self):
+        tokens, final = self.generate(max_tokens=64 + 1 - len(PROMPT), ignore_eos=True)
+        self.assertEqual(final.finish_reason, "length")
+        self.assertEqual(len(tokens), 64 + 1 - len(PROMPT))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.generate(max_tokens=64 + 2 - len(PROMPT))
+        self.assertEqual(e.exception.code(), INVALID)
+        self.assertRegex(e.exception.details(), r"^max_tokens.*context of 64 tokens")
+        self.assertStillServing()
+
+
 class QueueFullTest(h.DaemonTestCase):
     # One sequence at a time, one waiting: a burst of requests overflows the queue.
     SETTINGS = {"kv_cache_config.max_batch_size": "1", "server.max_waiting_requests": "1",

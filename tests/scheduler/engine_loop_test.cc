@@ -195,6 +195,41 @@ TEST_F(EngineLoopTest, ReserveMaxCountsOnlyTheKvARequestCanUse) {
   EXPECT_EQ(engine_->Stats().preemptions, 0);
 }
 
+// kv_cache_config.max_seq_length reaches the engine as max_context_tokens: a request that
+// fills that context before max_tokens ends with kContextLimit (a client can tell it from
+// kLength), one whose max_tokens ends it exactly there with kLength, and a longer prompt is
+// refused by the context it names.
+TEST_F(EngineLoopTest, AContextCappedBelowTheModelsEndsGenerationWithContextLimit) {
+  MakeCache(16, 1);
+  ASSERT_GT(spec_.max_context_tokens, 40);
+  MakeEngine({.max_context_tokens = 40});
+  Request capped = Greedy(6);  // never emits BOS within its budget (GeneratorTest)
+  const int32_t prompt = static_cast<int32_t>(capped.prompt.size());
+  ASSERT_LT(prompt, 40);
+  capped.max_tokens = 256;
+  Request exact = capped;
+  exact.max_tokens = 40 + 1 - prompt;  // the last token needs no position
+  Stream* c = Submit(capped);
+  Stream* e = Submit(exact);
+  engine_->RunUntilIdle();
+  ASSERT_TRUE(c->finished);
+  ASSERT_TRUE(e->finished);
+  EXPECT_EQ(c->reason, FinishReason::kContextLimit);
+  EXPECT_EQ(e->reason, FinishReason::kLength);
+  // Both ran to the same 41st position, with the model's greedy tokens.
+  const std::vector<int32_t> want(golden_[6].output.begin(),
+                                  golden_[6].output.begin() + (40 + 1 - prompt));
+  EXPECT_EQ(c->tokens, want);
+  EXPECT_EQ(e->tokens, want);
+  EXPECT_EQ(engine_->Stats().cache.used_blocks, 0);
+
+  Request too_long = Greedy(6);
+  too_long.prompt.assign(41, 300);
+  auto s = engine_->Submit(too_long, nullptr);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("41 tokens, the context holds 40"));
+}
+
 TEST_F(EngineLoopTest, CancelFreesBlocksWithinAStep) {
   MakeCache(64, 4);
   MakeEngine();

@@ -30,6 +30,7 @@ TEST(EngineOptionsTest, TheEdgesOfEveryRangeAreValid) {
   o.predictor_quantile = 0.0;
   o.predictor_default_tokens = 1;
   o.idle_tick = absl::ZeroDuration();  // steps back to back
+  o.max_context_tokens = 0;            // the model's context
   EXPECT_TRUE(o.Validate().ok()) << o.Validate();
   o.predictor_quantile = 1.0;
   o.max_waiting_requests = std::numeric_limits<int32_t>::max();  // the offline Generator's
@@ -56,6 +57,8 @@ TEST(EngineOptionsTest, EachFieldOutsideItsRangeIsNamedWithItsValue) {
        {"EngineOptions.predictor_quantile = nan", "[0, 1]"}},
       {[](EngineOptions& o) { o.predictor_default_tokens = 0; },
        {"EngineOptions.predictor_default_tokens = 0", ">= 1"}},
+      {[](EngineOptions& o) { o.max_context_tokens = -1; },
+       {"EngineOptions.max_context_tokens = -1", ">= 0 (0 = the model's context)"}},
       {[](EngineOptions& o) { o.idle_tick = absl::Milliseconds(-3); },
        {"EngineOptions.idle_tick = -3ms", ">= 0"}},
   };

@@ -84,12 +84,18 @@ TEST_F(RequestValidatorTest, DefaultsFillUnsetFields) {
   EXPECT_EQ(r->deadline, absl::InfiniteFuture());
 }
 
-TEST_F(RequestValidatorTest, DefaultMaxTokensIsCappedByTheContext) {
+// The context does not cap the default: the engine ends such a request where the context
+// is full with finish_reason "context_limit", where a capped max_tokens would read "length".
+TEST_F(RequestValidatorTest, DefaultMaxTokensIsLeftToRunIntoTheContext) {
   v1::GenerateRequest in;
   for (int i = 0; i < kContext - 5; ++i) in.add_prompt_token_ids(7);
   auto r = Check(in);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->max_tokens, 6);  // the last token needs no KV slot
+  EXPECT_EQ(r->max_tokens, 16);  // default_max_tokens, though 6 fill the context
+  in.set_max_tokens(6);          // the last token needs no KV slot
+  EXPECT_TRUE(Check(in).ok());
+  in.set_max_tokens(7);
+  EXPECT_THAT(Check(in).status().message(), HasSubstr("max_tokens: 7 with a"));
 }
 
 // A small pool caps the default too: the engine would refuse prompt + 256 tokens that can
@@ -113,7 +119,7 @@ TEST_F(RequestValidatorTest, DefaultMaxTokensIsCappedByThePool) {
   for (int i = 0; i < 40; ++i) in.add_prompt_token_ids(7);
   r = Check(in);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->max_tokens, 25);  // the context's cap: 64 + 1 - 40
+  EXPECT_EQ(r->max_tokens, 50);
 }
 
 // Like llama2.c's run.c with steps == seq_len: the last token sampled is never fed back,

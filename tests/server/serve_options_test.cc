@@ -89,12 +89,14 @@ TEST(EngineOptionsFromTest, EveryKeyReachesItsOption) {
   config.scheduler.prefill_chunk_tokens = 333;
   config.scheduler.predictor_quantile = 0.625;
   config.server.max_waiting_requests = 44;
+  config.kv_cache.max_seq_length = 777;
   const EngineOptions o = EngineOptionsFrom(config);
   EXPECT_EQ(o.max_batch_size, 21);
   EXPECT_EQ(o.max_num_batched_tokens, 1111);
   EXPECT_EQ(o.prefill_chunk_tokens, 333);
   EXPECT_EQ(o.predictor_quantile, 0.625);
   EXPECT_EQ(o.max_waiting_requests, 44);
+  EXPECT_EQ(o.max_context_tokens, 777);  // the engine caps it at the model's context
   for (const auto& [policy, mode] :
        {std::pair{AdmissionPolicyKind::kPredicted, AdmissionMode::kPredicted},
         std::pair{AdmissionPolicyKind::kReserveMax, AdmissionMode::kReserveMax},
