@@ -38,10 +38,11 @@ constexpr char kUsage[] =
     "Serves the kvd.v1.Inference gRPC API (plus grpc.health.v1.Health and reflection) and\n"
     "Prometheus metrics at /metrics. Settings come from FILE (config/README.md lists every\n"
     "key), then each --set dotted.key=value in order, then the flags below. Port 0 picks a\n"
-    "free port. SIGTERM/SIGINT drain: accepted requests finish (server.drain_timeout), then\n"
-    "the daemon exits 0; a second SIGTERM/SIGINT during the drain ends it at once (requests\n"
-    "still running end with finish reason aborted) and the daemon exits 0. One that comes\n"
-    "during startup (reading the config, loading the model) exits 0 at once. A backend\n"
+    "free port. SIGTERM, SIGINT and SIGHUP drain (SIGHUP reloads nothing): accepted requests\n"
+    "finish (server.drain_timeout), then the daemon exits 0; a second signal during the\n"
+    "drain ends it at once (requests still running end with finish reason aborted) and the\n"
+    "daemon exits 0. One that comes during startup (reading the config, loading the model)\n"
+    "exits 0 at once. A backend\n"
     "that fails for good (a device fault) aborts every request and the daemon exits 1.\n"
     "Synthetic models are generated from model.seed (the same weights on every device, as\n"
     "`kvd generate --seed` makes them; in device memory on cuda). On cuda the weights and\n"
@@ -110,7 +111,16 @@ absl::StatusOr<ServeSetup> BuildConfig(const FlagSet& flags) {
   return ServeSetup{std::move(config), *std::move(device), device_source};
 }
 
-const char* SignalName(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+const char* SignalName(int signal) {
+  switch (signal) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "SIGTERM";
+  }
+}
 
 }  // namespace
 
@@ -191,7 +201,9 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   if (signal != 0) {
     const absl::Duration drain = config->server.drain_timeout;
     out << "kvd: " << SignalName(signal) << ": draining (up to " << absl::FormatDuration(drain)
-        << ")\n"
+        << ")"
+        // A terminal's hangup, or a service manager's reload by habit: say what it is not.
+        << (signal == SIGHUP ? "; kvd does not reload its config on SIGHUP, it stops" : "") << "\n"
         << std::flush;
     // Waits for the engine to go idle, in slices, so that a second signal (an operator who
     // wants the process gone now) cuts the drain short instead of waiting out drain_timeout.

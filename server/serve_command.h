@@ -25,7 +25,7 @@ namespace kvd {
 //   kvd: serving gRPC on 127.0.0.1:50051
 //   kvd: serving metrics on http://127.0.0.1:50052/metrics
 // (port 0 in an address picks a free port; the line shows the real one).
-// On SIGTERM or SIGINT: health turns NOT_SERVING, new Generate calls get UNAVAILABLE,
+// On SIGTERM, SIGINT or SIGHUP: health turns NOT_SERVING, new Generate calls get UNAVAILABLE,
 // accepted requests finish (bounded by server.drain_timeout, then they are aborted; a
 // second signal aborts them at once), and the command returns 0. A signal during startup
 // (before the servers start) exits the process 0 at once. A backend that fails for good

@@ -7,8 +7,8 @@
 
 namespace kvd {
 
-// Receives SIGINT and SIGTERM synchronously, with no signal handler at all: the
-// constructor blocks both signals in the calling thread, every thread started afterwards
+// Receives SIGINT, SIGTERM and SIGHUP synchronously, with no signal handler at all: the
+// constructor blocks them in the calling thread, every thread started afterwards
 // inherits that mask, and Wait() takes a pending one with sigtimedwait. So a signal can
 // neither interrupt work nor run code in an async-signal context.
 //
@@ -23,8 +23,8 @@ class TerminationSignals {
   TerminationSignals(const TerminationSignals&) = delete;
   TerminationSignals& operator=(const TerminationSignals&) = delete;
 
-  // Returns the signal (SIGINT or SIGTERM) once one is pending, or 0 after `timeout` (a zero
-  // timeout polls).
+  // Returns the signal (SIGINT, SIGTERM or SIGHUP) once one is pending, or 0 after `timeout` (a
+  // zero timeout polls).
   int Wait(absl::Duration timeout = absl::InfiniteDuration());
 
  private:

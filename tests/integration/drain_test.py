@@ -1,5 +1,6 @@
-"""SIGTERM drains: streams already accepted run to their full output, new requests are
-refused with UNAVAILABLE and health turns NOT_SERVING meanwhile, and the process exits 0.
+"""SIGTERM (as SIGINT and SIGHUP) drains: streams already accepted run to their full output,
+new requests are refused with UNAVAILABLE and health turns NOT_SERVING meanwhile, and the
+process exits 0.
 A stream the drain cuts short (drain_timeout, or a second signal) still gets a final message
 with finish reason "aborted" and its usage, then UNAVAILABLE; the process still exits 0."""
 
@@ -95,6 +96,23 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(self.daemon.process.wait(), 0, self.daemon.process.output())
         self.assertIn("kvd: stopped", self.daemon.process.lines)
 
+    def test_sighup_drains_as_sigterm_does_and_says_it_reloads_nothing(self):
+        # A closed terminal (make serve's) sends SIGHUP: it used to kill the daemon at once
+        # (exit 129), dropping every accepted stream.
+        streams = Streams(self.daemon, self.NUM_STREAMS)
+        self.daemon.process.proc.send_signal(signal.SIGHUP)
+        self.daemon.process.wait_for_line(
+            r"^kvd: SIGHUP: draining \(up to .*\); kvd does not reload its config on SIGHUP",
+            30 * h.TIME_SCALE)
+        self.assertGreater(streams.running(), 0, "every stream finished before the checks: "
+                           "the test proves nothing; make the work longer")
+        streams.join()
+        for i, (case, tokens, final, error) in enumerate(streams.results):
+            with self.subTest(stream=i):
+                self.assertIsNone(error)
+                self.assertEqual(tokens, case["output_tokens"])
+        self.assertEqual(self.daemon.process.wait(), 0, self.daemon.process.output())
+
     def test_second_sigterm_ends_the_drain_at_once_and_still_exits_0(self):
         streams = Streams(self.daemon, self.NUM_STREAMS)
         self.daemon.terminate()
@@ -157,12 +175,13 @@ class StartupSignalTest(unittest.TestCase):
     ever serving. It used to wait, unseen, until startup ended, then serve and drain."""
 
     def wait_until_signals_are_taken(self, proc):
-        """Until kvd blocks SIGINT and SIGTERM to take them itself (its first step in `serve`;
+        """Until kvd blocks SIGINT, SIGTERM and SIGHUP to take them itself (its first step in `serve`;
         loading the binary's libraries takes a second or more, and a signal then kills it).
         Seen on the startup thread, which inherits the mask: the main thread's own mask reads
         unblocked while it sits in sigtimedwait."""
         deadline = time.monotonic() + 30 * h.TIME_SCALE
-        mask = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+        mask = ((1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1)) |
+                (1 << (signal.SIGHUP - 1)))
         pid = proc.proc.pid
         while time.monotonic() < deadline:
             self.assertIsNone(proc.proc.poll(), proc.output())
@@ -177,7 +196,7 @@ class StartupSignalTest(unittest.TestCase):
                 if blocked and int(blocked[0].split()[1], 16) & mask == mask:
                     return
             time.sleep(0.02)
-        self.fail("kvd never blocked SIGINT and SIGTERM\n" + proc.output())
+        self.fail("kvd never blocked SIGINT, SIGTERM and SIGHUP\n" + proc.output())
 
     def run_case(self, signum, name):
         with tempfile.TemporaryDirectory(prefix="kvd_fifo_") as d:
@@ -201,6 +220,9 @@ class StartupSignalTest(unittest.TestCase):
 
     def test_sigint_during_startup_exits_0_at_once(self):
         self.run_case(signal.SIGINT, "SIGINT")
+
+    def test_sighup_during_startup_exits_0_at_once(self):
+        self.run_case(signal.SIGHUP, "SIGHUP")
 
 
 if __name__ == "__main__":

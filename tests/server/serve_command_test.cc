@@ -114,8 +114,10 @@ TEST(ServeCommandTest, PoolSmallerThanOneBlockNamesMaxSize) {
   EXPECT_EQ(r.out, "");
 }
 
-TEST(ServeCommandTest, HelpSaysWhatASecondSignalDoes) {
-  EXPECT_THAT(Serve({"--help"}).out, HasSubstr("a second SIGTERM/SIGINT"));
+TEST(ServeCommandTest, HelpSaysWhichSignalsDrainAndWhatASecondOneDoes) {
+  const std::string help = Serve({"--help"}).out;
+  EXPECT_THAT(help, HasSubstr("SIGTERM, SIGINT and SIGHUP drain (SIGHUP reloads nothing)"));
+  EXPECT_THAT(help, HasSubstr("a second signal during the\ndrain ends it at once"));
 }
 
 TEST(ServeCommandTest, BadOverrideNamesTheKey) {
