@@ -1,10 +1,12 @@
 #ifndef KVD_SCHEDULER_ENGINE_STATS_H_
 #define KVD_SCHEDULER_ENGINE_STATS_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "cache/kv_cache_stats.h"
+#include "scheduler/request.h"
 
 namespace kvd {
 
@@ -27,6 +29,8 @@ struct EngineStats {
   int32_t requests_waiting = 0;
   int32_t requests_running = 0;
   int64_t requests_finished = 0;
+  // requests_finished by FinishReason (indexed by its value); they sum to it.
+  std::array<int64_t, kNumFinishReasons> requests_finished_by_reason{};
   int64_t requests_rejected = 0;  // admission rejections (RESOURCE_EXHAUSTED)
   int64_t preemptions = 0;
   int64_t steps = 0;

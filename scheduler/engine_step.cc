@@ -374,6 +374,7 @@ void EngineLoop::Impl::Finish(Sequence& s, FinishReason reason, absl::Status err
   // it spent its whole life in the queue.
   if (!s.scheduled_once) s.usage.queue_time = s.usage.total_time;
   ++stats_.requests_finished;
+  ++stats_.requests_finished_by_reason[static_cast<int>(reason)];
   stats_.end_to_end_latency.Observe(Seconds(s.usage.total_time));
   if (reason == FinishReason::kLength || reason == FinishReason::kStop ||
       reason == FinishReason::kContextLimit) {

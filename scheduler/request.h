@@ -35,6 +35,7 @@ enum class FinishReason {
   kDeadline,      // the request's deadline passed
   kAborted,       // the engine stopped (drain timeout) or failed
 };
+inline constexpr int kNumFinishReasons = static_cast<int>(FinishReason::kAborted) + 1;
 std::string_view FinishReasonName(FinishReason r);  // "length", "stop", ...
 
 struct Usage {

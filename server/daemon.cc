@@ -206,6 +206,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     metrics_info.kv_dtype = info.kv_dtype;
     metrics_info.block_size = cache_options.block_size;
     metrics_info.num_blocks = max_blocks;
+    metrics_info.prefix_caching = config.kv_cache.enable_prefix_caching;
+    metrics_info.defrag_max_pause = config.kv_cache.defrag.max_pause;
     EngineLoop* engine = d.engine.get();
     d.metrics =
         std::make_unique<MetricsExporter>(metrics_info, [engine] { return engine->Stats(); });

@@ -1,7 +1,10 @@
 #include "server/metrics_exporter.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/prometheus_writer.h"
 
@@ -26,7 +29,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Gauges("kvd_cache_config_info", "KV cache configuration (value is always 1).",
            {{{{"block_size", std::to_string(info.block_size)},
               {"num_blocks", std::to_string(info.num_blocks)},
-              {"kv_dtype", info.kv_dtype}},
+              {"kv_dtype", info.kv_dtype},
+              {"prefix_caching", info.prefix_caching ? "true" : "false"}},
              1.0}});
   w.Gauges("kvd_model_info", "Served model and backend (value is always 1).",
            {{{{"model", info.model}, {"backend", info.backend}}, 1.0}});
@@ -35,8 +39,16 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Gauge("kvd_num_requests_waiting", "Requests queued for admission.", s.requests_waiting);
   w.Gauge("kvd_num_requests_running", "Requests admitted and not yet finished.",
           s.requests_running);
-  w.Counter("kvd_requests_finished", "Requests that reached a final event.",
-            static_cast<double>(s.requests_finished));
+  std::vector<std::pair<MetricLabels, double>> finished;
+  for (int r = 0; r < kNumFinishReasons; ++r) {
+    finished.push_back({{{"reason", std::string(FinishReasonName(static_cast<FinishReason>(r)))}},
+                        static_cast<double>(s.requests_finished_by_reason[r])});
+  }
+  w.Counters("kvd_requests_finished",
+             "Requests that reached a final event, by finish reason (cancelled: the client "
+             "cancelled or went away; deadline: its deadline passed; aborted: drain timeout or "
+             "a failed backend).",
+             finished);
   w.Counter("kvd_admission_rejections",
             "Requests refused with RESOURCE_EXHAUSTED (queue full, or prompt + max_tokens larger "
             "than the whole pool).",
@@ -97,7 +109,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   // Prefix cache and sessions.
   w.Counter("kvd_prefix_cache_query_tokens",
             "Prompt tokens looked up in the prefix cache, once a request (not again when a "
-            "preempted request is recomputed).",
+            "preempted request is recomputed); counted with prefix caching off too "
+            "(kvd_cache_config_info's prefix_caching label), when only sessions can hit.",
             static_cast<double>(c.prefix_query_tokens));
   w.Counter("kvd_prefix_cache_hit_tokens",
             "Prompt tokens found already computed in the prefix index.",
@@ -126,8 +139,10 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   pauses.sum = Seconds(d.total);
   pauses.count = d.num_pauses;
   w.HistogramFamily("kvd_defrag_pause_seconds",
-                    "Engine pauses spent defragmenting: copying blocks down and returning "
-                    "the emptied chunk to the device (goal: under 2 ms).",
+                    absl::StrCat("Engine pauses spent defragmenting: copying blocks down and "
+                                 "returning the emptied chunk to the device (the copies' budget, "
+                                 "kv_cache_config.defrag.max_pause: ",
+                                 absl::FormatDuration(info.defrag_max_pause), ")."),
                     pauses);
   w.Gauge("kvd_defrag_pause_max_seconds", "Longest defragmentation pause so far.", Seconds(d.max));
 

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/time/time.h"
 #include "scheduler/engine_stats.h"
 
 namespace kvd {
@@ -16,6 +17,8 @@ struct MetricsInfo {
   std::string kv_dtype;  // "f32", ...
   int32_t block_size = 0;
   int64_t num_blocks = 0;  // capacity: the pool's blocks at max_size
+  bool prefix_caching = true;                               // kv_cache_config.enable_prefix_caching
+  absl::Duration defrag_max_pause = absl::Milliseconds(2);  // kv_cache_config.defrag.max_pause
 };
 
 // Publishes EngineStats as Prometheus metrics (text format 0.0.4, see PrometheusWriter).

@@ -2,6 +2,7 @@
 reuses the first turn's KV, the pins go after the idle timeout or on CloseSession, and a
 cancelled stream gives its blocks back."""
 
+import re
 import threading
 import time
 
@@ -124,6 +125,13 @@ class CancelTest(h.DaemonTestCase):
         self.assertLess(stats.generated_tokens, self.NUM_STREAMS * self.MAX_TOKENS // 2, stats)
         for call in calls:
             self.assertEqual(call.code(), grpc.StatusCode.CANCELLED)
+        # The metrics say how they ended: every one cancelled (a stream may have ended between
+        # the cancel and the engine seeing it only by its 500 tokens, which it cannot reach).
+        finished = re.findall(r'(?m)^kvd_requests_finished_total\{reason="(\w+)"\} (\S+)$',
+                              self.daemon.metrics_text())
+        self.assertEqual({reason: float(value) for reason, value in finished},
+                         {"length": 0, "stop": 0, "context_limit": 0,
+                          "cancelled": self.NUM_STREAMS, "deadline": 0, "aborted": 0})
         self.assertStillServing()
 
 

@@ -21,6 +21,7 @@ namespace kvd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A strict reader of the text exposition format 0.0.4, enough to check our own output.
 struct Sample {
@@ -155,6 +156,8 @@ EngineStats BusyStats() {
   s.requests_waiting = 3;
   s.requests_running = 5;
   s.requests_finished = 1234567890123;
+  // length, stop, context_limit, cancelled, deadline, aborted
+  s.requests_finished_by_reason = {1234567890000, 100, 20, 2, 1, 0};
   s.requests_rejected = 2;
   s.preemptions = 7;
   s.prompt_tokens = 1000;
@@ -280,7 +283,16 @@ TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
   const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
   EXPECT_EQ(scrape.Find("kvd_num_requests_waiting")[0].value, 3);
   EXPECT_EQ(scrape.Find("kvd_num_requests_running")[0].value, 5);
-  EXPECT_EQ(scrape.Find("kvd_requests_finished_total")[0].value, 1234567890123.0);
+  std::map<std::string, double> finished;
+  for (const Sample& s : scrape.Find("kvd_requests_finished_total")) {
+    finished[s.labels.at("reason")] = s.value;
+  }
+  EXPECT_EQ(finished, (std::map<std::string, double>{{"length", 1234567890000.0},
+                                                     {"stop", 100},
+                                                     {"context_limit", 20},
+                                                     {"cancelled", 2},
+                                                     {"deadline", 1},
+                                                     {"aborted", 0}}));
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_kv_cache_usage_ratio")[0].value, 0.25);
   std::map<std::string, double> blocks;
   for (const Sample& s : scrape.Find("kvd_kv_cache_blocks")) blocks[s.labels.at("state")] = s.value;
@@ -304,9 +316,10 @@ TEST(MetricsExporterTest, ValuesComeFromTheSnapshot) {
   const std::vector<Sample> info = scrape.Find("kvd_cache_config_info");
   ASSERT_EQ(info.size(), 1u);
   EXPECT_EQ(info[0].value, 1);
-  EXPECT_EQ(info[0].labels,
-            (std::map<std::string, std::string>{
-                {"block_size", "16"}, {"num_blocks", "1000"}, {"kv_dtype", "f32"}}));
+  EXPECT_EQ(info[0].labels, (std::map<std::string, std::string>{{"block_size", "16"},
+                                                                {"num_blocks", "1000"},
+                                                                {"kv_dtype", "f32"},
+                                                                {"prefix_caching", "true"}}));
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_sum")[0].value, 0.0015);
   EXPECT_DOUBLE_EQ(scrape.Find("kvd_defrag_pause_seconds_count")[0].value, 3);
 }
@@ -318,7 +331,8 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
   EngineStats s;
   s.requests_waiting = 11;
   s.requests_running = 12;
-  s.requests_finished = 13;
+  s.requests_finished = 13;  // GetCacheStats' figure: the metric is by reason
+  s.requests_finished_by_reason = {58, 59, 60, 61, 62, 63};
   s.requests_rejected = 14;
   s.preemptions = 15;
   s.steps = 16;
@@ -372,11 +386,18 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
 
   // name{label="value",...} -> value
   const std::map<std::string, double> want = {
-      {"kvd_cache_config_info{block_size=\"16\",kv_dtype=\"f32\",num_blocks=\"1000\"}", 1},
+      {"kvd_cache_config_info{block_size=\"16\",kv_dtype=\"f32\",num_blocks=\"1000\","
+       "prefix_caching=\"true\"}",
+       1},
       {"kvd_model_info{backend=\"cpu\",model=\"stories260K\"}", 1},
       {"kvd_num_requests_waiting", 11},
       {"kvd_num_requests_running", 12},
-      {"kvd_requests_finished_total", 13},
+      {"kvd_requests_finished_total{reason=\"length\"}", 58},
+      {"kvd_requests_finished_total{reason=\"stop\"}", 59},
+      {"kvd_requests_finished_total{reason=\"context_limit\"}", 60},
+      {"kvd_requests_finished_total{reason=\"cancelled\"}", 61},
+      {"kvd_requests_finished_total{reason=\"deadline\"}", 62},
+      {"kvd_requests_finished_total{reason=\"aborted\"}", 63},
       {"kvd_admission_rejections_total", 14},
       {"kvd_preemptions_total", 15},
       {"kvd_engine_steps_total", 16},
@@ -441,6 +462,21 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
     EXPECT_TRUE(got.emplace(key, sample.value).second) << "twice: " << key;
   }
   EXPECT_EQ(got, want);
+}
+
+// What the config sets, the scrape says: the defragmentation pause's budget in its HELP (it
+// said "goal: under 2 ms" whatever defrag.max_pause was), and whether the prefix cache is on
+// (its query counter counts either way).
+TEST(MetricsExporterTest, HelpAndInfoFollowTheConfig) {
+  MetricsInfo info = Info();
+  info.defrag_max_pause = absl::Milliseconds(20);
+  info.prefix_caching = false;
+  const std::string text = MetricsExporter::Render(BusyStats(), info);
+  EXPECT_THAT(text, HasSubstr("kv_cache_config.defrag.max_pause: 20ms)."));
+  EXPECT_THAT(text, Not(HasSubstr("2 ms")));
+  const Scrape scrape = Parse(text);
+  ASSERT_THAT(scrape.errors, ::testing::IsEmpty());
+  EXPECT_EQ(scrape.Find("kvd_cache_config_info")[0].labels.at("prefix_caching"), "false");
 }
 
 TEST(MetricsExporterTest, ScrapeReadsTheSourceEachTime) {
