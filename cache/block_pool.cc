@@ -189,6 +189,8 @@ absl::Status BlockPool::Grow() {
   if (arena_ != nullptr) {
     if (absl::Status s = arena_->AddChunk(); !s.ok()) {
       growth_limit_ = num_chunks_;
+      ++num_growth_failures_;
+      last_growth_error_ = std::string(s.message());
       return s;
     }
   }

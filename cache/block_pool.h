@@ -111,6 +111,9 @@ class BlockPool {
   int64_t NumObtainable() const;
   int64_t num_evictions() const { return num_evictions_; }
   int64_t num_chunks_grown() const { return num_chunks_grown_; }
+  // Grow()s the arena failed (not those refused at max_chunks), and the last one's error.
+  int64_t num_growth_failures() const { return num_growth_failures_; }
+  const std::string& last_growth_error() const { return last_growth_error_; }
   int64_t num_chunks_released() const { return num_chunks_released_; }
   const EvictionPolicy& policy() const { return *policy_; }
 
@@ -146,6 +149,8 @@ class BlockPool {
   int32_t num_only_pinned_ = 0;  // blocks with 0 < pins == refcount
   int64_t num_evictions_ = 0;
   int64_t num_chunks_grown_ = 0;
+  int64_t num_growth_failures_ = 0;
+  std::string last_growth_error_;
   int64_t num_chunks_released_ = 0;
 };
 

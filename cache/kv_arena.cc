@@ -49,7 +49,12 @@ absl::Status KvArena::AddChunk() {
         absl::StrCat("KV arena is at its maximum of ", max_chunks_, " chunks"));
   }
   absl::StatusOr<DeviceBuffer> chunk = backend_->Allocate(chunk_bytes());
-  if (!chunk.ok()) return chunk.status();
+  if (!chunk.ok()) {
+    return absl::Status(
+        chunk.status().code(),
+        absl::StrCat("allocating KV arena chunk ", num_chunks() + 1, " of ", max_chunks_, " (",
+                     chunk_bytes(), " bytes): ", chunk.status().message()));
+  }
   host_table_[num_chunks()] = chunk->data();
   chunks_.push_back(*std::move(chunk));
   absl::Status s = UploadTable();

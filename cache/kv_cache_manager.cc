@@ -415,6 +415,8 @@ KvCacheStats KvCacheManager::stats() const {
   st.fork_copies = fork_copies_;
   st.chunks_grown = pool_->num_chunks_grown();
   st.chunks_released = pool_->num_chunks_released();
+  st.chunk_growth_failures = pool_->num_growth_failures();
+  st.last_growth_error = pool_->last_growth_error();
   st.defrag_moves = defrag_moves_;
   if (defrag_ != nullptr) st.defrag_pauses = defrag_->pause_stats();
   return st;

@@ -2,6 +2,7 @@
 #define KVD_CACHE_KV_CACHE_STATS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "cache/defragmenter.h"
 
@@ -50,6 +51,11 @@ struct KvCacheStats {
   int64_t fork_copies = 0;  // partial blocks copied by Fork
   int64_t chunks_grown = 0;
   int64_t chunks_released = 0;
+  // Chunks the arena failed to allocate below max_chunks (device or host memory ran out):
+  // the pool stays at its size, evicting instead, until a chunk is released; and the last
+  // such error's message ("" before the first).
+  int64_t chunk_growth_failures = 0;
+  std::string last_growth_error;
   int64_t defrag_moves = 0;
   DefragPauseStats defrag_pauses;
 };

@@ -18,6 +18,7 @@
 #include "config/config_enums.h"
 #include "kernels/status_macros.h"
 #include "model/model_loader.h"
+#include "server/pool_report.h"
 #include "server/request_validator.h"
 #include "server/serve_options.h"
 #include "server/unix_socket.h"
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModelOn(const std::string& model
 }  // namespace
 
 absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out,
-                         absl::FunctionRef<void()> about_to_listen) {
+                         std::ostream& err, absl::FunctionRef<void()> about_to_listen) {
   const InferenceConfig& config = setup.config;
   std::string model_path = config.model.path;
   if (model_path.empty()) {
@@ -145,6 +146,10 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   d.cache = *std::move(cache);
   // Read here, before the engine thread starts: from then on the cache is that thread's alone.
   const int64_t max_blocks = d.cache->geometry().max_blocks();
+  const int32_t context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
+  const PoolReport pool_report =
+      DescribePool(d.cache->geometry(), d.cache->layout().block_bytes(), cache_options.block_size,
+                   context_tokens, device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
 
   d.engine = std::make_unique<EngineLoop>(EngineOptionsFrom(config), d.model.get(), d.cache.get(),
                                           d.tokenizer.get(), &d.clock);
@@ -152,7 +157,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
 
   RequestLimits limits;
   limits.vocab_size = spec.vocab_size;
-  limits.max_context_tokens = std::min(spec.max_context_tokens, config.kv_cache.max_seq_length);
+  limits.max_context_tokens = context_tokens;
+  limits.model_context_tokens = spec.max_context_tokens;
   limits.pool_tokens = max_blocks * int64_t{cache_options.block_size};
   limits.default_seed = config.model.seed;
   limits.default_stop_token_ids = spec.StopTokenIds();
@@ -225,12 +231,18 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   }
 
   out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
-      << " layers, vocab " << spec.vocab_size << ", context " << limits.max_context_tokens
-      << " tokens; backend " << info.backend << " ("
+      << " layers, vocab " << spec.vocab_size << ", context " << context_tokens << " tokens"
+      << (context_tokens < spec.max_context_tokens
+              ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
+                             spec.max_context_tokens, ")")
+              : "")
+      << "; backend " << info.backend << " ("
       << (device == Device::kCuda ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
                                   : absl::StrCat(threads, " threads"))
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
       << max_blocks << " blocks\n";
+  out << pool_report.line << "\n";
+  for (const std::string& warning : pool_report.warnings) err << warning << "\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {
     // A URL where there is one; curl reaches a unix socket with --unix-socket PATH.

@@ -53,11 +53,12 @@ struct Daemon {
 // in device memory), decode graphs when `cuda_graphs` and the device is CUDA, the KV cache
 // and the running engine. Every cheap check (the model's header, the tokenizer, the pool's
 // size) comes before the weights load. Then calls `about_to_listen`, starts the gRPC server
-// (health SERVING) and the metrics server, and prints the model line and one line per
-// listener to `out`. On error `d` holds what was built so far (destroying it stops that)
-// and the status names the key or file at fault.
+// (health SERVING) and the metrics server, and prints the model line, the KV pool's line
+// (DescribePool) and one line per listener to `out`, and the pool's warnings to `err`. On
+// error `d` holds what was built so far (destroying it stops that) and the status names the
+// key or file at fault.
 absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, std::ostream& out,
-                         absl::FunctionRef<void()> about_to_listen);
+                         std::ostream& err, absl::FunctionRef<void()> about_to_listen);
 
 // The model `kvd serve` runs when model.path is empty: stories260K.bin in ../shared/models
 // (the development copy beside a checkout, relative to the working directory), else in the

@@ -73,7 +73,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
                            : 0.0;
   w.Gauge("kvd_kv_cache_usage_ratio",
           "Fraction of the KV pool's capacity (blocks at max_size) referenced by sequences or "
-          "sessions, 0..1.",
+          "sessions, 0..1 (where the arena failed to grow, kvd_kv_pool_growth_failures_total, "
+          "the pool is full below 1).",
           usage);
   w.Gauges("kvd_kv_cache_blocks",
            "KV blocks by state: free + used + cached = allocated; pinned is the part of used "
@@ -102,6 +103,11 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             static_cast<double>(c.chunks_grown));
   w.Counter("kvd_kv_pool_chunks_released", "KV arena chunks returned since start.",
             static_cast<double>(c.chunks_released));
+  w.Counter("kvd_kv_pool_growth_failures",
+            "KV arena chunks that failed to allocate below max_size (device or host memory ran "
+            "out): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, until a "
+            "chunk is released (the daemon logs the error).",
+            static_cast<double>(c.chunk_growth_failures));
   w.Gauge("kvd_kv_cache_sequences", "Sequences holding KV blocks.", c.num_sequences);
   w.Gauge("kvd_prefix_cache_keys", "Blocks registered in the prefix index.",
           static_cast<double>(c.num_prefix_keys));

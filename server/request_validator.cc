@@ -94,6 +94,13 @@ absl::Status RequestValidator::ValidateSessionToClose(const std::string& session
 absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in) const {
   const RequestLimits& lim = limits_;
   const int32_t context = lim.max_context_tokens;
+  // Names the config key where it, not the model, sets the context.
+  const std::string the_context =
+      absl::StrCat("the context of ", context, " tokens",
+                   context < lim.model_context_tokens
+                       ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
+                                      lim.model_context_tokens, ")")
+                       : "");
   Request out;
 
   // The prompt.
@@ -121,7 +128,7 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
     if (min_tokens > context) {
       return Bad("prompt",
                  absl::StrCat("is ", in.prompt().size(), " bytes long, at least ", min_tokens,
-                              " tokens, longer than the context of ", context, " tokens"),
+                              " tokens, longer than ", the_context),
                  absl::StrCat("at most ", context, " prompt tokens"));
     }
     out.prompt = tokenizer_->Encode(in.prompt(), /*add_bos=*/true);
@@ -138,8 +145,7 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
   const int64_t prompt_tokens = static_cast<int64_t>(out.prompt.size());
   if (prompt_tokens > context) {
     return Bad(has_text ? "prompt" : "prompt_token_ids",
-               absl::StrCat("is ", prompt_tokens, " tokens long, longer than the context of ",
-                            context, " tokens"),
+               absl::StrCat("is ", prompt_tokens, " tokens long, longer than ", the_context),
                absl::StrCat("at most ", context, " prompt tokens"));
   }
 
@@ -158,7 +164,7 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
   } else if (in.max_tokens() > room) {
     return Bad("max_tokens",
                absl::StrCat(in.max_tokens(), " with a ", prompt_tokens,
-                            "-token prompt does not fit the context of ", context, " tokens"),
+                            "-token prompt does not fit ", the_context),
                absl::StrCat("[1, ", room,
                             "] for this prompt (prompt + max_tokens <= context + 1; 0 = server "
                             "default)"));

@@ -27,6 +27,8 @@ struct RequestLimits {
   int32_t vocab_size = 0;
   // KV positions of one request: min(the model's context, max_seq_length).
   int32_t max_context_tokens = 0;
+  // The model's own context: where it is larger, messages name max_seq_length (0: never).
+  int32_t model_context_tokens = 0;
   // max_tokens when the request leaves it 0, capped by what the whole KV pool leaves (a
   // request must not be refused for a value it never sent), not by the context: a request
   // that fills the context first ends with finish_reason "context_limit".

@@ -22,6 +22,7 @@
 #include "kernels/status_macros.h"
 #include "scheduler/engine_stats.h"
 #include "server/daemon.h"
+#include "server/growth_failure_log.h"
 #include "server/serve_options.h"
 #include "server/termination_signals.h"
 #include "tools/device.h"
@@ -163,7 +164,7 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   bool listening = false;
   std::thread starter([&] {
     setup = BuildConfig(flags);
-    started = setup.ok() ? StartDaemon(*setup, graphs_flag == "on", d, out,
+    started = setup.ok() ? StartDaemon(*setup, graphs_flag == "on", d, out, err,
                                        [&] {
                                          absl::MutexLock lock(&listen_mu);
                                          listening = true;
@@ -193,7 +194,11 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   // Serves until a signal (else it came as startup ended: drain now), or until the backend
   // fails for good: then every request has been aborted and nothing more can run, so the
   // daemon stops reporting SERVING and exits 1 for its supervisor to restart it.
-  while (signal == 0 && d.engine->Failure().ok()) signal = signals.Wait(kFailurePoll);
+  GrowthFailureLog growth_failures;
+  while (signal == 0 && d.engine->Failure().ok()) {
+    signal = signals.Wait(kFailurePoll);
+    growth_failures.Check(d.engine->Stats().cache, err);
+  }
   // Refuse new work before saying so: once a line is out, every new call is refused.
   d.grpc_server->GetHealthCheckService()->SetServingStatus(false);
   d.service->BeginDrain();

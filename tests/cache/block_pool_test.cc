@@ -214,6 +214,11 @@ TEST_F(BlockPoolTest, GrowsTheArenaAndStopsGrowingWhenTheBackendFails) {
   EXPECT_FALSE(p->Allocate().has_value());
   EXPECT_FALSE(p->CanGrow());
   EXPECT_EQ(p->NumObtainable(), 0);
+  // Counted once, and said: not tried again until a chunk is released.
+  EXPECT_FALSE(p->Allocate().has_value());
+  EXPECT_EQ(p->num_growth_failures(), 1);
+  EXPECT_EQ(p->last_growth_error(),
+            "allocating KV arena chunk 3 of 4 (512 bytes): fake backend: out of memory");
   for (BlockId id = 0; id < 8; ++id) p->Release(id);
   ASSERT_TRUE(p->ReleaseTopChunk().ok());
   EXPECT_EQ(arena->num_chunks(), 1);

@@ -202,6 +202,9 @@ TEST_F(KvCacheManagerTest, AFailedGrowthGivesUpNoSessionAndNoCachedBlock) {
   EXPECT_EQ(after.session_releases_pressure, 0);
   EXPECT_EQ(after.num_prefix_keys, 4);
   EXPECT_EQ(after.evictions, 0);
+  EXPECT_EQ(before.chunk_growth_failures, 0);
+  EXPECT_EQ(after.chunk_growth_failures, 1);
+  EXPECT_THAT(after.last_growth_error, ::testing::HasSubstr("allocating KV arena chunk 2 of 2"));
   EXPECT_EQ(m->ProbePrefix(Iota(9, 100), "a"), 8);
   EXPECT_EQ(m->ProbePrefix(Iota(9, 200)), 8);
   EXPECT_TRUE(m->BlockIds(3).empty());

@@ -379,6 +379,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
   c.session_releases_closed = 52;
   c.session_releases_pressure = 53;
   c.defrag_moves = 54;
+  c.chunk_growth_failures = 64;
   c.defrag_pauses.num_pauses = 55;
   c.defrag_pauses.bucket_counts.back() = 55;
   c.defrag_pauses.total = absl::Seconds(56);
@@ -442,6 +443,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"kvd_sessions_released_total{reason=\"closed\"}", 52},
       {"kvd_sessions_released_total{reason=\"pressure\"}", 53},
       {"kvd_defrag_moved_blocks_total", 54},
+      {"kvd_kv_pool_growth_failures_total", 64},
       {"kvd_defrag_pause_seconds_count", 55},
       {"kvd_defrag_pause_seconds_sum", 56},
       {"kvd_defrag_pause_max_seconds", 57},

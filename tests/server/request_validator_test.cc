@@ -84,6 +84,31 @@ TEST_F(RequestValidatorTest, DefaultsFillUnsetFields) {
   EXPECT_EQ(r->deadline, absl::InfiniteFuture());
 }
 
+// Where kv_cache_config.max_seq_length, not the model, sets the context, the refusals say
+// so: a client told "the context of 64 tokens" by a 512-token model would look elsewhere.
+TEST_F(RequestValidatorTest, AContextTheConfigCapsIsNamedAsSuch) {
+  v1::GenerateRequest in;
+  for (int i = 0; i < kContext + 1; ++i) in.add_prompt_token_ids(7);
+  EXPECT_THAT(std::string(Check(in).status().message()),
+              ::testing::EndsWith("longer than the context of 64 "
+                                  "tokens; allowed: at most 64 "
+                                  "prompt tokens"));
+  limits_.model_context_tokens = 512;
+  EXPECT_THAT(Check(in).status().message(),
+              HasSubstr("longer than the context of 64 tokens (kv_cache_config.max_seq_length; "
+                        "the model's is 512)"));
+  in.clear_prompt_token_ids();
+  in.add_prompt_token_ids(7);
+  in.set_max_tokens(65);
+  EXPECT_THAT(Check(in).status().message(),
+              HasSubstr("does not fit the context of 64 tokens (kv_cache_config.max_seq_length"));
+  in.set_prompt(std::string(900, 'a'));  // text: refused by its least token count
+  in.clear_prompt_token_ids();
+  in.clear_max_tokens();
+  EXPECT_THAT(Check(in).status().message(),
+              HasSubstr("the context of 64 tokens (kv_cache_config.max_seq_length"));
+}
+
 // The context does not cap the default: the engine ends such a request where the context
 // is full with finish_reason "context_limit", where a capped max_tokens would read "length".
 TEST_F(RequestValidatorTest, DefaultMaxTokensIsLeftToRunIntoTheContext) {
