@@ -38,9 +38,19 @@ absl::StatusOr<Source> Classify(std::string_view model) {
                      " (use a llama2.c .bin checkpoint or synthetic:<preset>)"));
   }
   std::error_code ec;
-  if (std::filesystem::is_directory(std::filesystem::path(model), ec)) {
-    return absl::UnimplementedError(
-        absl::StrCat("Hugging Face model directories are not supported yet: ", std::string(model)));
+  const std::filesystem::path path(model);
+  if (std::filesystem::is_directory(path, ec)) {
+    // A Hugging Face checkpoint is a directory with config.json: say that it is one kvd
+    // cannot read yet; any other directory is a wrong path.
+    if (std::filesystem::exists(path / "config.json", ec)) {
+      return absl::UnimplementedError(
+          absl::StrCat("Hugging Face model directories are not supported yet: ", std::string(model),
+                       " (use a llama2.c .bin checkpoint or synthetic:<preset>)"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(model),
+                     " is a directory, not a model file: give a llama2.c .bin checkpoint or "
+                     "synthetic:<preset>"));
   }
   return Source::kLlama2c;
 }

@@ -14,7 +14,8 @@ namespace kvd {
 // Picks a loader from a model reference, the string a user passes as `--model`:
 //   "synthetic:<preset>"  seeded random weights of a preset's shape (synthetic_model.h)
 //   "<path>.gguf"         Unimplemented: GGUF loading is not supported yet
-//   "<directory>"         Unimplemented: Hugging Face directories are not supported yet
+//   "<directory>"         Unimplemented for a Hugging Face directory (with config.json): not
+//                         supported yet; InvalidArgument for any other directory
 //   any other path        a llama2.c checkpoint (llama2c_loader.h), usually "<path>.bin"
 // Stateless and thread safe.
 

@@ -601,7 +601,23 @@ TEST(ModelLoaderTest, GgufPathsAreNotSupportedYet) {
                 AllOf(HasSubstr("GGUF loading is not supported yet"), HasSubstr("llama.gguf")));
   }
   EXPECT_EQ(LoadModel("").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LoadModel(::testing::TempDir()).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// A directory is a Hugging Face checkpoint when it has config.json (not supported yet);
+// any other, e.g. the models folder instead of a file in it, is a wrong path, said as such.
+TEST(ModelLoaderTest, DirectoriesAreRefusedSayingWhy) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "kvd_model_loader_dir_test";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(std::filesystem::create_directories(dir));
+  absl::Status s = LoadModelSpec(dir.string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is a directory, not a model file"));
+  std::ofstream(dir / "config.json") << "{}";
+  s = LoadModel(dir.string()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("Hugging Face model directories are not supported yet"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
