@@ -48,7 +48,7 @@ struct KvCacheStats {
   int64_t session_releases_pin_cap = 0;
   int64_t session_releases_closed = 0;
   int64_t session_releases_pressure = 0;  // for room (SessionReleaseReason::kPressure)
-  int64_t fork_copies = 0;  // partial blocks copied by Fork
+  int64_t fork_copies = 0;                // partial blocks copied by Fork
   int64_t chunks_grown = 0;
   int64_t chunks_released = 0;
   // Chunks the arena failed to allocate below max_chunks (device or host memory ran out):

@@ -76,7 +76,7 @@ class EngineLoop::Impl {
   bool Admissible(const Sequence& candidate, int64_t committed) const;
   int64_t TargetBlocks(const Sequence& s) const;
   // KV positions `r` can need at most: its prompt and all its output but the last token,
-  // within the model's context.
+  // within the context (context_tokens_).
   int64_t MaxKvTokens(const Request& r) const;
   enum class AdmitResult { kAdmitted, kNoRoom, kFailed };
   // Starts s in the cache and reserves its first chunk, n tokens (at most `budget`); on

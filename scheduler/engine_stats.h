@@ -34,18 +34,18 @@ struct EngineStats {
   int64_t requests_rejected = 0;  // admission rejections (RESOURCE_EXHAUSTED)
   int64_t preemptions = 0;
   int64_t steps = 0;
-  int64_t prompt_tokens = 0;      // tokens in (all prompts)
+  int64_t prompt_tokens = 0;  // tokens in (all prompts)
   // Prompt tokens prefilled at each request's first admission: the rest of prompt_tokens came
   // from the prefix or session cache, or belong to requests never admitted. Recomputing after
   // a preemption is not counted (preemptions is), so this never exceeds prompt_tokens.
   int64_t computed_prompt_tokens = 0;
-  int64_t generated_tokens = 0;   // tokens out
+  int64_t generated_tokens = 0;        // tokens out
   double predicted_output_tokens = 0;  // the predictor's current value
-  Histogram time_to_first_token;  // seconds
-  Histogram inter_token_latency;  // seconds
-  Histogram end_to_end_latency;   // seconds
-  Histogram output_length;        // actual output tokens per finished request
-  Histogram prediction_error;     // actual - predicted output tokens
+  Histogram time_to_first_token;       // seconds
+  Histogram inter_token_latency;       // seconds
+  Histogram end_to_end_latency;        // seconds
+  Histogram output_length;             // actual output tokens per finished request
+  Histogram prediction_error;          // actual - predicted output tokens
   KvCacheStats cache;
 };
 

@@ -181,7 +181,11 @@ bool EngineLoop::Impl::Step() {
   for (SeqPtr& s : waiting_) {
     if (!s->scheduled_once) {
       const int32_t hint = s->request.expected_output_tokens;
-      s->predicted_output = std::min(s->request.max_tokens, hint > 0 ? hint : predictor_.Predict());
+      // No more than the context leaves: a prediction past it is no prediction of this
+      // request (admission caps its KV there too; the error histogram would not).
+      const int32_t room = context_tokens_ + 1 - static_cast<int32_t>(s->request.prompt.size());
+      s->predicted_output =
+          std::min({s->request.max_tokens, hint > 0 ? hint : predictor_.Predict(), room});
       cache_->TouchSession(s->request.session_id);
     }
   }

@@ -139,8 +139,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_defrag_moved_blocks", "KV blocks moved by the defragmenter.",
             static_cast<double>(c.defrag_moves));
   const DefragPauseStats& d = c.defrag_pauses;
-  Histogram pauses(std::vector<double>(kDefragPauseBoundsSeconds.begin(),
-                                       kDefragPauseBoundsSeconds.end()));
+  Histogram pauses(
+      std::vector<double>(kDefragPauseBoundsSeconds.begin(), kDefragPauseBoundsSeconds.end()));
   pauses.counts.assign(d.bucket_counts.begin(), d.bucket_counts.end());
   pauses.sum = Seconds(d.total);
   pauses.count = d.num_pauses;

@@ -16,8 +16,8 @@ struct MetricsInfo {
   std::string backend;   // "cpu", "cuda"
   std::string kv_dtype;  // "f32", ...
   int32_t block_size = 0;
-  int64_t num_blocks = 0;  // capacity: the pool's blocks at max_size
-  bool prefix_caching = true;                               // kv_cache_config.enable_prefix_caching
+  int64_t num_blocks = 0;      // capacity: the pool's blocks at max_size
+  bool prefix_caching = true;  // kv_cache_config.enable_prefix_caching
   absl::Duration defrag_max_pause = absl::Milliseconds(2);  // kv_cache_config.defrag.max_pause
 };
 

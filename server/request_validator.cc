@@ -85,7 +85,14 @@ absl::Status ParseRequestMessage(absl::string_view wire, google::protobuf::Messa
 }
 
 RequestValidator::RequestValidator(RequestLimits limits, const Tokenizer* tokenizer)
-    : limits_(std::move(limits)), tokenizer_(tokenizer) {}
+    : limits_(std::move(limits)),
+      tokenizer_(tokenizer),
+      the_context_(
+          absl::StrCat("the context of ", limits_.max_context_tokens, " tokens",
+                       limits_.max_context_tokens < limits_.model_context_tokens
+                           ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
+                                          limits_.model_context_tokens, ")")
+                           : "")) {}
 
 absl::Status RequestValidator::ValidateSessionToClose(const std::string& session_id) const {
   return CheckId("session_id", session_id, limits_.max_id_bytes, /*required=*/true);
@@ -94,13 +101,6 @@ absl::Status RequestValidator::ValidateSessionToClose(const std::string& session
 absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in) const {
   const RequestLimits& lim = limits_;
   const int32_t context = lim.max_context_tokens;
-  // Names the config key where it, not the model, sets the context.
-  const std::string the_context =
-      absl::StrCat("the context of ", context, " tokens",
-                   context < lim.model_context_tokens
-                       ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
-                                      lim.model_context_tokens, ")")
-                       : "");
   Request out;
 
   // The prompt.
@@ -128,7 +128,7 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
     if (min_tokens > context) {
       return Bad("prompt",
                  absl::StrCat("is ", in.prompt().size(), " bytes long, at least ", min_tokens,
-                              " tokens, longer than ", the_context),
+                              " tokens, longer than ", the_context_),
                  absl::StrCat("at most ", context, " prompt tokens"));
     }
     out.prompt = tokenizer_->Encode(in.prompt(), /*add_bos=*/true);
@@ -145,7 +145,7 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
   const int64_t prompt_tokens = static_cast<int64_t>(out.prompt.size());
   if (prompt_tokens > context) {
     return Bad(has_text ? "prompt" : "prompt_token_ids",
-               absl::StrCat("is ", prompt_tokens, " tokens long, longer than ", the_context),
+               absl::StrCat("is ", prompt_tokens, " tokens long, longer than ", the_context_),
                absl::StrCat("at most ", context, " prompt tokens"));
   }
 
@@ -155,16 +155,19 @@ absl::StatusOr<Request> RequestValidator::Validate(const v1::GenerateRequest& in
     // Not capped by `room`: the engine ends the request at the context with kContextLimit,
     // which the client can tell from reaching max_tokens (kLength).
     int64_t max_tokens = lim.default_max_tokens;
-    // When even the prompt cannot fit the pool, the engine refuses it, naming the prompt.
+    // A pool smaller than the context caps it (the engine would refuse prompt + max_tokens
+    // it can never hold); one that holds the context needs no cap, as the engine counts no
+    // KV past the context. When even the prompt cannot fit the pool, the engine refuses it,
+    // naming the prompt.
     if (const int64_t pool_room = lim.pool_tokens + 1 - prompt_tokens;
-        lim.pool_tokens > 0 && pool_room >= 1) {
+        lim.pool_tokens > 0 && lim.pool_tokens < context && pool_room >= 1) {
       max_tokens = std::min(max_tokens, pool_room);
     }
     out.max_tokens = static_cast<int32_t>(max_tokens);
   } else if (in.max_tokens() > room) {
     return Bad("max_tokens",
                absl::StrCat(in.max_tokens(), " with a ", prompt_tokens,
-                            "-token prompt does not fit ", the_context),
+                            "-token prompt does not fit ", the_context_),
                absl::StrCat("[1, ", room,
                             "] for this prompt (prompt + max_tokens <= context + 1; 0 = server "
                             "default)"));

@@ -29,9 +29,10 @@ struct RequestLimits {
   int32_t max_context_tokens = 0;
   // The model's own context: where it is larger, messages name max_seq_length (0: never).
   int32_t model_context_tokens = 0;
-  // max_tokens when the request leaves it 0, capped by what the whole KV pool leaves (a
-  // request must not be refused for a value it never sent), not by the context: a request
-  // that fills the context first ends with finish_reason "context_limit".
+  // max_tokens when the request leaves it 0, capped by what the whole KV pool leaves where
+  // the pool is smaller than the context (a request must not be refused for a value it never
+  // sent), not by the context: a request that fills the context first ends with
+  // finish_reason "context_limit".
   int32_t default_max_tokens = 256;
   // KV positions the whole pool holds (blocks x block_size); 0 = no cap on the default.
   int64_t pool_tokens = 0;
@@ -79,6 +80,8 @@ class RequestValidator {
  private:
   RequestLimits limits_;
   const Tokenizer* tokenizer_;
+  // "the context of N tokens", naming max_seq_length where it sets N (refusals only).
+  std::string the_context_;
 };
 
 // Parses a GenerateRequest from its wire bytes. Unlike protobuf's own parser (whose only

@@ -12,7 +12,13 @@ TerminationSignals::TerminationSignals() {
   sigemptyset(&signals_);
   sigaddset(&signals_, SIGINT);
   sigaddset(&signals_, SIGTERM);
-  sigaddset(&signals_, SIGHUP);
+  // A process started to outlive its terminal (nohup, or SIGHUP ignored by its parent) keeps
+  // ignoring hangups: a blocked signal is queued even when ignored, so taking it here would
+  // stop what nohup started.
+  struct sigaction hup {};
+  if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) {
+    sigaddset(&signals_, SIGHUP);
+  }
   pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
 }
 

@@ -8,7 +8,8 @@
 namespace kvd {
 
 // Receives SIGINT, SIGTERM and SIGHUP synchronously, with no signal handler at all: the
-// constructor blocks them in the calling thread, every thread started afterwards
+// constructor blocks them in the calling thread (SIGHUP only where it is not ignored, as
+// nohup leaves it: such a process goes on ignoring it), every thread started afterwards
 // inherits that mask, and Wait() takes a pending one with sigtimedwait. So a signal can
 // neither interrupt work nor run code in an async-signal context.
 //

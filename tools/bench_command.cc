@@ -127,18 +127,16 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
   const uint64_t seed = flags.GetUint64("seed");
   const bool profile = flags.GetBool("profile");
-  // The most steps a case runs (RunDecodeBenchCase: --profile adds --steps to an uncaptured case,
-  // which
-  // --graphs on runs none of).
+  // The most steps a case runs (RunDecodeBenchCase: --profile adds --steps to an uncaptured
+  // case, which --graphs on runs none of). Each step computes one position's KV.
   const bool profiled = profile && graphs_flag != "on";
   const int64_t case_steps = int64_t{warmup} + steps + (profiled ? steps : 0);
   for (const DecodeBenchCase& c : *cases) {
-    if (c.context + case_steps + 1 > spec->max_context_tokens) {
-      return usage_error(absl::InvalidArgumentError(
-          absl::StrCat("--cases: ", c.batch, "x", c.context, " with ", warmup, " warm-up and ",
-                       steps, " timed steps", profiled ? " (twice, for --profile)" : "", " needs ",
-                       c.context + case_steps + 1, " positions; ", spec->name, " has ",
-                       spec->max_context_tokens)));
+    if (c.context + case_steps > spec->max_context_tokens) {
+      return usage_error(absl::InvalidArgumentError(absl::StrCat(
+          "--cases: ", c.batch, "x", c.context, " with ", warmup, " warm-up and ", steps,
+          " timed steps", profiled ? " (twice, for --profile)" : "", " needs ",
+          c.context + case_steps, " positions; ", spec->name, " has ", spec->max_context_tokens)));
     }
   }
   auto resolved = ResolveDevice(flags.GetString("device"));

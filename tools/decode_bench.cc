@@ -127,18 +127,18 @@ absl::StatusOr<DecodeBenchResult> RunDecodeBenchCase(const DecodeBenchCase& c, b
   const DecodeGraphStats stats_before = model->decode_graph_stats();
   // int64: the sum of the int32 flags need not fit an int32.
   const int64_t total_steps = int64_t{warmup} + steps + (profile && !graphs ? steps : 0);
-  if (c.context + total_steps + 1 > spec.max_context_tokens) {
+  // Each step computes the KV of one position (its sampled token is fed back by the next).
+  if (c.context + total_steps > spec.max_context_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("context + warm-up + steps exceeds the model's ",
                                                    spec.max_context_tokens, " tokens"));
   }
   RealClock clock;
-  auto cache =
-      CreateCache(spec, backend, &clock,
-                  {.block_size = block_size,
-                   .num_sequences = c.batch,
-                   .tokens_per_sequence = static_cast<int32_t>(c.context + total_steps + 1),
-                   .kv_dtype = DefaultKvDtype(*backend),
-                   .enable_prefix_caching = false});
+  auto cache = CreateCache(spec, backend, &clock,
+                           {.block_size = block_size,
+                            .num_sequences = c.batch,
+                            .tokens_per_sequence = static_cast<int32_t>(c.context + total_steps),
+                            .kv_dtype = DefaultKvDtype(*backend),
+                            .enable_prefix_caching = false});
   if (!cache.ok()) return cache.status();
   KvCacheManager& kv = **cache;
 

@@ -209,13 +209,24 @@ TEST_F(EngineLoopTest, AContextCappedBelowTheModelsEndsGenerationWithContextLimi
   capped.max_tokens = 256;
   Request exact = capped;
   exact.max_tokens = 40 + 1 - prompt;  // the last token needs no position
+  Request full = capped;               // a prompt that fills the context: one token
+  full.prompt.resize(40, 300);
   Stream* c = Submit(capped);
   Stream* e = Submit(exact);
+  Stream* f = Submit(full);
   engine_->RunUntilIdle();
   ASSERT_TRUE(c->finished);
   ASSERT_TRUE(e->finished);
+  ASSERT_TRUE(f->finished);
   EXPECT_EQ(c->reason, FinishReason::kContextLimit);
   EXPECT_EQ(e->reason, FinishReason::kLength);
+  EXPECT_EQ(f->reason, FinishReason::kContextLimit);
+  EXPECT_EQ(f->tokens.size(), 1u);
+  // Each was predicted no longer than the context leaves it (the predictor's 128 would have
+  // recorded errors of -95 and -127 that no prediction made).
+  const EngineStats stats = engine_->Stats();
+  EXPECT_EQ(stats.prediction_error.count, 3);
+  EXPECT_EQ(stats.prediction_error.sum, 0);
   // Both ran to the same 41st position, with the model's greedy tokens.
   const std::vector<int32_t> want(golden_[6].output.begin(),
                                   golden_[6].output.begin() + (40 + 1 - prompt));

@@ -147,6 +147,22 @@ TEST_F(RequestValidatorTest, DefaultMaxTokensIsCappedByThePool) {
   EXPECT_EQ(r->max_tokens, 50);
 }
 
+// A pool that holds the whole context caps nothing: the engine counts no KV past the
+// context, so the default runs into it and ends "context_limit" (capped to what the pool
+// leaves, 5 here, it would end "length" at the very same token).
+TEST_F(RequestValidatorTest, APoolThatHoldsTheContextLeavesTheDefaultToTheContext) {
+  limits_.pool_tokens = kContext;
+  v1::GenerateRequest in;
+  for (int i = 0; i < kContext - 4; ++i) in.add_prompt_token_ids(7);
+  auto r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 16);
+  limits_.pool_tokens = kContext - 1;  // one position short: capped, so it is never refused
+  r = Check(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_tokens, 4);
+}
+
 // Like llama2.c's run.c with steps == seq_len: the last token sampled is never fed back,
 // so prompt + max_tokens may be context + 1 (the golden outputs go that far).
 TEST_F(RequestValidatorTest, PromptPlusMaxTokensMayExceedTheContextByTheLastToken) {

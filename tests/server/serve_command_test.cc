@@ -116,8 +116,9 @@ TEST(ServeCommandTest, PoolSmallerThanOneBlockNamesMaxSize) {
 
 TEST(ServeCommandTest, HelpSaysWhichSignalsDrainAndWhatASecondOneDoes) {
   const std::string help = Serve({"--help"}).out;
-  EXPECT_THAT(help, HasSubstr("SIGTERM, SIGINT and SIGHUP drain (SIGHUP reloads nothing)"));
-  EXPECT_THAT(help, HasSubstr("a second signal during the\ndrain ends it at once"));
+  EXPECT_THAT(help, HasSubstr("SIGTERM, SIGINT and SIGHUP drain (SIGHUP reloads nothing, and "
+                              "under nohup\nstays ignored)"));
+  EXPECT_THAT(help, HasSubstr("a second signal during the drain ends it at once"));
 }
 
 TEST(ServeCommandTest, BadOverrideNamesTheKey) {

@@ -34,6 +34,32 @@ TEST(TerminationSignalsDeathTest, WaitTimesOutWithZero) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// A closed terminal's hangup drains the daemon as SIGTERM does...
+TEST(TerminationSignalsDeathTest, WaitTakesSighup) {
+  EXPECT_EXIT(
+      {
+        TerminationSignals signals;
+        ::kill(::getpid(), SIGHUP);
+        std::exit(signals.Wait(absl::Seconds(10)) == SIGHUP ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// ...but not one started to outlive its terminal: under nohup (SIGHUP ignored) a hangup is
+// still ignored, and a SIGTERM after it is what Wait returns.
+TEST(TerminationSignalsDeathTest, AnIgnoredSighupStaysIgnored) {
+  EXPECT_EXIT(
+      {
+        std::signal(SIGHUP, SIG_IGN);
+        TerminationSignals signals;
+        ::kill(::getpid(), SIGHUP);
+        if (signals.Wait(absl::Milliseconds(200)) != 0) std::exit(1);
+        ::kill(::getpid(), SIGTERM);
+        std::exit(signals.Wait(absl::Seconds(10)) == SIGTERM ? 0 : 2);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 // A second SIGTERM during the drain is still pending when the daemon finishes: it must not
 // kill the process on its way out (it used to: the restored mask delivered it).
 TEST(TerminationSignalsDeathTest, SignalsLeftPendingDoNotKillTheProcessOnDestruction) {

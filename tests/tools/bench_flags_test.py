@@ -122,9 +122,15 @@ class KvdBenchTest(RefusalMixin, unittest.TestCase):
                 self.assert_refused(BENCHES["e2e"], args + [flag, value], flag, named)
 
     def test_a_case_past_the_models_context_is_a_usage_error(self):
-        # synthetic:tiny has 256 positions: 250 + 4 warm-up + 8 steps + 1 do not fit.
+        # synthetic:tiny has 256 positions: 250 + 4 warm-up + 8 steps do not fit.
         args = E2E_TINY[:4] + ["--cases", "1x250", "--warmup", "4", "--steps", "8"]
         self.assert_refused(BENCHES["e2e"], args, "--cases", "1x250")
+        # 244 + 4 + 8 fills them exactly: each step computes one position, and runs.
+        fits = E2E_TINY[:4] + ["--cases", "1x244", "--warmup", "4", "--steps", "8",
+                               "--graphs", "off", "--threads", "1"]
+        code, out, err, _ = run(BENCHES["e2e"], fits)
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"(?m)^\s+1\s+244\s+off\s.* ok$")
 
     def test_help_tells_the_truth(self):
         code, out, err, _ = run(BENCHES["e2e"], ["--help"])
