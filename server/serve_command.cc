@@ -22,6 +22,7 @@
 #include "kernels/status_macros.h"
 #include "scheduler/engine_stats.h"
 #include "server/daemon.h"
+#include "server/exit_watchdog.h"
 #include "server/growth_failure_log.h"
 #include "server/serve_options.h"
 #include "server/termination_signals.h"
@@ -51,6 +52,8 @@ constexpr char kUsage[] =
 
 // How long gRPC may take to finish calls still open after the engine has stopped.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
+// What destroying the daemon (`d`, on return) may take before the process exits anyway.
+constexpr absl::Duration kTeardownLimit = absl::Seconds(10);
 
 // How often the drain looks for a second termination signal while requests run on.
 constexpr absl::Duration kDrainSignalPoll = absl::Milliseconds(50);
@@ -247,9 +250,11 @@ int RunServeCommand(const std::vector<std::string>& args, std::ostream& out, std
   // aborted then).
   if (absl::Status failure = d.engine->Failure(); !failure.ok()) {
     err << "kvd serve: the backend failed, exiting: " << failure.message() << "\n" << std::flush;
+    ExitIfTeardownHangs(kTeardownLimit, 1);
     return 1;
   }
   out << "kvd: stopped\n" << std::flush;
+  ExitIfTeardownHangs(kTeardownLimit, 0);
   return 0;
 }
 
