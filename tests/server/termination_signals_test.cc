@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 
 namespace kvd {
 namespace {
@@ -12,14 +13,18 @@ namespace {
 // Each case runs in a child process of its own (a death test), since it signals itself:
 // there the constructing thread is the only one, as TerminationSignals requires.
 
+// Each of them, SIGHUP included: a closed terminal's hangup drains the daemon as SIGTERM does.
 TEST(TerminationSignalsDeathTest, WaitTakesAPendingSignal) {
-  EXPECT_EXIT(
-      {
-        TerminationSignals signals;
-        ::kill(::getpid(), SIGTERM);
-        std::exit(signals.Wait(absl::Seconds(10)) == SIGTERM ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "");
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    EXPECT_EXIT(
+        {
+          TerminationSignals signals;
+          ::kill(::getpid(), sig);
+          std::exit(signals.Wait(absl::Seconds(10)) == sig ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "")
+        << strsignal(sig);
+  }
 }
 
 TEST(TerminationSignalsDeathTest, WaitTimesOutWithZero) {
@@ -34,19 +39,8 @@ TEST(TerminationSignalsDeathTest, WaitTimesOutWithZero) {
       ::testing::ExitedWithCode(0), "");
 }
 
-// A closed terminal's hangup drains the daemon as SIGTERM does...
-TEST(TerminationSignalsDeathTest, WaitTakesSighup) {
-  EXPECT_EXIT(
-      {
-        TerminationSignals signals;
-        ::kill(::getpid(), SIGHUP);
-        std::exit(signals.Wait(absl::Seconds(10)) == SIGHUP ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "");
-}
-
-// ...but not one started to outlive its terminal: under nohup (SIGHUP ignored) a hangup is
-// still ignored, and a SIGTERM after it is what Wait returns.
+// A process started to outlive its terminal is not drained by a hangup: under nohup (SIGHUP
+// ignored) it is still ignored, and a SIGTERM after it is what Wait returns.
 TEST(TerminationSignalsDeathTest, AnIgnoredSighupStaysIgnored) {
   EXPECT_EXIT(
       {
