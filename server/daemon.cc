@@ -232,11 +232,8 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
 
   out << "kvd: model " << spec.name << " (" << model_path << "), " << spec.num_layers
       << " layers, vocab " << spec.vocab_size << ", context " << context_tokens << " tokens"
-      << (context_tokens < spec.max_context_tokens
-              ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
-                             spec.max_context_tokens, ")")
-              : "")
-      << "; backend " << info.backend << " ("
+      << ContextCapNote(context_tokens, spec.max_context_tokens) << "; backend " << info.backend
+      << " ("
       << (device == Device::kCuda ? absl::StrCat("GPU 0, decode graphs ", graphs ? "on" : "off")
                                   : absl::StrCat(threads, " threads"))
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "

@@ -84,15 +84,18 @@ absl::Status ParseRequestMessage(absl::string_view wire, google::protobuf::Messa
   return absl::OkStatus();
 }
 
+std::string ContextCapNote(int32_t context_tokens, int32_t model_context_tokens) {
+  if (context_tokens >= model_context_tokens) return "";
+  return absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ", model_context_tokens,
+                      ")");
+}
+
 RequestValidator::RequestValidator(RequestLimits limits, const Tokenizer* tokenizer)
     : limits_(std::move(limits)),
       tokenizer_(tokenizer),
       the_context_(
           absl::StrCat("the context of ", limits_.max_context_tokens, " tokens",
-                       limits_.max_context_tokens < limits_.model_context_tokens
-                           ? absl::StrCat(" (kv_cache_config.max_seq_length; the model's is ",
-                                          limits_.model_context_tokens, ")")
-                           : "")) {}
+                       ContextCapNote(limits_.max_context_tokens, limits_.model_context_tokens))) {}
 
 absl::Status RequestValidator::ValidateSessionToClose(const std::string& session_id) const {
   return CheckId("session_id", session_id, limits_.max_id_bytes, /*required=*/true);

@@ -48,6 +48,11 @@ struct RequestLimits {
   std::vector<int32_t> default_stop_token_ids;
 };
 
+// " (kv_cache_config.max_seq_length; the model's is M)" where the config caps the model's
+// context of M positions to `context_tokens`, else "": what the daemon's startup line and the
+// validator's refusals append to the context they name.
+std::string ContextCapNote(int32_t context_tokens, int32_t model_context_tokens);
+
 // Turns a GenerateRequest into an engine Request, or says exactly what is wrong with it.
 //
 // Every error is InvalidArgument and its message starts with the field's name, then the
