@@ -7,6 +7,13 @@
 
 namespace kvd {
 
+DeviceBuffer::DeviceBuffer(Backend* backend, void* data, size_t bytes)
+    : backend_(backend), data_(data), bytes_(bytes) {
+  if (backend_ != nullptr && data_ != nullptr) {
+    backend_->allocated_bytes_.fetch_add(static_cast<int64_t>(bytes_), std::memory_order_relaxed);
+  }
+}
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     Reset();
@@ -242,7 +249,10 @@ absl::Status ValidateCopyBlocks(const CopyBlocksParams& p) {
 }
 
 void DeviceBuffer::Reset() {
-  if (backend_ != nullptr && data_ != nullptr) backend_->Free(data_, bytes_);
+  if (backend_ != nullptr && data_ != nullptr) {
+    backend_->allocated_bytes_.fetch_sub(static_cast<int64_t>(bytes_), std::memory_order_relaxed);
+    backend_->Free(data_, bytes_);
+  }
   backend_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;

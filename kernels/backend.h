@@ -1,8 +1,11 @@
 #ifndef KVD_KERNELS_BACKEND_H_
 #define KVD_KERNELS_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -17,8 +20,8 @@ class Backend;
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend* backend, void* data, size_t bytes)
-      : backend_(backend), data_(data), bytes_(bytes) {}
+  // Counts `bytes` in backend->allocated_bytes() until the buffer is freed.
+  DeviceBuffer(Backend* backend, void* data, size_t bytes);
   DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -52,6 +55,21 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string_view name() const = 0;
+
+  // --- memory accounting; these three are thread safe (a metrics scrape calls them) ---
+  // Bytes held in live DeviceBuffers of this backend: weights, KV arena chunks, activations.
+  int64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_relaxed); }
+  // Bytes the backend holds for itself, outside any DeviceBuffer (the CUDA backend's op
+  // scratch and cuBLAS workspace; the CPU backend's host scratch is not counted).
+  virtual int64_t workspace_bytes() const { return 0; }
+  // The whole device's memory as its driver reports it (every process's use included), where
+  // the backend runs on a device with memory of its own; nullopt on the CPU, or when the
+  // driver cannot say (the error is not kept).
+  struct DeviceMemory {
+    int64_t total_bytes = 0;
+    int64_t free_bytes = 0;
+  };
+  virtual std::optional<DeviceMemory> QueryDeviceMemory() const { return std::nullopt; }
 
   // --- memory ---
   // Memory is uninitialized. On the CPU it is committed lazily by the OS as it is touched.
@@ -94,6 +112,9 @@ class Backend {
  protected:
   friend class DeviceBuffer;
   virtual void Free(void* data, size_t bytes) = 0;
+
+ private:
+  std::atomic<int64_t> allocated_bytes_{0};  // DeviceBuffer counts itself in and out
 };
 
 // The backend-neutral checks of a Rope, none without tokens: num_tokens not negative,

@@ -150,6 +150,15 @@ absl::Status LlamaModel::Upload(ModelWeights& w) {
   return absl::OkStatus();
 }
 
+int64_t LlamaModel::weight_bytes() const {
+  int64_t bytes = token_embedding_.bytes() + final_norm_.bytes() + classifier_.bytes();
+  for (const Layer& l : layers_) {
+    bytes += l.attn_norm.bytes() + l.wqkv.bytes() + l.wo.bytes() + l.ffn_norm.bytes() +
+             l.w13.bytes() + l.w2.bytes();
+  }
+  return bytes;
+}
+
 absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_rows) {
   const ModelSpec& s = spec_;
   const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;

@@ -85,6 +85,11 @@ class LlamaModel {
                                                                        WeightFactory make);
 
   const ModelSpec& spec() const { return spec_; }
+  // Backend bytes the weights hold (part of backend()->allocated_bytes()): on the CPU
+  // spec().NumParameters() fp32 values, on CUDA as many bf16 ones (a factory's buffers may be
+  // larger).
+  int64_t weight_bytes() const;
+  Backend* backend() const { return backend_; }
 
   // Runs the batch: writes every token's K/V into `layers` (one view per layer) and stores
   // logits [batch.logit_rows.size()][vocab_size] into *logits on the host.

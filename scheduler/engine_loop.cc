@@ -96,6 +96,7 @@ EngineLoop::Impl::Impl(const EngineOptions& options, LlamaModel* model, KvCacheM
   stats_.prediction_error = Histogram(ErrorBuckets());
   stats_.predicted_output_tokens = predictor_.Predict();
   stats_.cache = cache->stats();
+  stats_.memory = MemoryNow();
   published_ = stats_;
 }
 

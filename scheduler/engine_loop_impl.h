@@ -100,6 +100,8 @@ class EngineLoop::Impl {
   void PublishQueueLocked(int32_t drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step's end: all of stats_.
   void PublishStats();
+  // The model backend's memory now (EngineStats::memory).
+  MemoryStats MemoryNow() const;
   // Finishes every request the engine holds or has been handed (kAborted, `error`).
   void AbortAll(const absl::Status& error);
   // The backend failed for good: records `cause` for Failure() and aborts everything.

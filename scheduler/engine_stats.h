@@ -24,6 +24,21 @@ struct Histogram {
   void Observe(double value);
 };
 
+// The model backend's memory by what holds it, in bytes, as of the engine's last step.
+// weights + kv_pool + activations = Backend::allocated_bytes(); workspace is the backend's
+// own, beside them. What the backend's device holds besides (a CUDA context, cuBLAS's
+// handles, recorded graphs, other processes) is not here: Backend::QueryDeviceMemory.
+struct MemoryStats {
+  int64_t weights_bytes = 0;  // LlamaModel::weight_bytes()
+  // The KV arena's chunks (KvCacheStats::total_bytes), where the arena is on the model's
+  // backend; 0 otherwise.
+  int64_t kv_pool_bytes = 0;
+  // Every other buffer: activations (grown to the largest batch so far), batch metadata,
+  // decode-graph buffers, sampling buffers, the arena's chunk table.
+  int64_t activation_bytes = 0;
+  int64_t workspace_bytes = 0;  // Backend::workspace_bytes()
+};
+
 // A snapshot of the engine's state and counters. Times are in seconds.
 struct EngineStats {
   int32_t requests_waiting = 0;
@@ -47,6 +62,7 @@ struct EngineStats {
   Histogram output_length;             // actual output tokens per finished request
   Histogram prediction_error;          // actual - predicted output tokens
   KvCacheStats cache;
+  MemoryStats memory;
 };
 
 }  // namespace kvd

@@ -423,10 +423,22 @@ void EngineLoop::Impl::PublishQueueLocked(int32_t drained) {
   published_.requests_running = unfinished(running_);
 }
 
+MemoryStats EngineLoop::Impl::MemoryNow() const {
+  MemoryStats m;
+  const Backend* backend = model_->backend();
+  m.weights_bytes = model_->weight_bytes();
+  const KvArena* arena = cache_->arena();
+  if (arena != nullptr && arena->backend() == backend) m.kv_pool_bytes = arena->bytes();
+  m.activation_bytes = backend->allocated_bytes() - m.weights_bytes - m.kv_pool_bytes;
+  m.workspace_bytes = backend->workspace_bytes();
+  return m;
+}
+
 void EngineLoop::Impl::PublishStats() {
   stats_.requests_waiting = static_cast<int32_t>(waiting_.size());
   stats_.requests_running = static_cast<int32_t>(running_.size());
   stats_.cache = cache_->stats();
+  stats_.memory = MemoryNow();
   absl::MutexLock lock(&mu_);
   const int64_t rejected = published_.requests_rejected;
   published_ = stats_;

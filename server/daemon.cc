@@ -215,8 +215,10 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     metrics_info.prefix_caching = config.kv_cache.enable_prefix_caching;
     metrics_info.defrag_max_pause = config.kv_cache.defrag.max_pause;
     EngineLoop* engine = d.engine.get();
-    d.metrics =
-        std::make_unique<MetricsExporter>(metrics_info, [engine] { return engine->Stats(); });
+    const Backend* backend = d.backend.get();
+    d.metrics = std::make_unique<MetricsExporter>(
+        metrics_info, [engine] { return engine->Stats(); },
+        [backend] { return backend->QueryDeviceMemory(); });
     MetricsExporter* metrics = d.metrics.get();
     auto http =
         HttpServer::Start(config.server.metrics_address,
@@ -239,6 +241,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
       << max_blocks << " blocks\n";
   out << pool_report.line << "\n";
+  out << DescribeMemory(d.engine->Stats().memory, d.backend->QueryDeviceMemory()) << "\n";
   for (const std::string& warning : pool_report.warnings) err << warning << "\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {

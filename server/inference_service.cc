@@ -307,6 +307,9 @@ grpc::Status InferenceService::GetCacheStats(grpc::ServerContext*, const v1::Get
   out->set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
   out->set_computed_prompt_tokens(static_cast<uint64_t>(s.computed_prompt_tokens));
   out->set_generated_tokens(static_cast<uint64_t>(s.generated_tokens));
+  out->set_weights_bytes(static_cast<uint64_t>(s.memory.weights_bytes));
+  out->set_activation_bytes(static_cast<uint64_t>(s.memory.activation_bytes));
+  out->set_workspace_bytes(static_cast<uint64_t>(s.memory.workspace_bytes));
   return grpc::Status::OK;
 }
 

@@ -16,12 +16,15 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
-MetricsExporter::MetricsExporter(MetricsInfo info, StatsSource source)
-    : info_(std::move(info)), source_(std::move(source)) {}
+MetricsExporter::MetricsExporter(MetricsInfo info, StatsSource source, DeviceMemorySource device)
+    : info_(std::move(info)), source_(std::move(source)), device_(std::move(device)) {}
 
-std::string MetricsExporter::Scrape() const { return Render(source_(), info_); }
+std::string MetricsExporter::Scrape() const {
+  return Render(source_(), info_, device_ ? device_() : std::nullopt);
+}
 
-std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& info) {
+std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& info,
+                                    const std::optional<Backend::DeviceMemory>& device) {
   const KvCacheStats& c = s.cache;
   PrometheusWriter w;
 
@@ -108,6 +111,26 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             "out): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, until a "
             "chunk is released (the daemon logs the error).",
             static_cast<double>(c.chunk_growth_failures));
+  // Where the backend's memory went.
+  const MemoryStats& m = s.memory;
+  w.Gauges("kvd_memory_bytes",
+           "Backend memory kvd holds (device memory on CUDA, host memory on the CPU), by what "
+           "holds it: weights; kv_pool, the KV arena's chunks (kvd_kv_pool_reserved_bytes); "
+           "activations, every other buffer (activations grown to the largest batch so far, "
+           "batch metadata, decode-graph and sampling buffers); workspace, the backend's own "
+           "(CUDA op scratch and cuBLAS workspace).",
+           {{{{"component", "weights"}}, static_cast<double>(m.weights_bytes)},
+            {{{"component", "kv_pool"}}, static_cast<double>(m.kv_pool_bytes)},
+            {{{"component", "activations"}}, static_cast<double>(m.activation_bytes)},
+            {{{"component", "workspace"}}, static_cast<double>(m.workspace_bytes)}});
+  if (device.has_value()) {
+    w.Gauges("kvd_device_memory_bytes",
+             "The GPU's memory as its driver reports it, every process's use included: total, "
+             "and free now (the part of total - free that kvd_memory_bytes does not count is "
+             "the CUDA context, cuBLAS, recorded graphs and other processes).",
+             {{{{"state", "total"}}, static_cast<double>(device->total_bytes)},
+              {{{"state", "free"}}, static_cast<double>(device->free_bytes)}});
+  }
   w.Gauge("kvd_kv_cache_sequences", "Sequences holding KV blocks.", c.num_sequences);
   w.Gauge("kvd_prefix_cache_keys", "Blocks registered in the prefix index.",
           static_cast<double>(c.num_prefix_keys));

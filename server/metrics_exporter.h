@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
+#include "kernels/backend.h"
 #include "scheduler/engine_stats.h"
 
 namespace kvd {
@@ -29,23 +31,27 @@ struct MetricsInfo {
 //   kvd_kv_cache_usage_ratio   (KV utilization, 0..1)
 // server/README.md lists every series.
 //
-// Thread safe when the stats source is (EngineLoop::Stats is). Does not own what the source
-// reads; it must outlive the exporter.
+// Thread safe when the sources are (EngineLoop::Stats and Backend::QueryDeviceMemory are).
+// Does not own what the sources read; it must outlive the exporter.
 class MetricsExporter {
  public:
   using StatsSource = std::function<EngineStats()>;
+  // The device's memory at each scrape; null, or nullopt from it, publishes no device series.
+  using DeviceMemorySource = std::function<std::optional<Backend::DeviceMemory>()>;
 
-  MetricsExporter(MetricsInfo info, StatsSource source);
+  MetricsExporter(MetricsInfo info, StatsSource source, DeviceMemorySource device = nullptr);
 
   // One scrape: takes a snapshot and renders it.
   std::string Scrape() const;
 
   // The rendering alone (what Scrape does with a snapshot).
-  static std::string Render(const EngineStats& stats, const MetricsInfo& info);
+  static std::string Render(const EngineStats& stats, const MetricsInfo& info,
+                            const std::optional<Backend::DeviceMemory>& device = std::nullopt);
 
  private:
   MetricsInfo info_;
   StatsSource source_;
+  DeviceMemorySource device_;
 };
 
 }  // namespace kvd

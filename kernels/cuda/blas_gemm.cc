@@ -12,8 +12,6 @@
 namespace kvd {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
 // Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic must not assume
 // more alignment than the pointers have.
 int Alignment(const void* ptr) {

@@ -85,6 +85,9 @@ class BlasGemm {
   BlasGemm(const BlasGemm&) = delete;
   BlasGemm& operator=(const BlasGemm&) = delete;
 
+  // The cuBLASLt workspace each BlasGemm allocates at Create and holds to its end.
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
   // Enqueues the product on the stream. REQUIRES: device pointers; in is [m][k] bf16,
   // weight [n][k] bf16, out [m][n] fp32; m >= 0, n > 0, k > 0.
   absl::Status Run(float* out, const void* in, const void* weight, int m, int n, int k,

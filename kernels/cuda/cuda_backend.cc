@@ -164,7 +164,34 @@ CudaBackend::CudaBackend(int device_index, int num_sms, cudaStream_t stream,
       num_sms_(num_sms),
       hopper_prefill_(cuda::HopperPrefillSupported()),
       stream_(stream),
-      gemm_(std::move(gemm)) {}
+      gemm_(std::move(gemm)) {
+  CountWorkspace();
+}
+
+void CudaBackend::CountWorkspace() {
+  const size_t scratch = matmul_input_.bytes + attention_.bytes + decode_arrivals_.bytes;
+  workspace_bytes_.store(static_cast<int64_t>(scratch + BlasGemm::kWorkspaceBytes),
+                         std::memory_order_relaxed);
+}
+
+void CudaBackend::FreeScratch(Scratch& scratch) {
+  cudaFree(scratch.data);
+  scratch = Scratch{};
+  CountWorkspace();
+}
+
+std::optional<Backend::DeviceMemory> CudaBackend::QueryDeviceMemory() const {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  if (cudaSetDevice(device_index_) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    // A lost context is reported by the engine's next op; leave no error for a launcher on
+    // this thread to take as its own (cuda_status.h).
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  return DeviceMemory{static_cast<int64_t>(total_bytes), static_cast<int64_t>(free_bytes)};
+}
 
 CudaBackend::~CudaBackend() {
   // Teardown cannot report errors; a fault already surfaced through an earlier call.
@@ -212,12 +239,14 @@ absl::Status CudaBackend::Grow(Scratch& scratch, size_t bytes, absl::string_view
   // cudaFree waits for the device, so kernels still reading the old buffer finish first.
   KVD_RETURN_IF_CUDA_ERROR(cudaFree(scratch.data), op);
   scratch = Scratch{};
+  CountWorkspace();
   // Powers of two: batches of nearby sizes (a decode graph's padded bucket and the same
   // step uncaptured) then share one buffer instead of moving it, and recorded graphs with it.
   size_t grown = size_t{1} << 20;
   while (grown < bytes) grown *= 2;
   KVD_RETURN_IF_CUDA_ERROR(cudaMalloc(&scratch.data, grown), op);
   scratch.bytes = grown;
+  CountWorkspace();
   return absl::OkStatus();
 }
 
@@ -570,8 +599,7 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
               cudaMemsetAsync(decode_arrivals_.data, 0, decode_arrivals_.bytes, stream_);
           err != cudaSuccess) {
         // Not zeroed: drop the buffer, so that the next call allocates and zeroes it anew.
-        cudaFree(decode_arrivals_.data);
-        decode_arrivals_ = Scratch{};
+        FreeScratch(decode_arrivals_);
         return CudaStatus(err, "PagedAttention: zero merge counters");
       }
     }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -127,6 +128,13 @@ class CudaBackend final : public Backend {
   absl::Status Synchronize() override;
   DType weight_dtype() const override { return DType::kBF16; }
   absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) override;
+  // The op scratch buffers plus cuBLASLt's workspace. Thread safe.
+  int64_t workspace_bytes() const override {
+    return workspace_bytes_.load(std::memory_order_relaxed);
+  }
+  // cudaMemGetInfo on this backend's device (the calling thread's current device becomes
+  // it). Thread safe.
+  std::optional<DeviceMemory> QueryDeviceMemory() const override;
 
   // REQUIRES for every op: the params' shapes are consistent and their pointers are device
   // memory of this backend. Unsupported dtypes or sizes return InvalidArgument or
@@ -211,6 +219,10 @@ class CudaBackend final : public Backend {
   // FailedPrecondition naming `op` while capturing (copies and waits cannot be recorded).
   absl::Status NotCapturing(absl::string_view op) const;
   absl::Status Grow(Scratch& scratch, size_t bytes, absl::string_view op);
+  // Drops a scratch buffer (cudaFree waits for the device).
+  void FreeScratch(Scratch& scratch);
+  // Sets workspace_bytes_ from the scratch buffers' sizes now.
+  void CountWorkspace();
   // Enqueues p's prologue into `out`, [m][k] bf16 (kNone: `in` converted).
   cudaError_t LaunchPrologue(const MatmulParams& p, void* out);
   // An event for OpTimer (reused from spare_events_), or null if none can be made.
@@ -238,6 +250,7 @@ class CudaBackend final : public Backend {
   std::vector<PendingTiming> pending_timings_;
   std::vector<cudaEvent_t> spare_events_;
   uint64_t scratch_epoch_ = 0;  // bumped by every Grow that reallocates
+  std::atomic<int64_t> workspace_bytes_{0};  // CountWorkspace
   // [lowest, highest) address of any buffer from Allocate, and the view encoded for it.
   uintptr_t allocated_lo_ = UINTPTR_MAX;
   uintptr_t allocated_hi_ = 0;

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import tempfile
 import time
 import unittest
@@ -88,6 +89,51 @@ class HealthAndReflectionTest(h.DaemonTestCase):
                        "kvd_kv_cache_usage_ratio", "kvd_generation_tokens_total"]:
             self.assertRegex(text, r"(?m)^# TYPE %s " % series)
         self.assertRegex(text, r'(?m)^kvd_cache_config_info\{.*block_size="16".*\} 1')
+
+
+def llama2c_parameter_bytes(path):
+    """fp32 bytes of a llama2.c checkpoint's parameters, from its header alone (version 0:
+    seven int32s; a negative vocab_size means a separate classifier)."""
+    with open(path, "rb") as f:
+        dim, hidden, layers, heads, kv_heads, vocab, _ = struct.unpack("<7i", f.read(28))
+    head_dim = dim // heads
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    per_layer = 2 * dim + dim * (q_dim + 2 * kv_dim) + q_dim * dim + 3 * hidden * dim
+    params = abs(vocab) * dim + layers * per_layer + dim
+    if vocab < 0:
+        params += abs(vocab) * dim
+    return 4 * params
+
+
+def memory_series(text):
+    """kvd_memory_bytes and kvd_device_memory_bytes samples: {(name, label value): value}."""
+    out = {}
+    for m in re.finditer(r'(?m)^(kvd_(?:device_)?memory_bytes)\{\w+="(\w+)"\} (\S+)$', text):
+        out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+
+
+class MemoryReportTest(h.DaemonTestCase):
+    """Where the memory went: the startup line and kvd_memory_bytes agree with the model's
+    parameters and the KV pool, and activations appear once a batch has run."""
+
+    def test_startup_line_and_metrics_say_where_the_memory_went(self):
+        weights = llama2c_parameter_bytes(h.Paths.model())
+        line = self.daemon.process.wait_for_line(r"^kvd: memory: (.*)$", h.STARTUP_TIMEOUT_S)
+        # stories260K: 260,032 fp32 parameters; the default 1 GiB pool, rounded up to chunks.
+        self.assertEqual(weights, 260032 * 4)
+        self.assertRegex(line.group(1),
+                         r"^weights 1015\.8 KiB, KV pool 1\.01 GiB, activations and other buffers ")
+        self.daemon.generate(h.greedy_request(h.load_golden()[0], max_tokens=8))
+        text = self.daemon.metrics_text()
+        got = memory_series(text)
+        reserved = float(re.search(r"(?m)^kvd_kv_pool_reserved_bytes (\S+)$", text).group(1))
+        self.assertEqual(got[("kvd_memory_bytes", "weights")], weights)
+        self.assertEqual(got[("kvd_memory_bytes", "kv_pool")], reserved)
+        self.assertGreater(got[("kvd_memory_bytes", "activations")], 0)
+        self.assertEqual(got[("kvd_memory_bytes", "workspace")], 0)  # the CPU backend keeps none
+        # No GPU, no device series (rather than zeros).
+        self.assertNotIn(("kvd_device_memory_bytes", "total"), got)
 
 
 def prometheus_query(base_url, query):

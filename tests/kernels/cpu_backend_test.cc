@@ -46,6 +46,27 @@ TEST(CpuBackendTest, AllocatesAlignedWritableMemoryOfEverySize) {
   EXPECT_EQ(empty->bytes(), 0u);
 }
 
+TEST(CpuBackendTest, CountsTheBytesOfItsLiveBuffers) {
+  CpuBackend backend(1);
+  EXPECT_EQ(backend.allocated_bytes(), 0);
+  absl::StatusOr<DeviceBuffer> a = backend.Allocate(1000);
+  absl::StatusOr<DeviceBuffer> b = backend.Allocate(size_t{3} << 20);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(backend.allocated_bytes(), 1000 + (int64_t{3} << 20));
+  // A move hands the count on with the memory; only a free takes it out.
+  DeviceBuffer moved = *std::move(b);
+  EXPECT_EQ(backend.allocated_bytes(), 1000 + (int64_t{3} << 20));
+  moved = *std::move(a);  // frees the 3 MiB buffer
+  EXPECT_EQ(backend.allocated_bytes(), 1000);
+  absl::StatusOr<DeviceBuffer> empty = backend.Allocate(0);
+  EXPECT_EQ(backend.allocated_bytes(), 1000);
+  moved.Reset();
+  EXPECT_EQ(backend.allocated_bytes(), 0);
+  // The CPU backend keeps no device memory of its own and has no device.
+  EXPECT_EQ(backend.workspace_bytes(), 0);
+  EXPECT_FALSE(backend.QueryDeviceMemory().has_value());
+}
+
 // Resident set size of this process, from /proc/self/statm (Linux).
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");

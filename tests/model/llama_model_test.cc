@@ -216,6 +216,28 @@ TEST(LlamaModelTest, RejectsBadBatches) {
 // are what Sampler::Sample picks from Forward's logits (same sampler state), for greedy and
 // for filtered, seeded sampling rows in one batch. A row count that does not match the
 // batch's logit rows is refused.
+TEST(LlamaModelTest, WeightBytesAreItsParametersInTheBackendsDtype) {
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const int64_t parameters = weights->spec.NumParameters();
+  CpuBackend backend(1);
+  auto model = LlamaModel::Create(*std::move(weights), &backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->weight_bytes(), parameters * 4);  // fp32 on the CPU
+  // Before the first batch the weights are all the model holds; activations come with it.
+  EXPECT_EQ(backend.allocated_bytes(), (*model)->weight_bytes());
+  TestArena arena(&backend, (*model)->spec(), 16, 8, 1);
+  const int64_t with_arena = backend.allocated_bytes();
+  std::vector<int32_t> blocks;
+  arena.Cover(&blocks, 5);
+  ForwardBatch batch;
+  batch.AddSequence(std::vector<int32_t>{1, 2, 3, 4, 5}, 0, blocks, 16, /*want_logits=*/true);
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->Forward(batch, arena.views(), &logits).ok());
+  EXPECT_GT(backend.allocated_bytes(), with_arena);
+  EXPECT_EQ((*model)->weight_bytes(), parameters * 4);
+}
+
 TEST(LlamaModelTest, ForwardAndSampleEqualsHostSampling) {
   auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
   ASSERT_TRUE(weights.ok()) << weights.status();

@@ -166,6 +166,31 @@ TEST_F(EngineLoopTest, PreemptionUnderATinyPoolChangesNoOutput) {
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 
+TEST_F(EngineLoopTest, MemoryStatsAccountForEveryBackendByte) {
+  MakeCache(32, 3);
+  MakeEngine({.max_batch_size = 12, .max_num_batched_tokens = 256});
+  // weights + kv_pool + activations is what the backend holds, as of each step's end.
+  const auto expect_accounted = [this](const EngineStats& st) {
+    EXPECT_EQ(st.memory.weights_bytes, model_->weight_bytes());
+    EXPECT_EQ(st.memory.kv_pool_bytes, st.cache.total_bytes);
+    EXPECT_EQ(st.memory.weights_bytes + st.memory.kv_pool_bytes + st.memory.activation_bytes,
+              backend_.allocated_bytes());
+    EXPECT_EQ(st.memory.workspace_bytes, 0);  // the CPU backend keeps none
+  };
+  const EngineStats before = engine_->Stats();
+  expect_accounted(before);
+  EXPECT_EQ(before.memory.weights_bytes, spec_.NumParameters() * 4);
+  EXPECT_EQ(before.memory.kv_pool_bytes, before.cache.block_bytes * 32);  // one chunk
+  for (size_t i = 0; i < golden_.size(); ++i) Submit(Greedy(i));
+  engine_->RunUntilIdle();
+  const EngineStats after = engine_->Stats();
+  expect_accounted(after);
+  EXPECT_GT(after.cache.num_chunks, 1);  // the pool grew, and kv_pool with it
+  // Activations grew to the largest batch (256 tokens of activations at least).
+  EXPECT_GT(after.memory.activation_bytes,
+            before.memory.activation_bytes + int64_t{256} * spec_.dim * 4);
+}
+
 TEST_F(EngineLoopTest, ReserveMaxNeverPreempts) {
   MakeCache(32, 3);
   MakeEngine({.max_batch_size = 12, .admission = AdmissionMode::kReserveMax});

@@ -382,6 +382,10 @@ TEST_F(InferenceServiceTest, UnaryMethods) {
   EXPECT_GT(stats.total_blocks(), 0u);
   EXPECT_EQ(stats.free_blocks() + stats.used_blocks() + stats.cached_blocks(),
             stats.total_blocks());
+  // Where the memory is: the model's fp32 parameters, and the buffers beside the KV pool.
+  EXPECT_EQ(stats.weights_bytes(), static_cast<uint64_t>(spec_.NumParameters()) * 4);
+  EXPECT_GT(stats.activation_bytes(), 0u);  // the arena's chunk table at least
+  EXPECT_EQ(stats.workspace_bytes(), 0u);   // the CPU backend keeps none
 
   grpc::ClientContext c3;
   v1::CloseSessionRequest close;

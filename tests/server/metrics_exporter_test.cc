@@ -384,6 +384,8 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
   c.defrag_pauses.bucket_counts.back() = 55;
   c.defrag_pauses.total = absl::Seconds(56);
   c.defrag_pauses.max = absl::Seconds(57);
+  s.memory = {
+      .weights_bytes = 65, .kv_pool_bytes = 66, .activation_bytes = 67, .workspace_bytes = 68};
 
   // name{label="value",...} -> value
   const std::map<std::string, double> want = {
@@ -447,8 +449,14 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"kvd_defrag_pause_seconds_count", 55},
       {"kvd_defrag_pause_seconds_sum", 56},
       {"kvd_defrag_pause_max_seconds", 57},
+      {"kvd_memory_bytes{component=\"weights\"}", 65},
+      {"kvd_memory_bytes{component=\"kv_pool\"}", 66},
+      {"kvd_memory_bytes{component=\"activations\"}", 67},
+      {"kvd_memory_bytes{component=\"workspace\"}", 68},
+      {"kvd_device_memory_bytes{state=\"total\"}", 69},
+      {"kvd_device_memory_bytes{state=\"free\"}", 70},
   };
-  const Scrape scrape = Parse(MetricsExporter::Render(s, Info()));
+  const Scrape scrape = Parse(MetricsExporter::Render(s, Info(), Backend::DeviceMemory{69, 70}));
   ASSERT_THAT(scrape.errors, ::testing::IsEmpty());
   std::map<std::string, double> got;
   for (const Sample& sample : scrape.samples) {
@@ -464,6 +472,33 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
     EXPECT_TRUE(got.emplace(key, sample.value).second) << "twice: " << key;
   }
   EXPECT_EQ(got, want);
+}
+
+// A backend with no device of its own (the CPU), or a driver that cannot say, publishes no
+// device series rather than zeros; the memory kvd holds is published either way.
+TEST(MetricsExporterTest, DeviceMemoryIsPublishedOnlyWhereTheBackendKnowsIt) {
+  const Scrape without = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  ASSERT_THAT(without.errors, ::testing::IsEmpty());
+  EXPECT_TRUE(without.Find("kvd_device_memory_bytes").empty());
+  EXPECT_EQ(without.Find("kvd_memory_bytes").size(), 4u);
+
+  int scrapes = 0;
+  MetricsExporter exporter(
+      Info(), [] { return BusyStats(); },
+      [&scrapes]() -> std::optional<Backend::DeviceMemory> {
+        // Asked at every scrape: free memory changes between them.
+        return Backend::DeviceMemory{80, 10 + scrapes++};
+      });
+  for (int i = 0; i < 2; ++i) {
+    const Scrape with = Parse(exporter.Scrape());
+    ASSERT_THAT(with.errors, ::testing::IsEmpty());
+    const std::vector<Sample> device = with.Find("kvd_device_memory_bytes");
+    ASSERT_EQ(device.size(), 2u);
+    EXPECT_EQ(device[0].labels.at("state"), "total");
+    EXPECT_EQ(device[0].value, 80);
+    EXPECT_EQ(device[1].labels.at("state"), "free");
+    EXPECT_EQ(device[1].value, 10 + i);
+  }
 }
 
 // What the config sets, the scrape says: the defragmentation pause's budget in its HELP (it
