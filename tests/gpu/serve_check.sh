@@ -4,9 +4,9 @@
 # replayed as CUDA graphs) on free ports, sends 16 concurrent greedy requests of 64 tokens
 # with `kvd client --prompt-token-ids` (a synthetic model has no tokenizer), checks that
 # every one finishes with finish_reason=length and 64 tokens, that a text prompt is refused
-# naming the field, scrapes /metrics, then SIGTERMs the daemon and checks it drains and
-# exits 0. Prints one PASS/FAIL line per check and a summary; exit status 0 only when all
-# passed. Bounded to about two minutes.
+# naming the field, scrapes /metrics (tokens, and where the memory went), then SIGTERMs the
+# daemon and checks it drains and exits 0. Prints one PASS/FAIL line per check and a summary;
+# exit status 0 only when all passed. Bounded to about two minutes.
 #
 #   serve_check.sh KVD_BINARY OUT_DIR
 set -uo pipefail
@@ -136,6 +136,27 @@ if grep -q '^kvd_model_info' "$dir/metrics.txt" && [[ -n "$generated" ]] &&
   pass "metrics: kvd_generation_tokens $generated (>= 1024)"
 else
   fail "metrics: scrape of http://$metrics/metrics lacks kvd_model_info or 1024 generated tokens"
+fi
+
+# Where the memory went: llama3-8b's 8,030,261,248 parameters in bf16, the KV pool's chunks,
+# and the GPU's own total and free memory, which must have room for what kvd says it holds.
+series() { awk -v k="$1" '$1 == k { print $2 }' "$dir/metrics.txt" | head -n 1; }
+weights="$(series 'kvd_memory_bytes{component="weights"}')"
+kv_pool="$(series 'kvd_memory_bytes{component="kv_pool"}')"
+reserved="$(series kvd_kv_pool_reserved_bytes)"
+activations="$(series 'kvd_memory_bytes{component="activations"}')"
+workspace="$(series 'kvd_memory_bytes{component="workspace"}')"
+total="$(series 'kvd_device_memory_bytes{state="total"}')"
+free="$(series 'kvd_device_memory_bytes{state="free"}')"
+grep '^kvd: memory:' "$daemon_log" | sed 's/^/serve_check: /'
+if [[ -n "$weights$total" ]] &&
+  awk -v w="$weights" -v k="$kv_pool" -v r="$reserved" -v a="$activations" -v s="$workspace" \
+    -v t="$total" -v f="$free" \
+    'BEGIN { exit !(w == 16060522496 && k == r && a > 0 && s >= 33554432 && t > 0 &&
+                    f > 0 && w + k + a + s + f <= t) }'; then
+  pass "memory: weights $weights, kv_pool $kv_pool, activations $activations, workspace $workspace; device free $free of $total"
+else
+  fail "memory: weights '$weights' (want 16060522496), kv_pool '$kv_pool' (reserved '$reserved'), activations '$activations', workspace '$workspace', device total '$total' free '$free'"
 fi
 
 kill -TERM "$pid"
