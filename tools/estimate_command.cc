@@ -27,7 +27,9 @@ FlagSet MakeFlags() {
       "(the daemon's kvd_kv_pool_max_bytes). Beside it, the d_model formula\n"
       "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.\n"
       "The default, bf16, is what the CUDA backend stores; the CPU backend stores KV as f32\n"
-      "(twice the bytes): pass --kv-dtype f32 for CPU deployments.");
+      "(twice the bytes): pass --kv-dtype f32 for CPU deployments. Also the weights' bytes\n"
+      "(bf16 on CUDA, f32 on the CPU): with the pool, most of what the daemon holds (its\n"
+      "kvd_memory_bytes; activations and workspace come on top, growing with the batch).");
   f.AddString("model", "llama2.c checkpoint (only its header is read) or synthetic:<preset> "
                        "(tiny, llama2-7b, llama3-8b)");
   constexpr IntRange kPositive{1, std::numeric_limits<int64_t>::max()};
@@ -120,11 +122,14 @@ absl::Status Run(const FlagSet& flags, const FlagValues& values, const ModelSpec
   req.budget_bytes = values.budget_bytes;
   auto est = MemoryEstimator::Estimate(req);
   if (!est.ok()) return est.status();
+  const int64_t parameters = spec.NumParameters();
   if (!flags.GetBool("json")) {
     out << "model " << spec.name << ": " << spec.num_layers << " layers, d_model " << spec.dim
         << ", " << spec.num_heads << " query heads, " << spec.num_kv_heads << " KV heads x "
         << spec.head_dim << "\n"
-        << MemoryEstimator::Format(req, *est);
+        << MemoryEstimator::Format(req, *est) << "weights: " << parameters << " parameters, "
+        << parameters * 2 << " bytes in bf16 (the CUDA backend), " << parameters * 4
+        << " in f32 (the CPU backend)\n";
     return absl::OkStatus();
   }
   nlohmann::json j;
@@ -146,6 +151,9 @@ absl::Status Run(const FlagSet& flags, const FlagValues& values, const ModelSpec
   j["seed_formula_bytes_per_token"] = est->seed_bytes_per_token;
   j["seed_formula_batch_bytes"] = est->seed_batch_bytes;
   j["seed_formula_over_exact"] = est->seed_over_exact;
+  j["num_parameters"] = parameters;
+  j["weights_bytes_bf16"] = parameters * 2;
+  j["weights_bytes_f32"] = parameters * 4;
   if (req.budget_bytes > 0) {
     j["budget_bytes"] = req.budget_bytes;
     j["pool_chunk_bytes"] = est->pool_chunk_bytes;

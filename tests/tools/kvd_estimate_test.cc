@@ -37,6 +37,10 @@ TEST(KvdEstimateTest, Llama3GqaNeedsAQuarterOfTheSeedFormula) {
   EXPECT_EQ(j["batch_bytes"], 64LL * 4096 * 131072);
   // 80 GB / (256 blocks x 2 MiB) = 149 whole sequences.
   EXPECT_EQ(j["sequences_in_budget"], 149);
+  // The weights beside the pool: what kvd_memory_bytes{component="weights"} reads on CUDA.
+  EXPECT_EQ(j["num_parameters"], 8030261248LL);
+  EXPECT_EQ(j["weights_bytes_bf16"], 2 * 8030261248LL);
+  EXPECT_EQ(j["weights_bytes_f32"], 4 * 8030261248LL);
 }
 
 // deploy/kvd.yaml's pool on the CPU: serve has 51 chunks of 512 20 KiB blocks (10 MiB) of
@@ -74,6 +78,8 @@ TEST(KvdEstimateTest, TableAndErrors) {
                        "/models/stories260K.bin --batch 2 --seq-len 512 --kv-dtype f32");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("per token           1280 bytes"));
+  EXPECT_THAT(r.out, HasSubstr("weights: 260032 parameters, 520064 bytes in bf16 (the CUDA "
+                               "backend), 1040128 in f32 (the CPU backend)\n"));
   // A bad flag value is a usage error (2); a model that is not there is a runtime one (1).
   r = RunKvd("estimate --model synthetic:llama3-8b --batch 1 --seq-len 10 --kv-dtype int3");
   EXPECT_EQ(r.exit_code, 2) << r.out;
