@@ -20,11 +20,14 @@ MetricsExporter::MetricsExporter(MetricsInfo info, StatsSource source, DeviceMem
     : info_(std::move(info)), source_(std::move(source)), device_(std::move(device)) {}
 
 std::string MetricsExporter::Scrape() const {
-  return Render(source_(), info_, device_ ? device_() : std::nullopt);
+  ScrapeFacts facts;
+  if (device_) facts.device = device_();
+  facts.process = ReadProcessStats();
+  return Render(source_(), info_, facts);
 }
 
 std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& info,
-                                    const std::optional<Backend::DeviceMemory>& device) {
+                                    const ScrapeFacts& facts) {
   const KvCacheStats& c = s.cache;
   PrometheusWriter w;
 
@@ -123,7 +126,7 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             {{{"component", "kv_pool"}}, static_cast<double>(m.kv_pool_bytes)},
             {{{"component", "activations"}}, static_cast<double>(m.activation_bytes)},
             {{{"component", "workspace"}}, static_cast<double>(m.workspace_bytes)}});
-  if (device.has_value()) {
+  if (const std::optional<Backend::DeviceMemory>& device = facts.device; device.has_value()) {
     w.Gauges("kvd_device_memory_bytes",
              "The GPU's memory as its driver reports it, every process's use included: total, "
              "and free now (the part of total - free that kvd_memory_bytes does not count is "
@@ -192,6 +195,29 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
                     s.inter_token_latency);
   w.HistogramFamily("kvd_request_latency_seconds", "Submit to final event (end to end).",
                     s.end_to_end_latency);
+
+  // The process, as Prometheus client libraries' standard collector names it.
+  if (const std::optional<ProcessStats>& p = facts.process; p.has_value()) {
+    w.Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.",
+              p->cpu_seconds);
+    w.Gauge("process_resident_memory_bytes",
+            "Resident memory size in bytes (on the CPU backend the KV pool's committed pages "
+            "are part of it).",
+            static_cast<double>(p->resident_bytes));
+    w.Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+            static_cast<double>(p->virtual_bytes));
+    w.Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+            p->start_time_seconds);
+    w.Gauge("process_open_fds", "Number of open file descriptors.",
+            static_cast<double>(p->open_fds));
+    if (p->max_fds > 0) {
+      w.Gauge("process_max_fds", "Maximum number of open file descriptors.",
+              static_cast<double>(p->max_fds));
+    }
+    w.Gauge("kvd_process_threads",
+            "OS threads of the daemon (the gRPC server holds one for each open stream).",
+            static_cast<double>(p->threads));
+  }
   return w.text();
 }
 

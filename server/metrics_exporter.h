@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "scheduler/engine_stats.h"
+#include "server/process_stats.h"
 
 namespace kvd {
 
@@ -23,8 +24,16 @@ struct MetricsInfo {
   absl::Duration defrag_max_pause = absl::Milliseconds(2);  // kv_cache_config.defrag.max_pause
 };
 
+// What a scrape reads besides the engine's snapshot; each absent one publishes no series.
+struct ScrapeFacts {
+  std::optional<Backend::DeviceMemory> device;  // kvd_device_memory_bytes (CUDA)
+  std::optional<ProcessStats> process;          // process_* and kvd_process_threads
+};
+
 // Publishes EngineStats as Prometheus metrics (text format 0.0.4, see PrometheusWriter).
-// Every series is named `kvd_*` and says its unit. The series the Kubernetes Gateway API
+// Every series is named `kvd_*` and says its unit, but for the standard process collector's
+// (process_cpu_seconds_total, process_resident_memory_bytes, ...), named as every Prometheus
+// client library names them. The series the Kubernetes Gateway API
 // Inference Extension's model-server protocol reads are:
 //   kvd_num_requests_waiting   (queued requests)
 //   kvd_num_requests_running   (running requests)
@@ -41,12 +50,13 @@ class MetricsExporter {
 
   MetricsExporter(MetricsInfo info, StatsSource source, DeviceMemorySource device = nullptr);
 
-  // One scrape: takes a snapshot and renders it.
+  // One scrape: takes a snapshot, the device's memory and this process's figures
+  // (ReadProcessStats), and renders them.
   std::string Scrape() const;
 
-  // The rendering alone (what Scrape does with a snapshot).
+  // The rendering alone (what Scrape does with what it read).
   static std::string Render(const EngineStats& stats, const MetricsInfo& info,
-                            const std::optional<Backend::DeviceMemory>& device = std::nullopt);
+                            const ScrapeFacts& facts = {});
 
  private:
   MetricsInfo info_;

@@ -135,6 +135,26 @@ class MemoryReportTest(h.DaemonTestCase):
         # No GPU, no device series (rather than zeros).
         self.assertNotIn(("kvd_device_memory_bytes", "total"), got)
 
+    def test_process_series_are_the_standard_collectors(self):
+        text = self.daemon.metrics_text()
+
+        def value(name):
+            m = re.search(r"(?m)^%s (\S+)$" % name, text)
+            self.assertIsNotNone(m, "no %s in the scrape" % name)
+            return float(m.group(1))
+
+        self.assertRegex(text, r"(?m)^# TYPE process_cpu_seconds_total counter$")
+        # At least the weights are resident; the pool is reserved but committed lazily.
+        self.assertGreater(value("process_resident_memory_bytes"),
+                           llama2c_parameter_bytes(h.Paths.model()))
+        self.assertGreaterEqual(value("process_virtual_memory_bytes"),
+                                value("kvd_kv_pool_reserved_bytes"))
+        started = value("process_start_time_seconds")
+        self.assertLessEqual(started, time.time() + 1)
+        self.assertGreater(started, time.time() - 3600)
+        self.assertGreaterEqual(value("process_open_fds"), 3)
+        self.assertGreaterEqual(value("kvd_process_threads"), 3)  # main, engine, gRPC at least
+
 
 def prometheus_query(base_url, query):
     url = "%s/api/v1/query?%s" % (base_url, urllib.parse.urlencode({"query": query}))

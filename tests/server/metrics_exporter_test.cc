@@ -233,13 +233,34 @@ TEST(ExpositionReaderTest, AcceptsEscapesAndNamesEachMistake) {
   EXPECT_THAT(first_error(head + "kvd_x_total  1\n"), HasSubstr("malformed"));
 }
 
+// Everything a scrape may read: a device's memory, and this process's figures.
+ScrapeFacts AllFacts() {
+  return {.device = Backend::DeviceMemory{80, 30},
+          .process = ProcessStats{.cpu_seconds = 1.5,
+                                  .resident_bytes = 2,
+                                  .virtual_bytes = 3,
+                                  .start_time_seconds = 4,
+                                  .threads = 5,
+                                  .open_fds = 6,
+                                  .max_fds = 7}};
+}
+
+// The standard process collector's families keep the names every client library gives them,
+// so that dashboards made for them work; every other family is kvd's.
 TEST(MetricsExporterTest, OutputIsWellFormedExposition) {
-  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), AllFacts()));
   EXPECT_THAT(scrape.errors, ::testing::IsEmpty());
   CheckHistograms(scrape);
+  const std::set<std::string> standard = {"process_cpu_seconds_total",
+                                          "process_resident_memory_bytes",
+                                          "process_virtual_memory_bytes",
+                                          "process_start_time_seconds",
+                                          "process_open_fds",
+                                          "process_max_fds"};
   for (const auto& [family, type] : scrape.type) {
-    EXPECT_EQ(family.rfind("kvd_", 0), 0u) << family;
+    EXPECT_TRUE(family.rfind("kvd_", 0) == 0 || standard.count(family)) << family;
   }
+  for (const std::string& family : standard) EXPECT_TRUE(scrape.type.count(family)) << family;
 }
 
 TEST(MetricsExporterTest, DefaultStatsAreWellFormedToo) {
@@ -455,8 +476,24 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"kvd_memory_bytes{component=\"workspace\"}", 68},
       {"kvd_device_memory_bytes{state=\"total\"}", 69},
       {"kvd_device_memory_bytes{state=\"free\"}", 70},
+      {"process_cpu_seconds_total", 71},
+      {"process_resident_memory_bytes", 72},
+      {"process_virtual_memory_bytes", 73},
+      {"process_start_time_seconds", 74},
+      {"kvd_process_threads", 75},
+      {"process_open_fds", 76},
+      {"process_max_fds", 77},
   };
-  const Scrape scrape = Parse(MetricsExporter::Render(s, Info(), Backend::DeviceMemory{69, 70}));
+  const Scrape scrape =
+      Parse(MetricsExporter::Render(s, Info(),
+                                    {.device = Backend::DeviceMemory{69, 70},
+                                     .process = ProcessStats{.cpu_seconds = 71,
+                                                             .resident_bytes = 72,
+                                                             .virtual_bytes = 73,
+                                                             .start_time_seconds = 74,
+                                                             .threads = 75,
+                                                             .open_fds = 76,
+                                                             .max_fds = 77}}));
   ASSERT_THAT(scrape.errors, ::testing::IsEmpty());
   std::map<std::string, double> got;
   for (const Sample& sample : scrape.samples) {
@@ -481,6 +518,7 @@ TEST(MetricsExporterTest, DeviceMemoryIsPublishedOnlyWhereTheBackendKnowsIt) {
   ASSERT_THAT(without.errors, ::testing::IsEmpty());
   EXPECT_TRUE(without.Find("kvd_device_memory_bytes").empty());
   EXPECT_EQ(without.Find("kvd_memory_bytes").size(), 4u);
+  EXPECT_TRUE(without.Find("process_resident_memory_bytes").empty());
 
   int scrapes = 0;
   MetricsExporter exporter(
@@ -568,7 +606,7 @@ TEST(MetricsExporterTest, ReadmeListsEveryFamily) {
   std::ostringstream readme;
   readme << file.rdbuf();
   ASSERT_FALSE(readme.str().empty());
-  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info()));
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), AllFacts()));
   for (const auto& [family, type] : scrape.type) {
     const bool listed = readme.str().find("`" + family + "`") != std::string::npos ||
                         readme.str().find("`" + family + "{") != std::string::npos;
