@@ -56,15 +56,17 @@ class Backend {
 
   virtual std::string_view name() const = 0;
 
-  // --- memory accounting; these three are thread safe (a metrics scrape calls them) ---
-  // Bytes held in live DeviceBuffers of this backend: weights, KV arena chunks, activations.
+  // --- memory accounting: thread safe, unlike the rest (the engine reads the first two at
+  // each step's end, a metrics scrape calls QueryDeviceMemory) ---
+  // Bytes held in live DeviceBuffers this backend made: weights, KV arena chunks, activations.
   int64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_relaxed); }
   // Bytes the backend holds for itself, outside any DeviceBuffer (the CUDA backend's op
-  // scratch and cuBLAS workspace; the CPU backend's host scratch is not counted).
+  // scratch and cuBLASLt workspace; the CPU backend's host scratch is not counted).
   virtual int64_t workspace_bytes() const { return 0; }
   // The whole device's memory as its driver reports it (every process's use included), where
   // the backend runs on a device with memory of its own; nullopt on the CPU, or when the
-  // driver cannot say (the error is not kept).
+  // driver cannot say (the error is not kept). Leaves the calling thread's current device as
+  // it was.
   struct DeviceMemory {
     int64_t total_bytes = 0;
     int64_t free_bytes = 0;

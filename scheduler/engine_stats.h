@@ -25,8 +25,9 @@ struct Histogram {
 };
 
 // The model backend's memory by what holds it, in bytes, as of the engine's last step.
-// weights + kv_pool + activations = Backend::allocated_bytes(); workspace is the backend's
-// own, beside them. What the backend's device holds besides (a CUDA context, cuBLAS's
+// weights + kv_pool + activations = Backend::allocated_bytes() where the model's and the
+// arena's buffers are that backend's own (the daemon's and the tools' setups); workspace is
+// the backend's own, beside them. What the backend's device holds besides (a CUDA context, cuBLAS's
 // handles, recorded graphs, other processes) is not here: Backend::QueryDeviceMemory.
 struct MemoryStats {
   int64_t weights_bytes = 0;  // LlamaModel::weight_bytes()
@@ -34,7 +35,7 @@ struct MemoryStats {
   // backend; 0 otherwise.
   int64_t kv_pool_bytes = 0;
   // Every other buffer: activations (grown to the largest batch so far), batch metadata,
-  // decode-graph buffers, sampling buffers, the arena's chunk table.
+  // decode-graph buffers, sampling buffers, the arena's chunk table and block-copy list.
   int64_t activation_bytes = 0;
   int64_t workspace_bytes = 0;  // Backend::workspace_bytes()
 };

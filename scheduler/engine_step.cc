@@ -429,7 +429,11 @@ MemoryStats EngineLoop::Impl::MemoryNow() const {
   m.weights_bytes = model_->weight_bytes();
   const KvArena* arena = cache_->arena();
   if (arena != nullptr && arena->backend() == backend) m.kv_pool_bytes = arena->bytes();
-  m.activation_bytes = backend->allocated_bytes() - m.weights_bytes - m.kv_pool_bytes;
+  // The remainder is kvd's other buffers where the model's and the arena's come from `backend`
+  // itself, as with the daemon's; a wrapper handing out another backend's buffers (a test's
+  // failing backend) counts none of them, and this stays 0 rather than going negative.
+  m.activation_bytes =
+      std::max<int64_t>(0, backend->allocated_bytes() - m.weights_bytes - m.kv_pool_bytes);
   m.workspace_bytes = backend->workspace_bytes();
   return m;
 }

@@ -18,6 +18,7 @@
 #include "config/config_enums.h"
 #include "kernels/status_macros.h"
 #include "model/model_loader.h"
+#include "server/memory_report.h"
 #include "server/pool_report.h"
 #include "server/request_validator.h"
 #include "server/serve_options.h"

@@ -120,17 +120,19 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
            "Backend memory kvd holds (device memory on CUDA, host memory on the CPU), by what "
            "holds it: weights; kv_pool, the KV arena's chunks (kvd_kv_pool_reserved_bytes); "
            "activations, every other buffer (activations grown to the largest batch so far, "
-           "batch metadata, decode-graph and sampling buffers); workspace, the backend's own "
-           "(CUDA op scratch and cuBLAS workspace).",
+           "batch metadata, decode-graph and sampling buffers, the KV arena's chunk table and "
+           "block-copy list); workspace, the backend's own (CUDA op scratch and cuBLASLt "
+           "workspace). As of the engine's last step.",
            {{{{"component", "weights"}}, static_cast<double>(m.weights_bytes)},
             {{{"component", "kv_pool"}}, static_cast<double>(m.kv_pool_bytes)},
             {{{"component", "activations"}}, static_cast<double>(m.activation_bytes)},
             {{{"component", "workspace"}}, static_cast<double>(m.workspace_bytes)}});
   if (const std::optional<Backend::DeviceMemory>& device = facts.device; device.has_value()) {
     w.Gauges("kvd_device_memory_bytes",
-             "The GPU's memory as its driver reports it, every process's use included: total, "
-             "and free now (the part of total - free that kvd_memory_bytes does not count is "
-             "the CUDA context, cuBLAS, recorded graphs and other processes).",
+             "The GPU's memory as its driver reports it at the scrape, every process's use "
+             "included: total, and free (the part of total - free that kvd_memory_bytes does "
+             "not count is the CUDA context, cuBLAS's handles, recorded graphs and other "
+             "processes, give or take what changed since the engine's last step).",
              {{{{"state", "total"}}, static_cast<double>(device->total_bytes)},
               {{{"state", "free"}}, static_cast<double>(device->free_bytes)}});
   }

@@ -7,8 +7,6 @@
 #include <vector>
 
 #include "cache/kv_cache_options.h"
-#include "kernels/backend.h"
-#include "scheduler/engine_stats.h"
 
 namespace kvd {
 
@@ -26,13 +24,6 @@ struct PoolReport {
 // the pool lives in host memory (the CPU backend) and the host says what is available.
 PoolReport DescribePool(const KvPoolGeometry& geometry, int64_t block_bytes, int32_t block_size,
                         int32_t context_tokens, std::optional<int64_t> host_bytes_available);
-
-// "kvd: memory: weights ..., KV pool ..., activations and other buffers ..., backend
-// workspace ...", then the device's free and total memory where it is known (no newline): the
-// startup line beside DescribePool's, from the figures kvd_memory_bytes and
-// kvd_device_memory_bytes publish.
-std::string DescribeMemory(const MemoryStats& memory,
-                           const std::optional<Backend::DeviceMemory>& device);
 
 // Bytes for people: "512 B", "20.0 KiB", "10.0 MiB", "8.00 GiB".
 std::string HumanBytes(int64_t bytes);

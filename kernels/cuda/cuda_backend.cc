@@ -181,10 +181,14 @@ void CudaBackend::FreeScratch(Scratch& scratch) {
 }
 
 std::optional<Backend::DeviceMemory> CudaBackend::QueryDeviceMemory() const {
+  int caller_device = -1;
   size_t free_bytes = 0;
   size_t total_bytes = 0;
-  if (cudaSetDevice(device_index_) != cudaSuccess ||
-      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+  const bool ok = cudaGetDevice(&caller_device) == cudaSuccess &&
+                  cudaSetDevice(device_index_) == cudaSuccess &&
+                  cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  if (caller_device >= 0 && caller_device != device_index_) cudaSetDevice(caller_device);
+  if (!ok) {
     // A lost context is reported by the engine's next op; leave no error for a launcher on
     // this thread to take as its own (cuda_status.h).
     (void)cudaGetLastError();

@@ -128,12 +128,13 @@ class CudaBackend final : public Backend {
   absl::Status Synchronize() override;
   DType weight_dtype() const override { return DType::kBF16; }
   absl::StatusOr<DeviceBuffer> UploadWeights(const float* host, size_t count) override;
-  // The op scratch buffers plus cuBLASLt's workspace. Thread safe.
+  // The op scratch buffers plus cuBLASLt's workspace (not the cuBLAS handle's own, which
+  // the fallback GEMM uses). Thread safe.
   int64_t workspace_bytes() const override {
     return workspace_bytes_.load(std::memory_order_relaxed);
   }
-  // cudaMemGetInfo on this backend's device (the calling thread's current device becomes
-  // it). Thread safe.
+  // cudaMemGetInfo on this backend's device. Thread safe; never call it on the engine thread
+  // while it captures a graph (cudaSetDevice is not allowed there).
   std::optional<DeviceMemory> QueryDeviceMemory() const override;
 
   // REQUIRES for every op: the params' shapes are consistent and their pointers are device

@@ -72,9 +72,6 @@ TEST_F(MemoryAccountingTest, DeviceMemoryIsTheDriversFromAnyThread) {
   ASSERT_TRUE(from_thread.has_value());
   EXPECT_EQ(from_thread->total_bytes, now->total_bytes);
   EXPECT_LE(from_thread->free_bytes, now->free_bytes - (int64_t{1} << 30) + (int64_t{64} << 20));
-  // The backend's own ops still run on their device after the query from another thread.
-  DeviceBuffer small = Upload(gpu(), RandomFloats(16, 3));
-  EXPECT_TRUE(gpu().Synchronize().ok());
 }
 
 }  // namespace

@@ -149,10 +149,12 @@ workspace="$(series 'kvd_memory_bytes{component="workspace"}')"
 total="$(series 'kvd_device_memory_bytes{state="total"}')"
 free="$(series 'kvd_device_memory_bytes{state="free"}')"
 grep '^kvd: memory:' "$daemon_log" | sed 's/^/serve_check: /'
-if [[ -n "$weights$total" ]] &&
+# After serving, the workspace is cuBLASLt's 32 MiB plus op scratch (1 MiB at least a buffer).
+if [[ -n "$weights" && -n "$kv_pool" && -n "$reserved" && -n "$activations" && -n "$workspace" &&
+  -n "$total" && -n "$free" ]] &&
   awk -v w="$weights" -v k="$kv_pool" -v r="$reserved" -v a="$activations" -v s="$workspace" \
     -v t="$total" -v f="$free" \
-    'BEGIN { exit !(w == 16060522496 && k == r && a > 0 && s >= 33554432 && t > 0 &&
+    'BEGIN { exit !(w == 16060522496 && k == r && k > 0 && a > 0 && s >= 34603008 && t > 0 &&
                     f > 0 && w + k + a + s + f <= t) }'; then
   pass "memory: weights $weights, kv_pool $kv_pool, activations $activations, workspace $workspace; device free $free of $total"
 else

@@ -115,22 +115,31 @@ def memory_series(text):
 
 class MemoryReportTest(h.DaemonTestCase):
     """Where the memory went: the startup line and kvd_memory_bytes agree with the model's
-    parameters and the KV pool, and activations appear once a batch has run."""
+    parameters and the KV pool, and activations grow once a batch has run; the standard
+    process series are there."""
 
     def test_startup_line_and_metrics_say_where_the_memory_went(self):
         weights = llama2c_parameter_bytes(h.Paths.model())
         line = self.daemon.process.wait_for_line(r"^kvd: memory: (.*)$", h.STARTUP_TIMEOUT_S)
         # stories260K: 260,032 fp32 parameters; the default 1 GiB pool, rounded up to chunks.
         self.assertEqual(weights, 260032 * 4)
-        self.assertRegex(line.group(1),
-                         r"^weights 1015\.8 KiB, KV pool 1\.01 GiB, activations and other buffers ")
-        self.daemon.generate(h.greedy_request(h.load_golden()[0], max_tokens=8))
+        m = re.match(r"^weights 1015\.8 KiB, KV pool 1\.01 GiB, activations and other buffers "
+                     r"([0-9.]+) (B|KiB) \(", line.group(1))
+        self.assertIsNotNone(m, line.group(1))
+        # Before any batch: the arena's chunk table (819 pointers) and little else.
+        at_startup = float(m.group(1)) * (1024 if m.group(2) == "KiB" else 1)
+        self.assertLess(at_startup, 8 * 1024)
+        case = h.load_golden()[0]
+        self.daemon.generate(h.greedy_request(case, max_tokens=8))
         text = self.daemon.metrics_text()
         got = memory_series(text)
         reserved = float(re.search(r"(?m)^kvd_kv_pool_reserved_bytes (\S+)$", text).group(1))
         self.assertEqual(got[("kvd_memory_bytes", "weights")], weights)
         self.assertEqual(got[("kvd_memory_bytes", "kv_pool")], reserved)
-        self.assertGreater(got[("kvd_memory_bytes", "activations")], 0)
+        # The batch's activations on top: per prompt token at least its residual row, fused
+        # Q/K/V row and gate/up row in fp32 (64 + 128 + 2 x 172 floats).
+        self.assertGreater(got[("kvd_memory_bytes", "activations")],
+                           at_startup + len(case["prompt_tokens"]) * (64 + 128 + 344) * 4)
         self.assertEqual(got[("kvd_memory_bytes", "workspace")], 0)  # the CPU backend keeps none
         # No GPU, no device series (rather than zeros).
         self.assertNotIn(("kvd_device_memory_bytes", "total"), got)

@@ -212,11 +212,9 @@ TEST(LlamaModelTest, RejectsBadBatches) {
                         "model has 4 KV heads and head_dim 8"));
 }
 
-// ForwardAndSample samples each logit row on the backend with its own options: the tokens
-// are what Sampler::Sample picks from Forward's logits (same sampler state), for greedy and
-// for filtered, seeded sampling rows in one batch. A row count that does not match the
-// batch's logit rows is refused.
-TEST(LlamaModelTest, WeightBytesAreItsParametersInTheBackendsDtype) {
+// What the model holds in backend memory (kvd_memory_bytes' weights): on the CPU backend its
+// parameters in fp32 (the CUDA backend's bf16 is checked through the daemon, serve_check.sh).
+TEST(LlamaModelTest, WeightBytesAreItsFp32ParametersOnTheCpu) {
   auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
   ASSERT_TRUE(weights.ok()) << weights.status();
   const int64_t parameters = weights->spec.NumParameters();
@@ -238,6 +236,10 @@ TEST(LlamaModelTest, WeightBytesAreItsParametersInTheBackendsDtype) {
   EXPECT_EQ((*model)->weight_bytes(), parameters * 4);
 }
 
+// ForwardAndSample samples each logit row on the backend with its own options: the tokens
+// are what Sampler::Sample picks from Forward's logits (same sampler state), for greedy and
+// for filtered, seeded sampling rows in one batch. A row count that does not match the
+// batch's logit rows is refused.
 TEST(LlamaModelTest, ForwardAndSampleEqualsHostSampling) {
   auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
   ASSERT_TRUE(weights.ok()) << weights.status();

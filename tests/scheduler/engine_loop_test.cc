@@ -176,6 +176,7 @@ TEST_F(EngineLoopTest, MemoryStatsAccountForEveryBackendByte) {
     EXPECT_EQ(st.memory.weights_bytes + st.memory.kv_pool_bytes + st.memory.activation_bytes,
               backend_.allocated_bytes());
     EXPECT_EQ(st.memory.workspace_bytes, 0);  // the CPU backend keeps none
+    EXPECT_GE(st.memory.activation_bytes, 0);
   };
   const EngineStats before = engine_->Stats();
   expect_accounted(before);
@@ -189,6 +190,24 @@ TEST_F(EngineLoopTest, MemoryStatsAccountForEveryBackendByte) {
   // Activations grew to the largest batch (256 tokens of activations at least).
   EXPECT_GT(after.memory.activation_bytes,
             before.memory.activation_bytes + int64_t{256} * spec_.dim * 4);
+
+  // Each part is what its owner gives back: the engine holds nothing; the cache its chunks
+  // (kv_pool), the arena's chunk table (3 pointers) and its block-copy list at the size it
+  // starts with (nothing was copied); the model its weights and its activations. Then nothing
+  // is left.
+  const int64_t arena_lists =
+      3 * static_cast<int64_t>(sizeof(void*)) +
+      2 * static_cast<int64_t>(sizeof(int32_t)) * KvArena::kInitialCopyPairs;
+  const int64_t held = backend_.allocated_bytes();
+  engine_.reset();
+  EXPECT_EQ(backend_.allocated_bytes(), held);
+  cache_.reset();
+  const int64_t cache_freed = held - backend_.allocated_bytes();
+  EXPECT_EQ(cache_freed, after.memory.kv_pool_bytes + arena_lists);
+  const int64_t model_held = backend_.allocated_bytes();
+  model_.reset();
+  EXPECT_EQ(backend_.allocated_bytes(), 0);
+  EXPECT_EQ(model_held, after.memory.weights_bytes + after.memory.activation_bytes - arena_lists);
 }
 
 TEST_F(EngineLoopTest, ReserveMaxNeverPreempts) {

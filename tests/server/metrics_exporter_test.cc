@@ -527,6 +527,14 @@ TEST(MetricsExporterTest, DeviceMemoryIsPublishedOnlyWhereTheBackendKnowsIt) {
         // Asked at every scrape: free memory changes between them.
         return Backend::DeviceMemory{80, 10 + scrapes++};
       });
+  // A driver that cannot say (a lost context): nothing, rather than zeros.
+  MetricsExporter unknown(
+      Info(), [] { return BusyStats(); },
+      []() -> std::optional<Backend::DeviceMemory> { return std::nullopt; });
+  const Scrape unknown_scrape = Parse(unknown.Scrape());
+  ASSERT_THAT(unknown_scrape.errors, ::testing::IsEmpty());
+  EXPECT_TRUE(unknown_scrape.Find("kvd_device_memory_bytes").empty());
+
   for (int i = 0; i < 2; ++i) {
     const Scrape with = Parse(exporter.Scrape());
     ASSERT_THAT(with.errors, ::testing::IsEmpty());

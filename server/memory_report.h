@@ -1,0 +1,21 @@
+#ifndef KVD_SERVER_MEMORY_REPORT_H_
+#define KVD_SERVER_MEMORY_REPORT_H_
+
+#include <optional>
+#include <string>
+
+#include "kernels/backend.h"
+#include "scheduler/engine_stats.h"
+
+namespace kvd {
+
+// What `kvd serve` says at startup of where the backend's memory is, beside the KV pool's
+// line (pool_report.h): "kvd: memory: weights ..., KV pool ..., activations and other buffers
+// ..., backend workspace ...", then the device's free and total memory where it is known (no
+// newline). The figures are those kvd_memory_bytes and kvd_device_memory_bytes publish.
+std::string DescribeMemory(const MemoryStats& memory,
+                           const std::optional<Backend::DeviceMemory>& device);
+
+}  // namespace kvd
+
+#endif  // KVD_SERVER_MEMORY_REPORT_H_
