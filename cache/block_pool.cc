@@ -107,6 +107,7 @@ std::optional<BlockId> BlockPool::Allocate() {
   }
   if (!b.has_value()) return std::nullopt;
   refcount_[*b] = 1;
+  ++num_references_;
   ++used_in_chunk_[*b >> options_.chunk_shift];
   ++num_used_;
   return b;
@@ -121,13 +122,16 @@ void BlockPool::Acquire(BlockId b) {
     ++num_used_;
   }
   if (pins_[b] > 0 && pins_[b] == refcount_[b]) --num_only_pinned_;
-  ++refcount_[b];
+  if (++refcount_[b] == 2) ++num_shared_;
+  ++num_references_;
 }
 
 void BlockPool::Release(BlockId b) {
   KVD_CACHE_CHECK(IsPresent(b) && refcount_[b] > pins_[b],
                   "Release: block has no holder that is not a pin");
-  if (--refcount_[b] > 0) {
+  --num_references_;
+  if (refcount_[b]-- == 2) --num_shared_;
+  if (refcount_[b] > 0) {
     if (pins_[b] == refcount_[b]) ++num_only_pinned_;
     return;
   }
@@ -244,7 +248,8 @@ int64_t BlockPool::NumObtainable() const {
 }
 
 absl::Status BlockPool::CheckInvariants() const {
-  int32_t free = 0, used = 0, cached = 0, only_pinned = 0;
+  int32_t free = 0, used = 0, cached = 0, only_pinned = 0, shared = 0;
+  int64_t references = 0;
   for (int32_t c = 0; c < num_chunks_; ++c) {
     int32_t used_here = 0;
     int32_t free_here = 0;
@@ -255,6 +260,8 @@ absl::Status BlockPool::CheckInvariants() const {
             absl::StrCat("block ", b, " has ", pins_[b], " pins and refcount ", refcount_[b]));
       }
       only_pinned += pins_[b] > 0 && pins_[b] == refcount_[b] ? 1 : 0;
+      references += refcount_[b];
+      shared += refcount_[b] >= 2 ? 1 : 0;
       const bool in_free = free_links_.linked(b);
       const bool in_policy = policy_->Contains(b);
       if (refcount_[b] > 0) {
@@ -293,6 +300,11 @@ absl::Status BlockPool::CheckInvariants() const {
     return absl::InternalError(absl::StrFormat("counts: free %d/%d used %d/%d cached %d/%d", free,
                                                num_free_, used, num_used_, cached,
                                                policy_->size()));
+  }
+  if (references != num_references_ || shared != num_shared_) {
+    return absl::InternalError(
+        absl::StrFormat("holders: %d counted, %d kept; shared blocks: %d counted, %d kept",
+                        references, num_references_, shared, num_shared_));
   }
   if (only_pinned != num_only_pinned_) {
     return absl::InternalError(absl::StrFormat("blocks held by pins only: %d counted, %d kept",

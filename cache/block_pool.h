@@ -91,6 +91,11 @@ class BlockPool {
   int32_t PinCount(BlockId b) const { return pins_[b]; }
   // Used blocks whose every holder is a pin.
   int32_t num_only_pinned() const { return num_only_pinned_; }
+  // Holders of all blocks (the sum of refcounts): the blocks every block table and session
+  // chain names, so that num_references() - num_used() blocks are what sharing saves.
+  int64_t num_references() const { return num_references_; }
+  // Used blocks with two holders or more.
+  int32_t num_shared() const { return num_shared_; }
   bool IsCached(BlockId b) const { return cached_[b] != 0; }
   bool IsFree(BlockId b) const { return refcount_[b] == 0 && cached_[b] == 0; }
   bool IsPresent(BlockId b) const { return b >= 0 && b < num_blocks(); }
@@ -147,6 +152,8 @@ class BlockPool {
   int32_t num_free_ = 0;
   int32_t num_used_ = 0;
   int32_t num_only_pinned_ = 0;  // blocks with 0 < pins == refcount
+  int64_t num_references_ = 0;   // sum of refcount_
+  int32_t num_shared_ = 0;       // blocks with refcount >= 2
   int64_t num_evictions_ = 0;
   int64_t num_chunks_grown_ = 0;
   int64_t num_growth_failures_ = 0;

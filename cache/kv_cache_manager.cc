@@ -396,6 +396,8 @@ KvCacheStats KvCacheManager::stats() const {
   st.used_blocks = pool_->num_used();
   st.cached_blocks = pool_->num_cached();
   st.pinned_blocks = sessions_.num_pinned_blocks();
+  st.block_references = pool_->num_references();
+  st.shared_blocks = pool_->num_shared();
   st.total_bytes = st.total_blocks * st.block_bytes;
   st.used_bytes = st.used_blocks * st.block_bytes;
   st.cached_bytes = st.cached_blocks * st.block_bytes;

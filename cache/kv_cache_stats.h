@@ -25,6 +25,11 @@ struct KvCacheStats {
   int64_t used_blocks = 0;    // refcount > 0
   int64_t cached_blocks = 0;  // refcount 0 with a prefix key: evictable
   int64_t pinned_blocks = 0;  // held by detached sessions
+  // Blocks as their holders see them: every sequence's block table and session chain
+  // counted, so block_references - used_blocks blocks are what prefix sharing (and forks)
+  // save; shared_blocks of the used ones have two holders or more.
+  int64_t block_references = 0;
+  int64_t shared_blocks = 0;
   int64_t total_bytes = 0;    // arena bytes held now
   int64_t used_bytes = 0;
   int64_t cached_bytes = 0;

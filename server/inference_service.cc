@@ -310,6 +310,8 @@ grpc::Status InferenceService::GetCacheStats(grpc::ServerContext*, const v1::Get
   out->set_weights_bytes(static_cast<uint64_t>(s.memory.weights_bytes));
   out->set_activation_bytes(static_cast<uint64_t>(s.memory.activation_bytes));
   out->set_workspace_bytes(static_cast<uint64_t>(s.memory.workspace_bytes));
+  out->set_block_references(static_cast<uint64_t>(c.block_references));
+  out->set_shared_blocks(static_cast<uint64_t>(c.shared_blocks));
   return grpc::Status::OK;
 }
 

@@ -89,6 +89,13 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             {{{"state", "used"}}, static_cast<double>(c.used_blocks)},
             {{{"state", "cached"}}, static_cast<double>(c.cached_blocks)},
             {{{"state", "pinned"}}, static_cast<double>(c.pinned_blocks)}});
+  w.Gauge("kvd_kv_cache_block_references",
+          "KV blocks as their holders see them: every running sequence's block table and idle "
+          "session's chain counted; minus kvd_kv_cache_blocks{state=\"used\"}, the blocks "
+          "prefix sharing saves.",
+          static_cast<double>(c.block_references));
+  w.Gauge("kvd_kv_cache_shared_blocks", "Used KV blocks with two holders or more.",
+          static_cast<double>(c.shared_blocks));
   w.Gauge("kvd_kv_cache_allocated_blocks", "KV blocks in the chunks allocated now.",
           static_cast<double>(c.total_blocks));
   w.Gauge("kvd_kv_cache_capacity_blocks", "KV blocks the pool may grow to (max_size).",

@@ -137,6 +137,46 @@ TEST_F(BlockPoolTest, CountsTheBlocksThatOnlyPinsHold) {
   ExpectValid(*p);
 }
 
+// What sharing saves: every holder of every block is counted once (num_references), so that
+// the references beyond the used blocks are blocks that would otherwise be copies; a move
+// carries a shared block's holders along.
+TEST_F(BlockPoolTest, CountsHoldersAndSharedBlocks) {
+  auto p = Make(2, 2);
+  const BlockId a = *p->Allocate();
+  const BlockId b = *p->Allocate();
+  EXPECT_EQ(p->num_references(), 2);
+  EXPECT_EQ(p->num_shared(), 0);
+  p->Acquire(a);  // a second sequence shares a
+  p->Acquire(a);  // and a third
+  EXPECT_EQ(p->num_references(), 4);
+  EXPECT_EQ(p->num_shared(), 1);
+  p->Pin(a);  // a pin is one of the holders, not another
+  EXPECT_EQ(p->num_references(), 4);
+  p->MarkCached(b);
+  p->Acquire(b);
+  EXPECT_EQ(p->num_shared(), 2);
+  EXPECT_EQ(p->num_references() - p->num_used(), 3);  // three blocks not stored twice
+  ExpectValid(*p);
+  p->Move(a, 4);  // defragmentation: the holders go with it
+  EXPECT_EQ(p->num_references(), 5);
+  EXPECT_EQ(p->num_shared(), 2);
+  EXPECT_EQ(p->RefCount(4), 3);
+  ExpectValid(*p);
+  p->Release(4);
+  EXPECT_EQ(p->num_shared(), 2);  // still two holders
+  p->Release(4);
+  EXPECT_EQ(p->num_shared(), 1);  // the pin alone holds it now
+  p->Release(b);
+  p->Release(b);  // b: cached, evictable
+  EXPECT_EQ(p->num_shared(), 0);
+  EXPECT_EQ(p->num_references(), 1);
+  ExpectValid(*p);
+  p->Unpin(4);
+  p->Release(4);
+  EXPECT_EQ(p->num_references(), 0);
+  ExpectValid(*p);
+}
+
 TEST_F(BlockPoolTest, MoveCarriesPinsToTheDestination) {
   auto p = Make(2, 2);
   std::vector<BlockId> b;

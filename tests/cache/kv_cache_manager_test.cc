@@ -366,6 +366,10 @@ TEST_F(KvCacheManagerTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
   EXPECT_EQ(backend_.num_copied_blocks(), 1);
   EXPECT_EQ(m->stats().fork_copies, 1);
   EXPECT_EQ(CountBadKv(*m, 2), 0);  // the copy holds the parent's bytes
+  // Two tables of two blocks in three blocks: the full one is shared.
+  EXPECT_EQ(m->stats().used_blocks, 3);
+  EXPECT_EQ(m->stats().block_references, 4);
+  EXPECT_EQ(m->stats().shared_blocks, 1);
   // The two now diverge without disturbing each other.
   m->AppendTokens(1, {7});
   m->AppendTokens(2, {8});
@@ -376,6 +380,28 @@ TEST_F(KvCacheManagerTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
   ExpectValid(*m);
   m->Free(1);
   m->Free(2);
+  ExpectValid(*m);
+}
+
+// Prefix sharing as the stats report it: a second prompt that hits the first's two full
+// blocks holds them too, so three tables' worth of blocks (3 + 3) live in four.
+TEST_F(KvCacheManagerTest, StatsCountTheBlocksPrefixSharingSaves) {
+  auto m = Make(TinyOptions());
+  ASSERT_EQ(*m->AddSequence(1, Iota(9)), 0);
+  ASSERT_TRUE(Step(*m, 1, 9));
+  ASSERT_EQ(*m->AddSequence(2, Iota(9)), 8);
+  ASSERT_TRUE(Step(*m, 2, 1));
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.used_blocks, 4);
+  EXPECT_EQ(st.block_references, 6);
+  EXPECT_EQ(st.shared_blocks, 2);
+  ExpectValid(*m);
+  m->Free(1);  // its blocks stay with the second sequence, or cached
+  st = m->stats();
+  EXPECT_EQ(st.block_references, st.used_blocks);
+  EXPECT_EQ(st.shared_blocks, 0);
+  m->Free(2);
+  EXPECT_EQ(m->stats().block_references, 0);
   ExpectValid(*m);
 }
 
