@@ -1,5 +1,6 @@
 #include "server/client_command.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -32,11 +33,15 @@ FlagSet MakeFlags() {
       "           [--priority N] [--expected-output-tokens N] [--request-id ID]\n"
       "           [--ignore-eos] [--timeout SECONDS] [--usage]\n"
       "       kvd client --address HOST:PORT --close-session ID [--timeout SECONDS]\n"
+      "       kvd client --address HOST:PORT (--cache-stats | --model-info) [--timeout SECONDS]\n"
       "\n"
       "Streams a completion of TEXT (or of the token ids) from a running `kvd serve` to\n"
       "stdout; with --prompt-token-ids the generated token ids are printed, space-separated.\n"
       "--close-session releases a multi-turn session's pinned KV instead (NOT_FOUND, exit 1,\n"
-      "for a session the daemon does not hold).\n"
+      "for a session the daemon does not hold). --cache-stats and --model-info print the\n"
+      "daemon's GetCacheStats or GetModelInfo answer as one JSON object, every field present\n"
+      "and named as in kvd.proto (64-bit integers are strings, as proto3's JSON mapping\n"
+      "writes them).\n"
       "A number outside its flag's range (below) is a usage error, never wrapped or clamped;\n"
       "the server checks the sampling values and answers INVALID_ARGUMENT naming the field.");
   f.AddString("address", "the daemon's gRPC address", "127.0.0.1:50051");
@@ -53,6 +58,8 @@ FlagSet MakeFlags() {
   f.AddString("stop-token-ids", "comma-separated token ids that end generation (not printed)");
   f.AddString("session-id", "multi-turn session id");
   f.AddString("close-session", "release this session's pinned KV; no completion");
+  f.AddBool("cache-stats", "print the KV cache's and the engine's stats as JSON; no completion");
+  f.AddBool("model-info", "print the served model's description as JSON; no completion");
   f.AddInt("priority", "larger runs first and is preempted last", 0,
            IntRange{std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()});
   f.AddInt("expected-output-tokens", "your estimate of the output length, for admission; 0 = none",
@@ -131,22 +138,51 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   const std::optional<double> timeout = FloatInRange(
       flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
   if (!timeout) return 2;
-  if (flags.Has("close-session")) {
-    if (flags.Has("prompt") || flags.Has("prompt-token-ids")) {
-      err << "kvd client: --close-session takes no prompt; give --prompt (or --prompt-token-ids) "
-             "or --close-session\n\n"
-          << flags.Usage();
-      return 2;
-    }
+  // One thing a call: a completion, or one of the unary calls.
+  const bool prompt = flags.Has("prompt") || flags.Has("prompt-token-ids");
+  const int unary = int{flags.Has("close-session")} + int{flags.GetBool("cache-stats")} +
+                    int{flags.GetBool("model-info")};
+  if (unary > 1 || (unary == 1 && prompt)) {
+    err << "kvd client: give one of --prompt (or --prompt-token-ids), --close-session, "
+           "--cache-stats and --model-info\n\n"
+        << flags.Usage();
+    return 2;
+  }
+  if (unary == 1) {
     auto stub = v1::Inference::NewStub(
         grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     SetTimeout(context, *timeout);
-    v1::CloseSessionRequest request;
-    request.set_session_id(flags.GetString("close-session"));
-    v1::CloseSessionResponse response;
-    const grpc::Status status = stub->CloseSession(&context, request, &response);
-    return status.ok() ? 0 : CallFailed(status, err);
+    if (flags.Has("close-session")) {
+      v1::CloseSessionRequest request;
+      request.set_session_id(flags.GetString("close-session"));
+      v1::CloseSessionResponse response;
+      const grpc::Status status = stub->CloseSession(&context, request, &response);
+      return status.ok() ? 0 : CallFailed(status, err);
+    }
+    grpc::Status status;
+    std::unique_ptr<google::protobuf::Message> answer;
+    if (flags.GetBool("cache-stats")) {
+      auto stats = std::make_unique<v1::CacheStats>();
+      status = stub->GetCacheStats(&context, v1::GetCacheStatsRequest(), stats.get());
+      answer = std::move(stats);
+    } else {
+      auto info = std::make_unique<v1::ModelInfo>();
+      status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), info.get());
+      answer = std::move(info);
+    }
+    if (!status.ok()) return CallFailed(status, err);
+    google::protobuf::util::JsonPrintOptions options;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    std::string json;
+    if (const auto s = google::protobuf::util::MessageToJsonString(*answer, &json, options);
+        !s.ok()) {
+      err << "kvd client: cannot print the answer as JSON: " << s.ToString() << "\n";
+      return 1;
+    }
+    out << json << "\n";
+    return 0;
   }
   const bool token_ids = flags.Has("prompt-token-ids");
   if (token_ids == flags.Has("prompt")) {

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -73,6 +74,19 @@ class RecordingServer final : public v1::Inference::Service {
                           "no session \"" + request->session_id() + "\"");
     }
     chat_closed_ = true;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetCacheStats(grpc::ServerContext*, const v1::GetCacheStatsRequest*,
+                             v1::CacheStats* stats) override {
+    stats->set_block_size(16);
+    stats->set_used_blocks(7);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+                            v1::ModelInfo* info) override {
+    info->set_name("recorded");
+    info->set_vocab_size(512);
     return grpc::Status::OK;
   }
 
@@ -220,7 +234,34 @@ TEST(ClientCommandTest, CloseSessionReleasesASessionOnceThenNotFound) {
   EXPECT_EQ(r.err, "kvd client: NOT_FOUND: no session \"chat-1\"\n");
   r = Client({"--address", server.address(), "--close-session", "chat-1", "--prompt", "hi"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--close-session takes no prompt"));
+  EXPECT_THAT(r.err, HasSubstr("give one of --prompt (or --prompt-token-ids), --close-session, "
+                               "--cache-stats and --model-info"));
+}
+
+TEST(ClientCommandTest, CacheStatsAndModelInfoPrintTheAnswerAsJson) {
+  RecordingServer server;
+  ASSERT_TRUE(server.started());
+  Result r = Client({"--address", server.address(), "--cache-stats"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json stats = nlohmann::json::parse(r.out);
+  EXPECT_EQ(stats["block_size"], 16);
+  EXPECT_EQ(stats["used_blocks"], "7");    // uint64: a string in proto3's JSON mapping
+  EXPECT_EQ(stats["shared_blocks"], "0");  // every field, zeros too
+  EXPECT_EQ(r.err, "");
+  r = Client({"--address", server.address(), "--model-info"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json info = nlohmann::json::parse(r.out);
+  EXPECT_EQ(info["name"], "recorded");
+  EXPECT_EQ(info["vocab_size"], 512);
+  // One call at a time.
+  r = Client({"--address", server.address(), "--cache-stats", "--model-info"});
+  EXPECT_EQ(r.code, 2);
+  r = Client({"--address", server.address(), "--cache-stats", "--prompt", "hi"});
+  EXPECT_EQ(r.code, 2);
+  // A daemon that is not there: the call's error, exit 1.
+  r = Client({"--address", "127.0.0.1:1", "--cache-stats", "--timeout", "5"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kvd client: UNAVAILABLE"));
 }
 
 TEST(ClientCommandTest, MalformedStopTokenIdIsAUsageErrorNamingIt) {
