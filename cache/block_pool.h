@@ -92,7 +92,7 @@ class BlockPool {
   // Used blocks whose every holder is a pin.
   int32_t num_only_pinned() const { return num_only_pinned_; }
   // Holders of all blocks (the sum of refcounts): the blocks every block table and session
-  // chain names, so that num_references() - num_used() blocks are what sharing saves.
+  // chain names, so that num_references() - num_used() is the copies sharing avoids.
   int64_t num_references() const { return num_references_; }
   // Used blocks with two holders or more.
   int32_t num_shared() const { return num_shared_; }

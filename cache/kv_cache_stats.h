@@ -26,8 +26,9 @@ struct KvCacheStats {
   int64_t cached_blocks = 0;  // refcount 0 with a prefix key: evictable
   int64_t pinned_blocks = 0;  // held by detached sessions
   // Blocks as their holders see them: every sequence's block table and session chain
-  // counted, so block_references - used_blocks blocks are what prefix sharing (and forks)
-  // save; shared_blocks of the used ones have two holders or more.
+  // counted, so block_references - used_blocks is the copies sharing avoids (prefix hits,
+  // forks, and idle sessions' pins, which are released under pressure rather than copied);
+  // shared_blocks of the used ones have two holders or more.
   int64_t block_references = 0;
   int64_t shared_blocks = 0;
   int64_t total_bytes = 0;    // arena bytes held now

@@ -138,17 +138,29 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
   const std::optional<double> timeout = FloatInRange(
       flags, "timeout", 0, kMaxTimeoutSeconds, "0 .. 315360000 seconds (0 = no deadline)", err);
   if (!timeout) return 2;
-  // One thing a call: a completion, or one of the unary calls.
-  const bool prompt = flags.Has("prompt") || flags.Has("prompt-token-ids");
+  // One thing a call: a completion, or one of the unary calls, which take none of the
+  // completion's flags (they would be ignored, as if they applied).
+  constexpr char kOneCall[] =
+      "give one of --prompt (or --prompt-token-ids), --close-session, --cache-stats and "
+      "--model-info";
   const int unary = int{flags.Has("close-session")} + int{flags.GetBool("cache-stats")} +
                     int{flags.GetBool("model-info")};
-  if (unary > 1 || (unary == 1 && prompt)) {
-    err << "kvd client: give one of --prompt (or --prompt-token-ids), --close-session, "
-           "--cache-stats and --model-info\n\n"
-        << flags.Usage();
+  if (unary > 1) {
+    err << "kvd client: " << kOneCall << "\n\n" << flags.Usage();
     return 2;
   }
   if (unary == 1) {
+    for (const char* completion_flag :
+         {"prompt", "prompt-token-ids", "max-tokens", "temperature", "top-p", "top-k", "min-p",
+          "seed", "stop", "stop-token-ids", "session-id", "priority", "expected-output-tokens",
+          "request-id", "ignore-eos", "usage"}) {
+      if (flags.Has(completion_flag)) {
+        err << "kvd client: --" << completion_flag << " is a completion's flag; " << kOneCall
+            << "\n\n"
+            << flags.Usage();
+        return 2;
+      }
+    }
     auto stub = v1::Inference::NewStub(
         grpc::CreateChannel(flags.GetString("address"), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
@@ -173,7 +185,11 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
     }
     if (!status.ok()) return CallFailed(status, err);
     google::protobuf::util::JsonPrintOptions options;
+#if GOOGLE_PROTOBUF_VERSION >= 5026000  // protobuf 26 renamed the option
+    options.always_print_fields_with_no_presence = true;
+#else
     options.always_print_primitive_fields = true;
+#endif
     options.preserve_proto_field_names = true;
     std::string json;
     if (const auto s = google::protobuf::util::MessageToJsonString(*answer, &json, options);
@@ -185,9 +201,13 @@ int RunClientCommand(const std::vector<std::string>& args, std::ostream& out, st
     return 0;
   }
   const bool token_ids = flags.Has("prompt-token-ids");
-  if (token_ids == flags.Has("prompt")) {
+  if (token_ids && flags.Has("prompt")) {
     err << "kvd client: exactly one of --prompt and --prompt-token-ids is required\n\n"
         << flags.Usage();
+    return 2;
+  }
+  if (!token_ids && !flags.Has("prompt")) {
+    err << "kvd client: " << kOneCall << "\n\n" << flags.Usage();
     return 2;
   }
   v1::GenerateRequest request;

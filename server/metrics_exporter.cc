@@ -91,8 +91,10 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             {{{"state", "pinned"}}, static_cast<double>(c.pinned_blocks)}});
   w.Gauge("kvd_kv_cache_block_references",
           "KV blocks as their holders see them: every running sequence's block table and idle "
-          "session's chain counted; minus kvd_kv_cache_blocks{state=\"used\"}, the blocks "
-          "prefix sharing saves.",
+          "session's chain counted. Minus the used blocks (kvd_kv_cache_block_references - "
+          "ignoring(state) kvd_kv_cache_blocks{state=\"used\"}): the copies that sharing "
+          "avoids (prefix hits, and idle sessions' pins, which are released under pressure "
+          "rather than copied, so an upper bound on what running requests save).",
           static_cast<double>(c.block_references));
   w.Gauge("kvd_kv_cache_shared_blocks", "Used KV blocks with two holders or more.",
           static_cast<double>(c.shared_blocks));
@@ -217,8 +219,10 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             static_cast<double>(p->virtual_bytes));
     w.Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
             p->start_time_seconds);
-    w.Gauge("process_open_fds", "Number of open file descriptors.",
-            static_cast<double>(p->open_fds));
+    if (p->open_fds >= 0) {
+      w.Gauge("process_open_fds", "Number of open file descriptors.",
+              static_cast<double>(p->open_fds));
+    }
     if (p->max_fds > 0) {
       w.Gauge("process_max_fds", "Maximum number of open file descriptors.",
               static_cast<double>(p->max_fds));

@@ -79,11 +79,13 @@ std::optional<ProcessStats> ReadProcessStats() {
       ReadAll("/proc/self/stat"), sysconf(_SC_PAGESIZE), sysconf(_SC_CLK_TCK), *boot);
   if (!p.has_value()) return std::nullopt;
   std::error_code error;
+  int64_t fds = 0;
   for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
        it.increment(error)) {
-    ++p->open_fds;
+    ++fds;
   }
-  if (p->open_fds > 0) --p->open_fds;  // the descriptor that read the directory
+  // Less the descriptor that read the directory; a listing cut short says nothing.
+  if (!error && fds > 0) p->open_fds = fds - 1;
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
     p->max_fds = static_cast<int64_t>(limit.rlim_cur);

@@ -17,14 +17,14 @@ struct ProcessStats {
   int64_t virtual_bytes = 0;
   double start_time_seconds = 0;  // since the Unix epoch
   int64_t threads = 0;
-  int64_t open_fds = 0;
+  int64_t open_fds = -1;  // -1 when /proc/self/fd could not be read
   int64_t max_fds = 0;  // the soft RLIMIT_NOFILE; 0 when unlimited or unknown
 };
 
 // What /proc/self/stat says (`stat`, its whole text), with the page size, clock ticks a second
-// and the boot time (seconds since the epoch: /proc/stat's btime) it is read with; open_fds and
-// max_fds are left 0. nullopt when the text is not a stat line (no ")" after the command name,
-// fewer fields, or a field that is not a number).
+// and the boot time (seconds since the epoch: /proc/stat's btime) it is read with; open_fds
+// (-1) and max_fds (0) are left unknown. nullopt when the text is not a stat line (no ")" after the
+// command name, fewer fields, or a field that is not a number).
 std::optional<ProcessStats> ParseProcSelfStat(std::string_view stat, int64_t page_bytes,
                                               int64_t ticks_per_second, int64_t boot_time_seconds);
 

@@ -83,6 +83,30 @@ TEST_F(SessionTest, NextTurnOnlyPrefillsItsNewTokensIncludingThePartialBlock) {
 
 // A client's retry sends the same turn again, or a shorter one: the session's chain covers
 // the whole prompt, yet its last token is computed again so that the step has logits.
+// An idle session's pinned chain is a holder like any table: a request that hits its prefix
+// through the index holds the same blocks, and the stats count those as shared, until the
+// session lets go.
+TEST_F(SessionTest, ARequestHittingAnIdleSessionsPrefixSharesItsBlocks) {
+  auto m = Make();
+  Turn(*m, 1, Iota(9), 0, "chat", 0);  // pins 3 blocks (2 full, keyed; 1 partial)
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.pinned_blocks, 3);
+  EXPECT_EQ(st.block_references, 3);
+  EXPECT_EQ(st.shared_blocks, 0);
+  ASSERT_EQ(*m->AddSequence(2, Iota(9)), 8);  // no session: the index finds the 2 full blocks
+  ASSERT_TRUE(Step(*m, 2, 1));
+  st = m->stats();
+  EXPECT_EQ(st.used_blocks, 4);
+  EXPECT_EQ(st.block_references, 6);
+  EXPECT_EQ(st.shared_blocks, 2);
+  ASSERT_TRUE(m->CloseSession("chat").ok());
+  st = m->stats();
+  EXPECT_EQ(st.block_references, st.used_blocks);
+  EXPECT_EQ(st.shared_blocks, 0);
+  m->Free(2);
+  ExpectValid(*m);
+}
+
 TEST_F(SessionTest, AResentTurnStillComputesItsLastToken) {
   KvCacheOptions o = TinyOptions();
   o.enable_prefix_caching = false;  // the session's own blocks are all it can reuse

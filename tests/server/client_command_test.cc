@@ -253,11 +253,24 @@ TEST(ClientCommandTest, CacheStatsAndModelInfoPrintTheAnswerAsJson) {
   const nlohmann::json info = nlohmann::json::parse(r.out);
   EXPECT_EQ(info["name"], "recorded");
   EXPECT_EQ(info["vocab_size"], 512);
-  // One call at a time.
-  r = Client({"--address", server.address(), "--cache-stats", "--model-info"});
+  // One call at a time, and a unary call takes no completion flag (it would be ignored).
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--cache-stats", "--model-info"},
+        std::vector<std::string>{"--close-session", "chat-1", "--cache-stats"},
+        std::vector<std::string>{"--model-info", "--prompt-token-ids", "1,2"},
+        std::vector<std::string>{"--cache-stats", "--prompt", "hi"}}) {
+    std::vector<std::string> args = {"--address", server.address()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    r = Client(args);
+    EXPECT_EQ(r.code, 2) << extra[0] << " " << extra[1];
+    EXPECT_THAT(r.err, HasSubstr("give one of --prompt (or --prompt-token-ids)"));
+  }
+  r = Client({"--address", server.address(), "--cache-stats", "--session-id", "chat-1"});
   EXPECT_EQ(r.code, 2);
-  r = Client({"--address", server.address(), "--cache-stats", "--prompt", "hi"});
+  EXPECT_THAT(r.err, HasSubstr("--session-id is a completion's flag"));
+  r = Client({"--address", server.address(), "--close-session", "chat-1", "--usage"});
   EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--usage is a completion's flag"));
   // A daemon that is not there: the call's error, exit 1.
   r = Client({"--address", "127.0.0.1:1", "--cache-stats", "--timeout", "5"});
   EXPECT_EQ(r.code, 1);
@@ -278,13 +291,14 @@ TEST(ClientCommandTest, HelpListsTokenIdPrompts) {
 }
 
 TEST(ClientCommandTest, NeedsExactlyOnePromptForm) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{},
-        std::vector<std::string>{"--prompt", "hi", "--prompt-token-ids", "1,2"}}) {
-    const Result r = Client(args);
-    EXPECT_EQ(r.code, 2);
-    EXPECT_THAT(r.err, HasSubstr("exactly one of --prompt and --prompt-token-ids"));
-  }
+  Result r = Client({"--prompt", "hi", "--prompt-token-ids", "1,2"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("exactly one of --prompt and --prompt-token-ids"));
+  // Nothing to do at all: every call it could make is named.
+  r = Client({});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("give one of --prompt (or --prompt-token-ids), --close-session, "
+                               "--cache-stats and --model-info"));
 }
 
 TEST(ClientCommandTest, AnEmptyPromptIsAUsageError) {

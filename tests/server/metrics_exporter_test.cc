@@ -233,22 +233,28 @@ TEST(ExpositionReaderTest, AcceptsEscapesAndNamesEachMistake) {
   EXPECT_THAT(first_error(head + "kvd_x_total  1\n"), HasSubstr("malformed"));
 }
 
-// Everything a scrape may read: a device's memory, and this process's figures.
-ScrapeFacts AllFacts() {
-  return {.device = Backend::DeviceMemory{80, 30},
-          .process = ProcessStats{.cpu_seconds = 1.5,
-                                  .resident_bytes = 2,
-                                  .virtual_bytes = 3,
-                                  .start_time_seconds = 4,
-                                  .threads = 5,
-                                  .open_fds = 6,
-                                  .max_fds = 7}};
+// Everything a scrape may read, a device's memory and this process's figures, each field a
+// number of its own from `first` on: device total and free, then cpu_seconds, resident and
+// virtual bytes, start time, threads, open and most fds.
+ScrapeFacts NumberedFacts(int64_t first) {
+  int64_t n = first;
+  ScrapeFacts f;
+  f.device = Backend::DeviceMemory{n, n + 1};
+  n += 2;
+  f.process = ProcessStats{.cpu_seconds = static_cast<double>(n),
+                           .resident_bytes = n + 1,
+                           .virtual_bytes = n + 2,
+                           .start_time_seconds = static_cast<double>(n + 3),
+                           .threads = n + 4,
+                           .open_fds = n + 5,
+                           .max_fds = n + 6};
+  return f;
 }
 
 // The standard process collector's families keep the names every client library gives them,
 // so that dashboards made for them work; every other family is kvd's.
 TEST(MetricsExporterTest, OutputIsWellFormedExposition) {
-  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), AllFacts()));
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), NumberedFacts(1)));
   EXPECT_THAT(scrape.errors, ::testing::IsEmpty());
   CheckHistograms(scrape);
   const std::set<std::string> standard = {"process_cpu_seconds_total",
@@ -488,16 +494,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"process_open_fds", 76},
       {"process_max_fds", 77},
   };
-  const Scrape scrape =
-      Parse(MetricsExporter::Render(s, Info(),
-                                    {.device = Backend::DeviceMemory{69, 70},
-                                     .process = ProcessStats{.cpu_seconds = 71,
-                                                             .resident_bytes = 72,
-                                                             .virtual_bytes = 73,
-                                                             .start_time_seconds = 74,
-                                                             .threads = 75,
-                                                             .open_fds = 76,
-                                                             .max_fds = 77}}));
+  const Scrape scrape = Parse(MetricsExporter::Render(s, Info(), NumberedFacts(69)));
   ASSERT_THAT(scrape.errors, ::testing::IsEmpty());
   std::map<std::string, double> got;
   for (const Sample& sample : scrape.samples) {
@@ -523,6 +520,14 @@ TEST(MetricsExporterTest, DeviceMemoryIsPublishedOnlyWhereTheBackendKnowsIt) {
   EXPECT_TRUE(without.Find("kvd_device_memory_bytes").empty());
   EXPECT_EQ(without.Find("kvd_memory_bytes").size(), 4u);
   EXPECT_TRUE(without.Find("process_resident_memory_bytes").empty());
+  // An fd count or limit /proc could not give is left out, not published as 0.
+  ScrapeFacts unknown_fds = NumberedFacts(1);
+  unknown_fds.process->open_fds = -1;
+  unknown_fds.process->max_fds = 0;
+  const Scrape partial = Parse(MetricsExporter::Render(BusyStats(), Info(), unknown_fds));
+  EXPECT_TRUE(partial.Find("process_open_fds").empty());
+  EXPECT_TRUE(partial.Find("process_max_fds").empty());
+  EXPECT_EQ(partial.Find("process_resident_memory_bytes").size(), 1u);
 
   int scrapes = 0;
   MetricsExporter exporter(
@@ -618,7 +623,7 @@ TEST(MetricsExporterTest, ReadmeListsEveryFamily) {
   std::ostringstream readme;
   readme << file.rdbuf();
   ASSERT_FALSE(readme.str().empty());
-  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), AllFacts()));
+  const Scrape scrape = Parse(MetricsExporter::Render(BusyStats(), Info(), NumberedFacts(1)));
   for (const auto& [family, type] : scrape.type) {
     const bool listed = readme.str().find("`" + family + "`") != std::string::npos ||
                         readme.str().find("`" + family + "{") != std::string::npos;

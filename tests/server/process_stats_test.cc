@@ -32,7 +32,8 @@ TEST(ProcessStatsTest, ParsesTheFieldsAfterTheCommandName) {
   EXPECT_EQ(p->virtual_bytes, 123456789);
   EXPECT_DOUBLE_EQ(p->start_time_seconds, 1'700'000'500.0);  // boot + 50000 / 100
   EXPECT_EQ(p->threads, 7);
-  EXPECT_EQ(p->open_fds, 0);  // not in the stat line
+  EXPECT_EQ(p->open_fds, -1);  // not in the stat line: unknown
+  EXPECT_EQ(p->max_fds, 0);
 }
 
 TEST(ProcessStatsTest, RefusesWhatIsNotAStatLine) {
