@@ -398,6 +398,7 @@ KvCacheStats KvCacheManager::stats() const {
   st.pinned_blocks = sessions_.num_pinned_blocks();
   st.block_references = pool_->num_references();
   st.shared_blocks = pool_->num_shared();
+  st.obtainable_blocks = NumObtainableBlocks();
   st.total_bytes = st.total_blocks * st.block_bytes;
   st.used_bytes = st.used_blocks * st.block_bytes;
   st.cached_bytes = st.cached_blocks * st.block_bytes;

@@ -31,6 +31,9 @@ struct KvCacheStats {
   // shared_blocks of the used ones have two holders or more.
   int64_t block_references = 0;
   int64_t shared_blocks = 0;
+  // Blocks a sequence could get now (KvCacheManager::NumObtainableBlocks): free, evictable
+  // cached, room to grow, and those only idle sessions pin (released for room).
+  int64_t obtainable_blocks = 0;
   int64_t total_bytes = 0;    // arena bytes held now
   int64_t used_bytes = 0;
   int64_t cached_bytes = 0;

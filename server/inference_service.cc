@@ -312,6 +312,7 @@ grpc::Status InferenceService::GetCacheStats(grpc::ServerContext*, const v1::Get
   out->set_workspace_bytes(static_cast<uint64_t>(s.memory.workspace_bytes));
   out->set_block_references(static_cast<uint64_t>(c.block_references));
   out->set_shared_blocks(static_cast<uint64_t>(c.shared_blocks));
+  out->set_obtainable_blocks(static_cast<uint64_t>(c.obtainable_blocks));
   return grpc::Status::OK;
 }
 

@@ -80,7 +80,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Gauge("kvd_kv_cache_usage_ratio",
           "Fraction of the KV pool's capacity (blocks at max_size) referenced by sequences or "
           "sessions, 0..1 (where the arena failed to grow, kvd_kv_pool_growth_failures_total, "
-          "the pool is full below 1).",
+          "the pool is full below 1; idle sessions' pins count as used, though a request may "
+          "have them: kvd_kv_cache_obtainable_blocks).",
           usage);
   w.Gauges("kvd_kv_cache_blocks",
            "KV blocks by state: free + used + cached = allocated; pinned is the part of used "
@@ -96,6 +97,11 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
           "avoids (prefix hits, and idle sessions' pins, which are released under pressure "
           "rather than copied, so an upper bound on what running requests save).",
           static_cast<double>(c.block_references));
+  w.Gauge("kvd_kv_cache_obtainable_blocks",
+          "KV blocks a request could get now: free, cached and evictable, room for the arena "
+          "to grow, and those only idle sessions pin (released for room). The headroom "
+          "kvd_kv_cache_usage_ratio does not show, since it counts idle pins as used.",
+          static_cast<double>(c.obtainable_blocks));
   w.Gauge("kvd_kv_cache_shared_blocks", "Used KV blocks with two holders or more.",
           static_cast<double>(c.shared_blocks));
   w.Gauge("kvd_kv_cache_allocated_blocks", "KV blocks in the chunks allocated now.",

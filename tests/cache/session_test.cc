@@ -127,6 +127,24 @@ TEST_F(SessionTest, ADivergingTurnReusesTheCommonPrefixWithoutWritingSharedBlock
   EXPECT_EQ(m->ProbePrefix(Iota(11)), 8);  // the original blocks are intact and cached
 }
 
+// Idle pins count as used, yet a request may have them: the obtainable blocks say so, as the
+// usage ratio (used / capacity) cannot. A running sequence's blocks are not obtainable.
+TEST_F(SessionTest, IdlePinsAreUsedButObtainable) {
+  auto m = Make(TinyOptions());  // 16 blocks at most
+  Turn(*m, 1, Iota(9), 0, "chat", 0);
+  KvCacheStats st = m->stats();
+  EXPECT_EQ(st.used_blocks, 3);
+  EXPECT_EQ(st.pinned_blocks, 3);
+  EXPECT_EQ(st.obtainable_blocks, st.max_blocks);
+  ASSERT_EQ(*m->AddSequence(2, Iota(20, 500)), 0);
+  ASSERT_TRUE(Step(*m, 2, 20));  // 5 blocks held by a running sequence
+  st = m->stats();
+  EXPECT_EQ(st.obtainable_blocks, st.max_blocks - 5);
+  EXPECT_EQ(st.obtainable_blocks, m->NumObtainableBlocks());
+  m->Free(2);
+  ExpectValid(*m);
+}
+
 TEST_F(SessionTest, IdleSessionsReleaseTheirPinsLazilyAfterTheTimeout) {
   auto m = Make(TinyOptions());
   Turn(*m, 1, Iota(9), 0, "chat", 0);

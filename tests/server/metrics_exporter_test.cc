@@ -409,6 +409,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
   c.chunk_growth_failures = 64;
   c.block_references = 78;
   c.shared_blocks = 79;
+  c.obtainable_blocks = 80;
   c.defrag_pauses.num_pauses = 55;
   c.defrag_pauses.bucket_counts.back() = 55;
   c.defrag_pauses.total = absl::Seconds(56);
@@ -455,6 +456,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"kvd_kv_cache_allocated_blocks", 34},
       {"kvd_kv_cache_block_references", 78},
       {"kvd_kv_cache_shared_blocks", 79},
+      {"kvd_kv_cache_obtainable_blocks", 80},
       {"kvd_kv_cache_capacity_blocks", 400},
       {"kvd_kv_cache_block_bytes", 35},
       {"kvd_kv_pool_reserved_bytes", 36},
