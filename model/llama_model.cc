@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(ModelWeights weig
   KVD_RETURN_IF_ERROR(weights.spec.Validate());
   std::unique_ptr<LlamaModel> model(new LlamaModel(weights.spec, backend));
   KVD_RETURN_IF_ERROR(model->Upload(weights));
+  model->weight_bytes_ = model->SumWeightBytes();
   return model;
 }
 
@@ -89,6 +90,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateFromFactory(const 
     KVD_RETURN_IF_ERROR(build(base + 4, 2 * hidden * dim, spec.dim, &layer.w13));
     KVD_RETURN_IF_ERROR(build(base + 5, dim * hidden, spec.hidden_dim, &layer.w2));
   }
+  model->weight_bytes_ = model->SumWeightBytes();
   return model;
 }
 
@@ -150,7 +152,7 @@ absl::Status LlamaModel::Upload(ModelWeights& w) {
   return absl::OkStatus();
 }
 
-int64_t LlamaModel::weight_bytes() const {
+int64_t LlamaModel::SumWeightBytes() const {
   int64_t bytes = token_embedding_.bytes() + final_norm_.bytes() + classifier_.bytes();
   for (const Layer& l : layers_) {
     bytes += l.attn_norm.bytes() + l.wqkv.bytes() + l.wo.bytes() + l.ffn_norm.bytes() +

@@ -88,7 +88,7 @@ class LlamaModel {
   // Backend bytes the weights hold (part of backend()->allocated_bytes()): on the CPU
   // spec().NumParameters() fp32 values, on CUDA as many bf16 ones (a factory's buffers may be
   // larger).
-  int64_t weight_bytes() const;
+  int64_t weight_bytes() const { return weight_bytes_; }
   Backend* backend() const { return backend_; }
 
   // Runs the batch: writes every token's K/V into `layers` (one view per layer) and stores
@@ -158,6 +158,8 @@ class LlamaModel {
 
   LlamaModel(const ModelSpec& spec, Backend* backend) : spec_(spec), backend_(backend) {}
   absl::Status Upload(ModelWeights& weights);  // leaves the host tensors empty
+  // The weights' buffer bytes, summed once they are all made (weight_bytes_).
+  int64_t SumWeightBytes() const;
   absl::Status EnsureScratch(int32_t num_tokens, int32_t num_logit_rows);
   absl::Status UploadBatch(const ForwardBatch& batch);
   // Enqueues the whole forward pass of `b`; logits land in logits_.
@@ -171,6 +173,7 @@ class LlamaModel {
   DType weight_dtype_ = DType::kF32;
   DeviceBuffer token_embedding_, final_norm_, classifier_;
   std::vector<Layer> layers_;
+  int64_t weight_bytes_ = 0;  // fixed once the model is made
 
   // Scratch, sized for scratch_tokens_ rows.
   int32_t scratch_tokens_ = 0;
