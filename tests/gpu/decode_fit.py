@@ -5,16 +5,23 @@ Reads gpu_bench.json (one JSON object a line, written by `gpu_bench` or `gpu_ben
 and fits, by least squares over its decode attention shapes (rows "decode attention B x L"),
 each kind of row as a fixed time a call plus its bytes at a steady rate:
 
-  kvd per call; from a one-launch graph; 16 back to back in a graph (per launch);
-  a device copy of as many bytes, per call; a plain read of them, per call and from a graph.
+  kvd per call; on the device alone (GPU time); from a one-launch graph; 16 back to back in a
+  graph (per launch); a device copy of as many bytes, per call and on the device alone; a plain
+  read of them, per call, on the device alone and from a graph.
 
 The bytes of a row are its GB/s times its ms (kvd's: KV, Q and out; the references': what they
 move). It prints each kind's fixed microseconds, its rate in GB/s and as a ratio of the copy
 ceiling (row "copy d2d 2 GiB (ceiling)"), and its worst miss (the largest distance in
 microseconds between a shape's time and the line). Then, per shape, kvd's per-call ratio of
 copy as measured, as the fit puts it, with the read's fixed cost in place of kvd's (kvd's rate
-and no more overhead a call than a kernel that only reads), and the fixed cost a call may have
-for the shape to read 0.9 of copy at kvd's rate (negative: not even with none).
+and no more overhead a call than a kernel that only reads), the fixed cost a call may have for
+the shape to read 0.9 of copy at kvd's rate (negative: not even with none), and kvd's ratio of
+copy on the device alone, as measured, beside the plain read's ("-" where gpu_bench wrote no
+such row).
+
+"GPU time" rows time each call queued behind a hold that the host releases once the call is
+enqueued (gpu_bench's StreamHold), so that they leave out the host's share of a call; the
+per-call rows count it where it exceeds the device's start of the kernel.
 
 Usage: decode_fit.py GPU_BENCH_JSON. Exit status 1 when the file is missing or unreadable,
 has no copy ceiling, or fewer than two decode shapes per call; 2 on a usage error. A kind of
@@ -28,10 +35,13 @@ from compare_peers import load_bench  # beside this script, here and in a bundle
 # (label, row name suffix after "decode attention B x L").
 KINDS = [
     ("kvd per call", ""),
+    ("kvd, GPU time", " (GPU time)"),
     ("kvd, one-launch graph", " (graph)"),
     ("kvd, 16 back to back", " (graph of 16)"),
     ("copy of its bytes", " (copy of its bytes)"),
+    ("copy of its bytes, GPU time", " (copy of its bytes, GPU time)"),
     ("read of its bytes", " (read of its bytes)"),
+    ("read of its bytes, GPU time", " (read of its bytes, GPU time)"),
     ("read of its bytes, graph", " (read of its bytes, graph)"),
 ]
 TARGET = 0.9  # the issue's ratio of copy for decode batches of 8 or more
@@ -102,16 +112,22 @@ def main(argv):
     kvd_fixed, kvd_per_byte = lines[""]
     read = lines.get(" (read of its bytes)")
     print(f"kvd per call as a ratio of copy: measured, fitted, fitted with the read's fixed cost; "
-          f"the fixed us that reads {TARGET} at kvd's rate")
-    print(f"{'shape':<22}{'measured':>9}{'fitted':>9}{'at read':>9}{f'us for {TARGET}':>12}")
+          f"the fixed us that reads {TARGET} at kvd's rate; on the device alone, kvd and the read")
+    print(f"{'shape':<22}{'measured':>9}{'fitted':>9}{'at read':>9}{f'us for {TARGET}':>12}"
+          f"{'GPU time':>10}{'read GPU':>10}")
+    held = per_kind[" (GPU time)"]
+    read_held = per_kind[" (read of its bytes, GPU time)"]
     for (b, l), (x, y) in sorted(per_kind[""].items()):
         at_copy = x * 1e-3 / copy  # microseconds at the copy ceiling
         fitted = at_copy / (kvd_fixed + kvd_per_byte * x)
         read_text = (f"{at_copy / (read[0] + kvd_per_byte * x):>9.3f}" if read
                      else f"{'-':>9}")
         allowed = at_copy / TARGET - kvd_per_byte * x
+        held_text = "".join(
+            f"{pts[(b, l)][0] * 1e-3 / copy / pts[(b, l)][1]:>10.3f}" if (b, l) in pts
+            else f"{'-':>10}" for pts in (held, read_held))
         print(f"{f'decode {b} x {l}':<22}{at_copy / y:>9.3f}{fitted:>9.3f}{read_text}"
-              f"{allowed:>12.2f}")
+              f"{allowed:>12.2f}{held_text}")
     return 0
 
 

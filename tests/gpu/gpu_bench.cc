@@ -53,6 +53,7 @@
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemv_kernels.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "tests/gpu/stream_hold.h"
 #include "tests/gpu/stream_read.h"
 
 namespace kvd {
@@ -99,11 +100,14 @@ class EventTimer {
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
 
-  template <typename Fn>
-  double Ms(cudaStream_t stream, Fn&& fn) {
+  // `enqueued` runs after the second event is enqueued, before the wait for it.
+  template <typename Fn, typename Enqueued = void (*)()>
+  double Ms(
+      cudaStream_t stream, Fn&& fn, Enqueued&& enqueued = [] {}) {
     CudaCheck(cudaEventRecord(start_, stream), "cudaEventRecord");
     fn();
     CudaCheck(cudaEventRecord(stop_, stream), "cudaEventRecord");
+    enqueued();
     CudaCheck(cudaEventSynchronize(stop_), "cudaEventSynchronize");
     float ms = 0;
     CudaCheck(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
@@ -121,6 +125,7 @@ class Bench {
   // existing file alone). REQUIRES: timed_runs >= 1, trace_launches >= 0.
   Bench(CudaBackend& gpu, int timed_runs, int trace_launches, bool json = true)
       : gpu_(gpu), timed_runs_(timed_runs), trace_launches_(trace_launches) {
+    CudaCheck(hold_.Init(), "stream hold");
     const char* out = std::getenv("OUT");
     if (json && out != nullptr) {
       json_ = std::fopen((std::string(out) + "/gpu_bench.json").c_str(), "w");
@@ -139,6 +144,29 @@ class Bench {
     EventTimer timer;
     std::vector<double> times;
     for (int i = 0; i < timed_runs_; ++i) times.push_back(timer.Ms(gpu_.stream(), fn));
+    BENCH_CHECK(gpu_.Synchronize());
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+  // As TimeMs, but each timed run enqueued behind a StreamHold and its events timing the
+  // device alone: from the device's start of the work to its end, without the host's
+  // enqueueing of it (stream_hold.h). -1 (with a note) when a hold timed out.
+  template <typename Fn>
+  double TimeHeldMs(Fn&& fn) {
+    for (int i = 0; i < 3; ++i) fn();
+    BENCH_CHECK(gpu_.Synchronize());
+    EventTimer timer;
+    std::vector<double> times;
+    for (int i = 0; i < timed_runs_; ++i) {
+      CudaCheck(hold_.Hold(gpu_.stream(), kHoldTimeoutMs), "stream hold");
+      times.push_back(timer.Ms(gpu_.stream(), fn, [&] { hold_.Release(); }));
+      if (hold_.TimedOut()) {
+        std::printf("  (stream hold timed out: the host took over %.0f ms to enqueue a call)\n",
+                    kHoldTimeoutMs);
+        return -1;
+      }
+    }
     BENCH_CHECK(gpu_.Synchronize());
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
@@ -164,7 +192,10 @@ class Bench {
   int trace_launches() const { return trace_launches_; }
 
  private:
+  static constexpr double kHoldTimeoutMs = 200;
+
   CudaBackend& gpu_;
+  StreamHold hold_;
   FILE* json_ = nullptr;
   const int timed_runs_;  // 20, or KVD_BENCH_RUNS: e.g. long enough to sample clocks and power
   const int trace_launches_;  // 0, or KVD_DECODE_TRACE: traced launches a decode shape
@@ -415,13 +446,14 @@ int RotationSets(double bytes) {
 }
 
 // The copy reference: a device copy moving `bytes` (half read, half written), timed per call,
-// in row `name` against the 2 GiB copy; consecutive calls copy the next of `copies` slices
+// in row `name` against the 2 GiB copy, and on the device alone (Bench::TimeHeldMs) in row
+// `held_name`; consecutive calls copy the next of `copies` slices
 // (RotationSets, as the attention rows rotate KV). A reference, not a bound: its host path
 // is lighter than an op's, and a kernel that mostly reads can pass it (the largest decode
 // shapes do). The buffers come from cudaMalloc, not the backend, so that its KV view stays
 // as the attention rows had it.
-void CopyReference(Bench& bench, size_t bytes, const std::string& name, double copy_gbps,
-                   int copies) {
+void CopyReference(Bench& bench, size_t bytes, const std::string& name,
+                   const std::string& held_name, double copy_gbps, int copies) {
   const size_t half = (bytes / 2) & ~size_t{255};
   void* src = nullptr;
   void* dst = nullptr;
@@ -429,27 +461,36 @@ void CopyReference(Bench& bench, size_t bytes, const std::string& name, double c
   CudaCheck(cudaMalloc(&dst, half * copies), "copy destination");
   CudaCheck(cudaMemsetAsync(src, 0x5a, half * copies, bench.gpu().stream()), "copy source fill");
   int next = 0;
-  const double ms = bench.TimeMs([&] {
+  auto copy = [&] {
     const size_t offset = half * (next++ % copies);
     CudaCheck(cudaMemcpyAsync(static_cast<char*>(dst) + offset, static_cast<char*>(src) + offset,
                               half, cudaMemcpyDeviceToDevice, bench.gpu().stream()),
               "copy");
-  });
+  };
+  const double ms = bench.TimeMs(copy);
+  const double held_ms = bench.TimeHeldMs(copy);
   cudaFree(src);
   cudaFree(dst);
+  const std::string sets = absl::StrCat("\"sets\": ", copies);
   const double gbps = 2.0 * half / (ms * 1e6);
-  bench.Row(name, ms, gbps, 0, gbps / copy_gbps, "copy", absl::StrCat("\"sets\": ", copies));
+  bench.Row(name, ms, gbps, 0, gbps / copy_gbps, "copy", sets);
+  if (held_ms > 0) {
+    const double held_gbps = 2.0 * half / (held_ms * 1e6);
+    bench.Row(held_name, held_ms, held_gbps, 0, held_gbps / copy_gbps, "copy", sets);
+  }
 }
 
 // The read reference: `bytes` read by LaunchStreamRead under each of its launch shapes,
-// timed per call (and, given a `graph_name`, replayed from one-launch graphs), the fastest
-// shape's time in row `name` (and `graph_name`) against the 2 GiB copy; consecutive calls
+// timed per call (and, given a `graph_name`, replayed from one-launch graphs, and given a
+// `held_name`, per call on the device alone: Bench::TimeHeldMs), the fastest shape's time in
+// row `name` (and `graph_name`, `held_name`) against the 2 GiB copy; consecutive calls
 // (and graphs) read the next of `copies` slices (RotationSets). A reference, not a bound:
 // one plain kernel's best of four shapes, launched with a lighter host path than an op's.
 // The buffer comes from cudaMalloc, not the backend, so that its KV view stays as the
 // attention rows had it.
 void ReadReference(Bench& bench, size_t bytes, const std::string& name,
-                   const std::string& graph_name, double copy_gbps, int copies) {
+                   const std::string& graph_name, const std::string& held_name, double copy_gbps,
+                   int copies) {
   bytes &= ~size_t{255};
   void* src = nullptr;
   void* sink_bytes = nullptr;
@@ -459,6 +500,7 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name,
   CudaCheck(cudaMemsetAsync(src, 0x5a, bytes * copies, bench.gpu().stream()), "read source fill");
   double best_call = -1;
   double best_graph = -1;
+  double best_held = -1;
   std::string shapes;
   for (const StreamReadShape shape : kStreamReadShapes) {
     auto launch = [&](int copy) {
@@ -478,17 +520,28 @@ void ReadReference(Bench& bench, size_t bytes, const std::string& name,
       absl::StrAppend(&shapes, " / ", absl::SixDigits(graph_ms * 1e3));
       if (graph_ms > 0 && (best_graph < 0 || graph_ms < best_graph)) best_graph = graph_ms;
     }
+    if (!held_name.empty()) {
+      const double held_ms =
+          bench.TimeHeldMs([&] { CudaCheck(launch(next++ % copies), "stream read"); });
+      absl::StrAppend(&shapes, " / ", absl::SixDigits(held_ms * 1e3));
+      if (held_ms > 0 && (best_held < 0 || held_ms < best_held)) best_held = held_ms;
+    }
   }
   cudaFree(src);
   cudaFree(sink_bytes);
-  std::printf("  read us by shape (threads x CTAs/SM: per call%s): %s\n",
-              graph_name.empty() ? "" : " / graph", shapes.c_str());
+  std::printf("  read us by shape (threads x CTAs/SM: per call%s%s): %s\n",
+              graph_name.empty() ? "" : " / graph", held_name.empty() ? "" : " / GPU time",
+              shapes.c_str());
   const std::string sets = absl::StrCat("\"sets\": ", copies);
   const double gbps = bytes / (best_call * 1e6);
   bench.Row(name, best_call, gbps, 0, gbps / copy_gbps, "copy", sets);
   if (best_graph > 0) {
     const double graph_gbps = bytes / (best_graph * 1e6);
     bench.Row(graph_name, best_graph, graph_gbps, 0, graph_gbps / copy_gbps, "copy", sets);
+  }
+  if (best_held > 0) {
+    const double held_gbps = bytes / (best_held * 1e6);
+    bench.Row(held_name, best_held, held_gbps, 0, held_gbps / copy_gbps, "copy", sets);
   }
 }
 
@@ -810,6 +863,16 @@ void LaunchFloor(Bench& bench) {
               "empty kernel");
   });
   bench.Row("launch floor (empty kernel)", empty_ms, 0, 0, 0, "none");
+  // The same kernel timed on the device alone (Bench::TimeHeldMs): the device's share of the
+  // floor, which a call pays however fast its host enqueues it.
+  const double empty_held_ms = bench.TimeHeldMs([&] {
+    CudaCheck(LaunchStreamRead(buffer.data(), 0, sink, StreamReadShape{128, 1},
+                               bench.gpu().num_sms(), bench.gpu().stream()),
+              "empty kernel");
+  });
+  if (empty_held_ms > 0) {
+    bench.Row("launch floor (empty kernel, GPU time)", empty_held_ms, 0, 0, 0, "none");
+  }
 }
 
 // A decode attention workspace for `batch` sequences of the bench's heads in up to
@@ -1017,6 +1080,16 @@ void DecodeAttention(Bench& bench, int batch, int context, double copy_gbps) {
   const double ms = bench.TimeMs([&] { BENCH_CHECK(call(next++)); });
   const double gbps = bytes / (ms * 1e6);
   bench.Row(shape_name, ms, gbps, 0, gbps / copy_gbps, "copy", extra);
+  // The same calls timed on the device alone (Bench::TimeHeldMs): from the device's start of
+  // the kernel to its end, as kernel benchmarks that queue the call behind other work time it
+  // (NVBench's blocking kernel; Triton's do_bench behind its cache flush). The per-call row
+  // above also counts the host's enqueueing, where it takes longer than that start.
+  const double held_ms = bench.TimeHeldMs([&] { BENCH_CHECK(call(next++)); });
+  if (held_ms > 0) {
+    const double held_gbps = bytes / (held_ms * 1e6);
+    bench.Row(shape_name + " (GPU time)", held_ms, held_gbps, 0, held_gbps / copy_gbps, "copy",
+              extra);
+  }
   // The same calls replayed from CUDA graphs (one a copy, in turn), as the engine runs decode
   // steps: no host launch overhead, so short contexts show the kernels' own time.
   const double graph_ms = RotatingGraphTimeMs(bench, num_sets, call);
@@ -1054,10 +1127,11 @@ void DecodeAttention(Bench& bench, int batch, int context, double copy_gbps) {
   }
   // What the simplest memory op and a plain read reach at this size (CopyReference,
   // ReadReference): no block table, no math and no merge.
-  CopyReference(bench, static_cast<size_t>(bytes), shape_name + " (copy of its bytes)", copy_gbps,
-                num_sets);
+  CopyReference(bench, static_cast<size_t>(bytes), shape_name + " (copy of its bytes)",
+                shape_name + " (copy of its bytes, GPU time)", copy_gbps, num_sets);
   ReadReference(bench, static_cast<size_t>(bytes), shape_name + " (read of its bytes)",
-                shape_name + " (read of its bytes, graph)", copy_gbps, num_sets);
+                shape_name + " (read of its bytes, graph)",
+                shape_name + " (read of its bytes, GPU time)", copy_gbps, num_sets);
   // The host's share of a call (checks, workspace, launch), by the CPU clock over calls
   // enqueued back to back. A call between events pays it where it exceeds the time the GPU
   // takes to start the kernel. Its ratio is to the attention row's time per call.
@@ -1493,7 +1567,7 @@ int Main(int argc, char** argv) {
   if (mode == "sweep") return SweepMain(bench, args->sweep, copy);
   if (mode == "decode") {  // decode attention rows only
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy, 1);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", "", copy, 1);
     for (const auto& [batch, context] : kDecodeShapes) Attention(bench, batch, context, 1, copy, 0);
     return 0;
   }
@@ -1506,7 +1580,7 @@ int Main(int argc, char** argv) {
     GemmRate(bench, 16, 14336, 4096, copy, 0);
     GemmRate(bench, 512, 4096, 4096, copy, gemm);
     LaunchFloor(bench);
-    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", copy, 1);
+    ReadReference(bench, size_t{2} << 30, "read 2 GiB (reference)", "", "", copy, 1);
     for (const auto& [batch, context] : kDecodeShapes) {
       Attention(bench, batch, context, 1, copy, gemm);
     }
