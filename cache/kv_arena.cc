@@ -1,6 +1,7 @@
 #include "cache/kv_arena.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -47,6 +48,18 @@ absl::Status KvArena::AddChunk() {
   if (num_chunks() >= max_chunks_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV arena is at its maximum of ", max_chunks_, " chunks"));
+  }
+  if (device_headroom_bytes_ > 0) {
+    if (const std::optional<Backend::DeviceMemory> memory = backend_->QueryDeviceMemory()) {
+      const int64_t left = memory->free_bytes - chunk_bytes();
+      if (left < device_headroom_bytes_) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("allocating KV arena chunk ", num_chunks() + 1, " of ", max_chunks_, " (",
+                         chunk_bytes(), " bytes) would leave ", std::max<int64_t>(left, 0),
+                         " bytes of device memory free, under the ", device_headroom_bytes_,
+                         " kept for the engine's buffers (memory_pool.device_headroom)"));
+      }
+    }
   }
   absl::StatusOr<DeviceBuffer> chunk = backend_->Allocate(chunk_bytes());
   if (!chunk.ok()) {

@@ -45,8 +45,14 @@ class KvArena {
   // Backend bytes held by chunks now.
   int64_t bytes() const { return chunk_bytes() * num_chunks(); }
 
-  // Allocates chunk num_chunks(). ResourceExhausted at max_chunks; the backend's error if
-  // it cannot allocate (the arena is unchanged then).
+  // Device memory AddChunk leaves free (KvCacheOptions::device_headroom_bytes); 0, the
+  // default, leaves none.
+  void set_device_headroom_bytes(int64_t bytes) { device_headroom_bytes_ = bytes; }
+  int64_t device_headroom_bytes() const { return device_headroom_bytes_; }
+
+  // Allocates chunk num_chunks(). ResourceExhausted at max_chunks, and where the backend
+  // reports its device's free memory and the chunk would leave less than the headroom; the
+  // backend's error if it cannot allocate (the arena is unchanged then).
   absl::Status AddChunk();
   // Frees the top chunk. REQUIRES: num_chunks() > 0 and no block table names its blocks.
   absl::Status ReleaseTopChunk();
@@ -81,6 +87,7 @@ class KvArena {
   std::vector<DeviceBuffer> chunks_;  // [num_chunks]
   DeviceBuffer pairs_;                // [2 * pair_capacity_] int32 src ids then dst ids
   int32_t pair_capacity_ = 0;
+  int64_t device_headroom_bytes_ = 0;
 };
 
 }  // namespace kvd

@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(
         KvArena::Create(*layout, geometry->chunk_shift, geometry->max_chunks, backend);
     if (!arena.ok()) return arena.status();
     m->arena_ = *std::move(arena);
+    m->arena_->set_device_headroom_bytes(options.device_headroom_bytes);
   }
   absl::StatusOr<std::unique_ptr<EvictionPolicy>> policy =
       MakeEvictionPolicy(options.eviction_policy, geometry->chunk_shift);

@@ -25,6 +25,10 @@ absl::Status KvCacheOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes: must be positive, got ", chunk_bytes));
   }
+  if (device_headroom_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_headroom_bytes: must be >= 0, got ", device_headroom_bytes));
+  }
   if (eviction_policy != "lru" && eviction_policy != "chunk_lru") {
     return absl::InvalidArgumentError(absl::StrCat("eviction_policy: unknown value \"",
                                                    eviction_policy, "\"; allowed: lru, chunk_lru"));

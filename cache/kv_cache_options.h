@@ -22,6 +22,11 @@ struct KvCacheOptions {
   int64_t initial_pool_bytes = int64_t{64} << 20;
   int64_t max_pool_bytes = int64_t{256} << 20;
   int64_t chunk_bytes = int64_t{16} << 20;
+  // Device memory the arena leaves free when it adds a chunk: a chunk that would take the
+  // backend's free memory (Backend::QueryDeviceMemory, every process's use counted) below
+  // this is refused as a failed growth, so that the engine's buffers, which grow with the
+  // batch, still find room. 0 = none; no effect on a backend that cannot say (the CPU).
+  int64_t device_headroom_bytes = 0;
   bool enable_prefix_caching = true;
   std::string eviction_policy = "lru";  // "lru" or "chunk_lru" (eviction_policy.h)
   absl::Duration session_idle_timeout = absl::Seconds(30);

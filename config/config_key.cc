@@ -228,6 +228,11 @@ std::vector<ConfigKey> BuildKeys() {
       "kv_cache_config.memory_pool.max_size",
       "Most the KV arena may grow to; must be >= initial_size",
       [](auto& c) -> auto& { return c.kv_cache.memory_pool.max_size_bytes; }, false));
+  keys.push_back(ByteSizeKey(
+      "kv_cache_config.memory_pool.device_headroom",
+      "Device memory the KV arena leaves free for the engine's buffers: a chunk that would "
+      "leave less is not added (a growth failure); 0 = none; no effect on the CPU backend",
+      [](auto& c) -> auto& { return c.kv_cache.memory_pool.device_headroom_bytes; }, true));
   keys.push_back(EnumKey<EvictionPolicyKind>(
       "kv_cache_config.eviction_policy",
       "Which cached, unreferenced block is evicted first (only lru exists for now)",

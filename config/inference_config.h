@@ -43,6 +43,8 @@ struct ServerConfig {
 struct MemoryPoolConfig {
   int64_t initial_size_bytes = int64_t{1} << 30;  // 1GiB
   int64_t max_size_bytes = int64_t{8} << 30;      // 8GiB
+  // Device memory the arena's growth leaves free for the engine's buffers (GPU backends).
+  int64_t device_headroom_bytes = int64_t{1} << 30;  // 1GiB
 
   bool operator==(const MemoryPoolConfig&) const = default;
 };

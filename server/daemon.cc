@@ -151,6 +151,14 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   const PoolReport pool_report =
       DescribePool(d.cache->geometry(), d.cache->layout().block_bytes(), cache_options.block_size,
                    context_tokens, device == Device::kCpu ? AvailableHostBytes() : std::nullopt);
+  // The pool holds its initial chunks now; the device says what is left beside them.
+  std::optional<std::string> device_room_warning;
+  if (const std::optional<Backend::DeviceMemory> memory = d.backend->QueryDeviceMemory()) {
+    const KvPoolGeometry& g = d.cache->geometry();
+    device_room_warning = DeviceRoomWarning(
+        int64_t{g.max_chunks} * g.chunk_bytes, int64_t{g.initial_chunks} * g.chunk_bytes,
+        memory->free_bytes, cache_options.device_headroom_bytes);
+  }
 
   d.engine = std::make_unique<EngineLoop>(EngineOptionsFrom(config), d.model.get(), d.cache.get(),
                                           d.tokenizer.get(), &d.clock);
@@ -244,6 +252,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   out << pool_report.line << "\n";
   out << DescribeMemory(d.engine->Stats().memory, d.backend->QueryDeviceMemory()) << "\n";
   for (const std::string& warning : pool_report.warnings) err << warning << "\n";
+  if (device_room_warning.has_value()) err << *device_room_warning << "\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";
   if (d.http_server) {
     // A URL where there is one; curl reaches a unix socket with --unix-socket PATH.

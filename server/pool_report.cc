@@ -1,5 +1,7 @@
 #include "server/pool_report.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -44,6 +46,19 @@ PoolReport DescribePool(const KvPoolGeometry& geometry, int64_t block_bytes, int
         "kernel's OOM killer ends the process"));
   }
   return r;
+}
+
+std::optional<std::string> DeviceRoomWarning(int64_t max_bytes, int64_t reserved_bytes,
+                                             int64_t free_bytes, int64_t headroom_bytes) {
+  const int64_t room = reserved_bytes + std::max<int64_t>(0, free_bytes - headroom_bytes);
+  if (max_bytes <= room) return std::nullopt;
+  return absl::StrCat(
+      "kvd: warning: kv_cache_config.memory_pool.max_size lets the KV pool grow "
+      "to ",
+      HumanBytes(max_bytes), ", more than the device has room for: ", HumanBytes(room), " (the ",
+      HumanBytes(reserved_bytes), " reserved, and the ", HumanBytes(free_bytes),
+      " free now less memory_pool.device_headroom's ", HumanBytes(headroom_bytes),
+      "); it stops growing about there (kvd_kv_pool_growth_failures_total)");
 }
 
 }  // namespace kvd

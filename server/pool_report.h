@@ -25,6 +25,13 @@ struct PoolReport {
 PoolReport DescribePool(const KvPoolGeometry& geometry, int64_t block_bytes, int32_t block_size,
                         int32_t context_tokens, std::optional<int64_t> host_bytes_available);
 
+// On a device backend, the warning that the pool's max_size is more than the device has room
+// for, or none: `reserved_bytes` the arena holds now, `free_bytes` the device's free memory
+// now, `headroom_bytes` what the arena leaves free (memory_pool.device_headroom). The pool
+// can grow to the reserve plus what is free beyond the headroom.
+std::optional<std::string> DeviceRoomWarning(int64_t max_bytes, int64_t reserved_bytes,
+                                             int64_t free_bytes, int64_t headroom_bytes);
+
 // Bytes for people: "512 B", "20.0 KiB", "10.0 MiB", "8.00 GiB".
 std::string HumanBytes(int64_t bytes);
 

@@ -51,6 +51,7 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
         KvPoolGeometry::ChunkBytesFor(options.max_pool_bytes, layout->block_data_bytes());
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
+  options.device_headroom_bytes = kv.memory_pool.device_headroom_bytes;
   options.enable_prefix_caching = kv.enable_prefix_caching;
   options.eviction_policy = std::string(Name(kv.eviction_policy));
   options.session_idle_timeout = kv.session.idle_timeout;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -13,7 +14,9 @@ namespace kvd {
 
 // A host-memory Backend that implements only what the KV cache needs (memory and
 // CopyBlocks) and counts what it does, so tests can check copies and leaks. Allocation
-// can be made to fail after a number of calls, and CopyBlocks part way through a call.
+// can be made to fail after a number of calls, and CopyBlocks part way through a call; it
+// can report a device of a given size (SimulateDevice) whose free memory is what its live
+// buffers leave.
 class FakeBackend final : public Backend {
  public:
   std::string_view name() const override { return "fake"; }
@@ -38,6 +41,10 @@ class FakeBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  std::optional<DeviceMemory> QueryDeviceMemory() const override {
+    if (device_total_bytes_ < 0) return std::nullopt;
+    return DeviceMemory{device_total_bytes_, device_total_bytes_ - live_bytes_};
+  }
   DType weight_dtype() const override { return DType::kF32; }
   absl::StatusOr<DeviceBuffer> UploadWeights(const float*, size_t) override {
     return absl::UnimplementedError("fake");
@@ -73,6 +80,8 @@ class FakeBackend final : public Backend {
   }
 
   void FailAllocationsAfter(int64_t n) { fail_allocations_after_ = n; }
+  // QueryDeviceMemory reports a device of total_bytes (< 0: none, the default).
+  void SimulateDevice(int64_t total_bytes) { device_total_bytes_ = total_bytes; }
   // Every later CopyBlocks copies its first n pairs, then fails (n < 0: never).
   void FailCopiesAfterPairs(int32_t n) { fail_copies_after_pairs_ = n; }
   int64_t num_allocations() const { return num_allocations_; }
@@ -92,6 +101,7 @@ class FakeBackend final : public Backend {
   static absl::Status Unimplemented() { return absl::UnimplementedError("fake backend"); }
 
   int64_t fail_allocations_after_ = -1;
+  int64_t device_total_bytes_ = -1;
   int32_t fail_copies_after_pairs_ = -1;
   int64_t num_allocations_ = 0;
   int64_t live_buffers_ = 0;

@@ -56,6 +56,11 @@ TEST_F(KvCacheManagerTest, RejectsBadOptionsNamingTheKey) {
   m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
   EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("eviction_policy"));
   o = TinyOptions();
+  o.device_headroom_bytes = -1;
+  m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("device_headroom_bytes: must be >= 0, got -1"));
+  o = TinyOptions();
   o.kv_dtype = DType::kInt8;
   o.chunk_bytes = 4096;
   o.max_pool_bytes = o.initial_pool_bytes = 4096;
@@ -176,6 +181,36 @@ TEST_F(KvCacheManagerTest, GrowthFailureOfTheBackendIsCapacityNotError) {
   EXPECT_TRUE(m->Reserve(1, 16));
   ExpectValid(*m);
   m->Free(1);
+}
+
+// On a backend that reports its device's memory, the arena adds no chunk that would leave
+// less than the headroom free: the growth fails as when the device is full (counted, its
+// reason kept), nothing is allocated, and the blocks already there are still handed out.
+TEST_F(KvCacheManagerTest, GrowthStopsWhereAChunkWouldTakeTheDeviceHeadroom) {
+  KvCacheOptions o = TinyOptions(1, 4);  // chunks of 4 blocks (1024 bytes), up to 4
+  o.device_headroom_bytes = 4096;
+  auto m = Make(o);
+  // Room for one more chunk above the headroom, exactly.
+  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
+  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
+  ASSERT_TRUE(m->Reserve(1, 30));  // 8 blocks: the second chunk
+  EXPECT_EQ(m->stats().chunk_growth_failures, 0);
+  const int64_t allocations = backend_.num_allocations();
+  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
+  EXPECT_FALSE(m->Reserve(2, 16));  // a third chunk would leave 3072 bytes free
+  EXPECT_EQ(backend_.num_allocations(), allocations);
+  const KvCacheStats stats = m->stats();
+  EXPECT_EQ(stats.chunk_growth_failures, 1);
+  EXPECT_EQ(stats.total_blocks, 8);
+  EXPECT_THAT(stats.last_growth_error,
+              ::testing::HasSubstr("allocating KV arena chunk 3 of 4 (1024 bytes) would leave "
+                                   "3072 bytes of device memory free, under the 4096 kept"));
+  EXPECT_EQ(m->NumObtainableBlocks(), 0);
+  ExpectValid(*m);
+  m->Free(1);
+  EXPECT_TRUE(m->Reserve(2, 16));
+  ExpectValid(*m);
+  m->Free(2);
 }
 
 // The device is full: the arena cannot add the chunk NumObtainableBlocks() counted. A

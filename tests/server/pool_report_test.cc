@@ -68,5 +68,22 @@ TEST(PoolReportTest, WarnsWhenAHostPoolCouldOutgrowTheAvailableMemory) {
               IsEmpty());
 }
 
+TEST(PoolReportTest, WarnsWhenADevicePoolCouldOutgrowTheDevice) {
+  const int64_t gib = int64_t{1} << 30;
+  // 8 GiB reserved, 20 GiB free, 1 GiB kept: room for 27 GiB.
+  const std::optional<std::string> w = DeviceRoomWarning(64 * gib, 8 * gib, 20 * gib, gib);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(*w,
+            "kvd: warning: kv_cache_config.memory_pool.max_size lets the KV pool grow to 64.00 "
+            "GiB, more than the device has room for: 27.00 GiB (the 8.00 GiB reserved, and the "
+            "20.00 GiB free now less memory_pool.device_headroom's 1.00 GiB); it stops growing "
+            "about there (kvd_kv_pool_growth_failures_total)");
+  EXPECT_EQ(DeviceRoomWarning(27 * gib, 8 * gib, 20 * gib, gib), std::nullopt);
+  // Less free than the headroom: room for the reserve alone.
+  EXPECT_THAT(DeviceRoomWarning(9 * gib, 8 * gib, gib / 2, gib).value_or(""),
+              HasSubstr("room for: 8.00 GiB"));
+  EXPECT_EQ(DeviceRoomWarning(8 * gib, 8 * gib, 0, gib), std::nullopt);
+}
+
 }  // namespace
 }  // namespace kvd

@@ -54,6 +54,7 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   kv.block_size = 32;
   kv.memory_pool.initial_size_bytes = int64_t{3} << 20;
   kv.memory_pool.max_size_bytes = int64_t{5} << 30;
+  kv.memory_pool.device_headroom_bytes = int64_t{7} << 20;
   kv.enable_prefix_caching = false;
   kv.session.idle_timeout = absl::Seconds(77);
   kv.session.max_pinned_fraction = 0.375;
@@ -67,6 +68,7 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   EXPECT_EQ(o.kv_dtype, DType::kBF16);
   EXPECT_EQ(o.initial_pool_bytes, int64_t{3} << 20);
   EXPECT_EQ(o.max_pool_bytes, int64_t{5} << 30);
+  EXPECT_EQ(o.device_headroom_bytes, int64_t{7} << 20);
   EXPECT_FALSE(o.enable_prefix_caching);
   EXPECT_EQ(o.eviction_policy, "chunk_lru");
   EXPECT_EQ(o.session_idle_timeout, absl::Seconds(77));
