@@ -126,7 +126,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             static_cast<double>(c.chunks_released));
   w.Counter("kvd_kv_pool_growth_failures",
             "KV arena chunks that failed to allocate below max_size (device or host memory ran "
-            "out): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, until a "
+            "out, or on a GPU the chunk would have left less than memory_pool.device_headroom "
+            "free): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, until a "
             "chunk is released (the daemon logs the error).",
             static_cast<double>(c.chunk_growth_failures));
   // Where the backend's memory went.

@@ -53,8 +53,7 @@ std::optional<std::string> DeviceRoomWarning(int64_t max_bytes, int64_t reserved
   const int64_t room = reserved_bytes + std::max<int64_t>(0, free_bytes - headroom_bytes);
   if (max_bytes <= room) return std::nullopt;
   return absl::StrCat(
-      "kvd: warning: kv_cache_config.memory_pool.max_size lets the KV pool grow "
-      "to ",
+      "kvd: warning: kv_cache_config.memory_pool.max_size lets the KV pool grow to ",
       HumanBytes(max_bytes), ", more than the device has room for: ", HumanBytes(room), " (the ",
       HumanBytes(reserved_bytes), " reserved, and the ", HumanBytes(free_bytes),
       " free now less memory_pool.device_headroom's ", HumanBytes(headroom_bytes),
