@@ -57,7 +57,7 @@ absl::Status KvArena::AddChunk() {
             absl::StrCat("allocating KV arena chunk ", num_chunks() + 1, " of ", max_chunks_, " (",
                          chunk_bytes(), " bytes) would leave ", std::max<int64_t>(left, 0),
                          " bytes of device memory free, under the ", device_headroom_bytes_,
-                         " kept for the engine's buffers (memory_pool.device_headroom)"));
+                         " kept for the engine's buffers (kv_cache_config.memory_pool.device_headroom)"));
       }
     }
   }
