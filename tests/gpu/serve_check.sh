@@ -5,8 +5,13 @@
 # with `kvd client --prompt-token-ids` (a synthetic model has no tokenizer), checks that
 # every one finishes with finish_reason=length and 64 tokens, that a text prompt is refused
 # naming the field, scrapes /metrics (tokens, and where the memory went), then SIGTERMs the
-# daemon and checks it drains and exits 0. Prints one PASS/FAIL line per check and a summary;
-# exit status 0 only when all passed. Bounded to about two minutes.
+# daemon and checks it drains and exits 0. Then, with all but 20 GiB of the GPU held by
+# device_hog.py (beside this script), a second daemon whose pool may grow to 64 GiB: it must
+# warn at startup that the device has no room for that, stop growing where a chunk would
+# leave less than memory_pool.device_headroom free (a counted growth failure, its reason on
+# stderr), and still finish 24 requests that together need more KV than it could get.
+# Prints one PASS/FAIL line per check and a summary; exit status 0 only when all passed.
+# Bounded to about seven minutes (each wait has its own timeout); usually under three.
 #
 #   serve_check.sh KVD_BINARY OUT_DIR
 set -uo pipefail
@@ -16,8 +21,10 @@ out="${2:?usage: serve_check.sh KVD_BINARY OUT_DIR}"
 mkdir -p "$out/serve_check"
 dir="$out/serve_check"
 daemon_log="$dir/daemon.log"
+first_log="$daemon_log"
 failures=0
 pid=""
+hog=""
 
 pass() { echo "serve_check: PASS $*"; }
 fail() {
@@ -42,17 +49,27 @@ stop_daemon() {
   wait "$pid" 2> /dev/null
   pid=""
 }
+stop_hog() {
+  [[ -n "$hog" ]] || return 0
+  kill -KILL "$hog" 2> /dev/null
+  wait "$hog" 2> /dev/null
+  hog=""
+}
 finish() {
   stop_daemon
+  stop_hog
   if ((failures == 0)); then
     echo "serve_check: PASS (all checks)"
     exit 0
   fi
   echo "serve_check: FAIL ($failures checks failed; daemon log: $daemon_log)"
   tail -n 20 "$daemon_log" 2> /dev/null | sed 's/^/    daemon: /'
+  if [[ "$daemon_log" != "$first_log" ]]; then
+    echo "serve_check: (the first daemon's log: $first_log)"
+  fi
   exit 1
 }
-trap stop_daemon EXIT
+trap 'stop_daemon; stop_hog' EXIT
 trap 'fail "interrupted"; finish' INT TERM
 
 # GET /metrics over bash's /dev/tcp (curl when present).
@@ -68,51 +85,82 @@ scrape() {
   exec 3>&-
 }
 
-timeout 150 "$kvd" serve --model synthetic:llama3-8b --device cuda \
-  --grpc-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 \
+# start_daemon LABEL SECONDS [--set KEY=VALUE ...]: `kvd serve` of synthetic:llama3-8b on the
+# GPU, on free ports, for at most SECONDS, logging to $daemon_log; sets $pid, $grpc and
+# $metrics once it serves (weights are generated on the device, so that takes seconds), or
+# fails LABEL and finishes after 60 s without.
+start_daemon() {
+  local label="$1" seconds="$2"
+  shift 2
+  timeout "$seconds" "$kvd" serve --model synthetic:llama3-8b --device cuda \
+    --grpc-address 127.0.0.1:0 --metrics-address 127.0.0.1:0 \
+    --set server.drain_timeout=30s "$@" > "$daemon_log" 2>&1 &
+  pid=$!  # timeout's: it runs kvd as its child, in a process group of its own (pgid $pid)
+  for _ in $(seq 1 600); do
+    grep -q '^kvd: serving metrics on' "$daemon_log" && break
+    kill -0 "$pid" 2> /dev/null || break
+    sleep 0.1
+  done
+  grpc="$(sed -n 's/^kvd: serving gRPC on //p' "$daemon_log")"
+  metrics="$(sed -n 's|^kvd: serving metrics on http://\(.*\)/metrics$|\1|p' "$daemon_log")"
+  if [[ -z "$grpc" || -z "$metrics" ]]; then
+    fail "$label: no 'serving' lines within 60 s"
+    finish
+  fi
+}
+
+# check_sigterm LABEL: SIGTERM to the daemon, which must drain and exit 0.
+check_sigterm() {
+  kill -TERM "$pid"
+  wait "$pid"
+  local code=$?
+  pid=""
+  if ((code == 0)) && grep -q '^kvd: stopped' "$daemon_log"; then
+    pass "$1: drained and exited 0"
+  else
+    fail "$1: exit status $code (want 0 after 'kvd: stopped')"
+  fi
+}
+
+start_daemon startup 150 \
   --set kv_cache_config.max_batch_size=64 \
   --set kv_cache_config.max_seq_length=1024 \
   --set kv_cache_config.memory_pool.initial_size=8GiB \
-  --set kv_cache_config.memory_pool.max_size=8GiB \
-  --set server.drain_timeout=30s > "$daemon_log" 2>&1 &
-pid=$!  # timeout's: it runs kvd as its child, in a process group of its own (pgid $pid)
-
-# Startup: weights are generated on the device, so this takes seconds, not minutes.
-for _ in $(seq 1 600); do
-  grep -q '^kvd: serving metrics on' "$daemon_log" && break
-  kill -0 "$pid" 2> /dev/null || break
-  sleep 0.1
-done
-grpc="$(sed -n 's/^kvd: serving gRPC on //p' "$daemon_log")"
-metrics="$(sed -n 's|^kvd: serving metrics on http://\(.*\)/metrics$|\1|p' "$daemon_log")"
-if [[ -z "$grpc" || -z "$metrics" ]]; then
-  fail "startup: no 'serving' lines within 60 s"
-  finish
-fi
+  --set kv_cache_config.memory_pool.max_size=8GiB
 if grep -q 'backend cuda (GPU 0, decode graphs on), kv bf16' "$daemon_log"; then
   pass "startup: $(grep '^kvd: model' "$daemon_log")"
 else
   fail "startup: expected 'backend cuda (GPU 0, decode graphs on), kv bf16' in the model line"
 fi
 
+# run_clients NAME COUNT MAX_TOKENS SECONDS PROMPT_FN: COUNT concurrent greedy requests to
+# the daemon, request i's prompt the token ids `PROMPT_FN i` prints, each to generate exactly
+# MAX_TOKENS within SECONDS; their output in $dir/NAMEi.out and .err. Sets $ok to how many
+# finished with finish_reason=length and MAX_TOKENS tokens, and prints the others' errors.
+run_clients() {
+  local name="$1" count="$2" tokens="$3" seconds="$4" prompt="$5" i
+  local -a pids
+  for ((i = 0; i < count; ++i)); do
+    timeout "$seconds" "$kvd" client --address "$grpc" --prompt-token-ids "$("$prompt" "$i")" \
+      --max-tokens "$tokens" --ignore-eos --usage --timeout $((seconds - 10)) \
+      > "$dir/$name$i.out" 2> "$dir/$name$i.err" &
+    pids[i]=$!
+  done
+  ok=0
+  for ((i = 0; i < count; ++i)); do
+    if wait "${pids[i]}" && grep -q 'finish_reason=length' "$dir/$name$i.err" &&
+      grep -q "completion_tokens=$tokens " "$dir/$name$i.err" &&
+      [[ "$(wc -w < "$dir/$name$i.out")" == "$tokens" ]]; then
+      ok=$((ok + 1))
+    else
+      echo "    $name $i: $(tr '\n' ' ' < "$dir/$name$i.err" | cut -c1-300)"
+    fi
+  done
+}
+
 # 16 concurrent requests, distinct prompts of 16..31 token ids, exactly 64 new tokens each.
-declare -a clients
-for i in $(seq 0 15); do
-  ids="$(seq -s, $((100 + 37 * i)) 3 $((100 + 37 * i + 3 * (15 + i))))"
-  timeout 90 "$kvd" client --address "$grpc" --prompt-token-ids "$ids" --max-tokens 64 \
-    --ignore-eos --usage --timeout 80 > "$dir/client$i.out" 2> "$dir/client$i.err" &
-  clients[i]=$!
-done
-ok=0
-for i in $(seq 0 15); do
-  if wait "${clients[i]}" && grep -q 'finish_reason=length' "$dir/client$i.err" &&
-    grep -q 'completion_tokens=64 ' "$dir/client$i.err" &&
-    [[ "$(wc -w < "$dir/client$i.out")" == 64 ]]; then
-    ok=$((ok + 1))
-  else
-    echo "    client $i: $(tr '\n' ' ' < "$dir/client$i.err" | cut -c1-300)"
-  fi
-done
+short_prompt() { seq -s, $((100 + 37 * $1)) 3 $((100 + 37 * $1 + 3 * (15 + $1))); }
+run_clients client 16 64 90 short_prompt
 if ((ok == 16)); then
   pass "16 concurrent requests: all finished with finish_reason=length and 64 tokens"
 else
@@ -161,13 +209,59 @@ else
   fail "memory: weights '$weights' (want 16060522496), kv_pool '$kv_pool' (reserved '$reserved'), activations '$activations', workspace '$workspace', device total '$total' free '$free'"
 fi
 
-kill -TERM "$pid"
-wait "$pid"
-code=$?
-pid=""
-if ((code == 0)) && grep -q '^kvd: stopped' "$daemon_log"; then
-  pass "SIGTERM: drained and exited 0"
-else
-  fail "SIGTERM: exit status $code (want 0 after 'kvd: stopped')"
+check_sigterm SIGTERM
+
+# --- A nearly full device: the pool stops growing at memory_pool.device_headroom. ---
+# 20 GiB left: llama3-8b's 14.96 GiB of weights, the CUDA context and cuBLAS, the 1 GiB
+# headroom, and a few GiB of KV (128 KiB a token), far under the 64 GiB max_size.
+hog_log="$dir/device_hog.log"
+# Bounded, so that a check killed outright leaves no memory held for what runs after it.
+timeout 420 python3 "$(dirname "$0")/device_hog.py" 20480 > "$hog_log" 2>&1 &
+hog=$!
+for _ in $(seq 1 300); do
+  grep -q '^device_hog: held' "$hog_log" 2> /dev/null && break
+  kill -0 "$hog" 2> /dev/null || break
+  sleep 0.1
+done
+if ! grep -q '^device_hog: held' "$hog_log"; then
+  fail "headroom: device_hog.py did not take the device's memory: $(cat "$hog_log")"
+  finish
 fi
+echo "serve_check: $(cat "$hog_log")"
+daemon_log="$dir/daemon_headroom.log"
+start_daemon headroom 200 \
+  --set kv_cache_config.max_batch_size=32 \
+  --set kv_cache_config.max_seq_length=2048 \
+  --set kv_cache_config.memory_pool.initial_size=256MiB \
+  --set kv_cache_config.memory_pool.max_size=64GiB \
+  --set kv_cache_config.memory_pool.device_headroom=1GiB
+if grep -q 'max_size lets the KV pool grow to 64.00 GiB, more than the device has room for' \
+  "$daemon_log"; then
+  pass "headroom: startup warns: $(grep -o 'room for: [^(]*' "$daemon_log")"
+else
+  fail "headroom: no startup warning that the device has no room for a 64 GiB pool"
+fi
+# 24 requests of 1536 prompt tokens and 256 new ones: 43,008 tokens, 5.25 GiB of KV at most.
+long_prompt() { seq -s, $((1000 + 5000 * $1)) 3 $((1000 + 5000 * $1 + 3 * 1535)); }
+run_clients headroom 24 256 150 long_prompt
+if ((ok == 24)); then
+  pass "headroom: 24 requests needing more KV than the device holds all finished with 256 tokens"
+else
+  fail "headroom: only $ok of 24 requests finished with finish_reason=length and 256 tokens"
+fi
+scrape "$metrics" > "$dir/metrics_headroom.txt" 2> "$dir/metrics_headroom.err"
+failures_total="$(awk '$1 == "kvd_kv_pool_growth_failures_total" { print $2 }' \
+  "$dir/metrics_headroom.txt")"
+reserved="$(awk '$1 == "kvd_kv_pool_reserved_bytes" { print $2 }' "$dir/metrics_headroom.txt")"
+free="$(awk '$1 == "kvd_device_memory_bytes{state=\"free\"}" { print $2 }' \
+  "$dir/metrics_headroom.txt")"
+if [[ -n "$failures_total" && -n "$reserved" && -n "$free" ]] &&
+  awk -v f="$failures_total" -v r="$reserved" 'BEGIN { exit !(f >= 1 && r < 64 * 2^30) }' &&
+  grep -q 'would leave .* under the 1073741824 kept for the engine.s buffers' "$daemon_log"; then
+  pass "headroom: pool stopped at $reserved bytes, $failures_total growth failures, device free $free: $(grep -m1 -o 'would leave [^(]*' "$daemon_log")"
+else
+  fail "headroom: growth failures '$failures_total', reserved '$reserved', free '$free'; the headroom's reason in the log: $(grep -c 'would leave' "$daemon_log")"
+fi
+check_sigterm "headroom: SIGTERM"
+stop_hog
 finish

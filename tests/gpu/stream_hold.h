@@ -16,6 +16,7 @@ namespace kvd {
 class StreamHold {
  public:
   StreamHold() = default;
+  // REQUIRES: no hold of this object pending (released, or timed out, and passed).
   ~StreamHold();
   StreamHold(const StreamHold&) = delete;
   StreamHold& operator=(const StreamHold&) = delete;
