@@ -924,8 +924,6 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
   // [point][earliest, median, latest]: one value a launch; then the longest merge a launch.
   std::vector<std::vector<double>> at(cuda::kDecodeTracePoints * 3);
   std::vector<double> merges;
-  // The merging CTAs over every launch, and those that merged without arriving.
-  int64_t merged = 0, merged_early = 0;
   // Per multiprocessor, over the even and the odd launches: when its CTAs' keys were done;
   // and how many CTAs it ran, launch by launch.
   const int num_sms = bench.gpu().num_sms();
@@ -973,8 +971,6 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
         if (r.ns[point] != 0) us.push_back((r.ns[point] - origin) * 1e-3);
         if (point == 0 && r.merged) {
           merge = std::max(merge, (r.ns[cuda::kTraceEnd] - r.ns[cuda::kTraceArrived]) * 1e-3);
-          ++merged;
-          if (r.merged == 2) ++merged_early;
         }
       }
       if (us.empty()) continue;
@@ -1053,11 +1049,7 @@ void TraceDecode(Bench& bench, const std::vector<AttentionSetup>& sets, int batc
     absl::StrAppend(&sm_text, ", slowest SMs ", ids);
   }
   const double merge = median(merges);  // 0: no CTA merged
-  const std::string merge_text =
-      merge > 0 ? absl::StrFormat("; merge %.2f us, %lld of %lld merges without arriving", merge,
-                                  static_cast<long long>(merged_early),
-                                  static_cast<long long>(merged))
-                : "";
+  const std::string merge_text = merge > 0 ? absl::StrFormat("; merge %.2f us", merge) : "";
   std::printf(
       "  (trace %s: %lld CTAs in %d split slices, %d launches from graphs; us after the "
       "first CTA's start, earliest/median/latest CTA: %s%s%s)\n",
