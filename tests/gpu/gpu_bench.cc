@@ -139,14 +139,8 @@ class Bench {
   // warm-ups, on the backend stream.
   template <typename Fn>
   double TimeMs(Fn&& fn) {
-    for (int i = 0; i < 3; ++i) fn();
-    BENCH_CHECK(gpu_.Synchronize());
     EventTimer timer;
-    std::vector<double> times;
-    for (int i = 0; i < timed_runs_; ++i) times.push_back(timer.Ms(gpu_.stream(), fn));
-    BENCH_CHECK(gpu_.Synchronize());
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return MedianOfRuns(fn, [&] { return timer.Ms(gpu_.stream(), fn); });
   }
 
   // As TimeMs, but each timed run enqueued behind a StreamHold and its events timing the
@@ -154,24 +148,17 @@ class Bench {
   // enqueueing of it (stream_hold.h). -1 (with a note) when a hold timed out.
   template <typename Fn>
   double TimeHeldMs(Fn&& fn) {
-    for (int i = 0; i < 3; ++i) fn();
-    BENCH_CHECK(gpu_.Synchronize());
     EventTimer timer;
-    std::vector<double> times;
-    for (int i = 0; i < timed_runs_; ++i) {
+    return MedianOfRuns(fn, [&]() -> double {
       CudaCheck(hold_.Hold(gpu_.stream(), kHoldTimeoutMs), "stream hold");
-      times.push_back(timer.Ms(gpu_.stream(), fn, [&] { hold_.Release(); }));
-      if (hold_.TimedOut()) {
-        std::printf(
-            "  (stream hold timed out: the host took over %.0f ms to enqueue a call, or the call "
-            "waited on the stream itself; no GPU time row)\n",
-            kHoldTimeoutMs);
-        return -1;
-      }
-    }
-    BENCH_CHECK(gpu_.Synchronize());
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+      const double ms = timer.Ms(gpu_.stream(), fn, [&] { hold_.Release(); });
+      if (!hold_.TimedOut()) return ms;
+      std::printf(
+          "  (stream hold timed out: the host took over %.0f ms to enqueue a call, or the call "
+          "waited on the stream itself; no GPU time row)\n",
+          kHoldTimeoutMs);
+      return -1;
+    });
   }
 
   // `extra_json`: more fields for the JSON line (`"key": value, ...`); the name stays the
@@ -195,6 +182,22 @@ class Bench {
 
  private:
   static constexpr double kHoldTimeoutMs = 200;
+
+  // Three warm-up calls of `fn`, then the median of timed_runs_ values of `timed_run`, or -1
+  // as soon as one is negative.
+  template <typename Fn, typename TimedRun>
+  double MedianOfRuns(Fn&& fn, TimedRun&& timed_run) {
+    for (int i = 0; i < 3; ++i) fn();
+    BENCH_CHECK(gpu_.Synchronize());
+    std::vector<double> times;
+    for (int i = 0; i < timed_runs_; ++i) {
+      times.push_back(timed_run());
+      if (times.back() < 0) return -1;
+    }
+    BENCH_CHECK(gpu_.Synchronize());
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
 
   CudaBackend& gpu_;
   StreamHold hold_;
