@@ -199,6 +199,11 @@ std::vector<ConfigKey> BuildKeys() {
       "RESOURCE_EXHAUSTED",
       [](auto& c) -> auto& { return c.server.max_waiting_requests; }, 1, 1000000));
   keys.push_back(IntKey(
+      "server.max_concurrent_calls",
+      "gRPC calls handled at once, streams included; beyond it a call fails "
+      "RESOURCE_EXHAUSTED; 0 = max_batch_size + max_waiting_requests + 64",
+      [](auto& c) -> auto& { return c.server.max_concurrent_calls; }, 0, 1000000));
+  keys.push_back(IntKey(
       "server.num_threads",
       "CPU backend worker threads; 0 = the CPUs the process may use (affinity, cgroup limit)",
       [](auto& c) -> auto& { return c.server.num_threads; }, 0, 1024));

@@ -34,6 +34,9 @@ struct ServerConfig {
   std::string metrics_address = "0.0.0.0:50052";  // same forms; empty = no metrics listener
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_waiting_requests = 256;  // beyond this, Generate fails RESOURCE_EXHAUSTED
+  // gRPC calls handled at once, beyond which gRPC refuses them RESOURCE_EXHAUSTED; 0 = the
+  // batch and the queue plus spare calls (server/call_limit.h).
+  int32_t max_concurrent_calls = 0;
   int32_t num_threads = 0;             // CPU backend threads; 0 = UsableCpus()
 
   bool operator==(const ServerConfig&) const = default;

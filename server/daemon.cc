@@ -18,6 +18,7 @@
 #include "config/config_enums.h"
 #include "kernels/status_macros.h"
 #include "model/model_loader.h"
+#include "server/call_limit.h"
 #include "server/memory_report.h"
 #include "server/pool_report.h"
 #include "server/request_validator.h"
@@ -198,6 +199,7 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   builder.AddListeningPort(config.server.grpc_address, grpc::InsecureServerCredentials(),
                            &grpc_port);
   builder.RegisterService(d.service.get());
+  LimitConcurrentCalls(MaxConcurrentCalls(config), &builder);
   d.grpc_server = builder.BuildAndStart();
   if (d.grpc_server == nullptr || (!is_unix && grpc_port == 0)) {
     return absl::UnavailableError(absl::StrCat("server.grpc_address: cannot listen on '",
