@@ -80,9 +80,14 @@ class BlockPool {
   void Move(BlockId src, BlockId dst);
 
   // Adds a chunk. ResourceExhausted at max_chunks or the arena's error; after an arena
-  // failure CanGrow() is false until a chunk is released.
+  // failure CanGrow() is false until a chunk is released or ResumeGrowth().
   absl::Status Grow();
   bool CanGrow() const { return num_chunks_ < growth_limit_; }
+  // A failed Grow() stopped growth below max_chunks, and neither a release nor
+  // ResumeGrowth() has lifted the stop since.
+  bool growth_stopped() const { return growth_limit_ < options_.max_chunks; }
+  // Lifts the stop a failed Grow() left: CanGrow() is true again below max_chunks.
+  void ResumeGrowth() { growth_limit_ = options_.max_chunks; }
   // Evicts the top chunk's cached blocks and frees the chunk.
   // REQUIRES: num_chunks() > 1 and no block of the top chunk is used.
   absl::Status ReleaseTopChunk();

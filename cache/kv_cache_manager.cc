@@ -365,9 +365,29 @@ absl::Status KvCacheManager::Fork(SeqId parent, SeqId child) {
   return absl::OkStatus();
 }
 
+void KvCacheManager::RetryGrowthWhenDue() {
+  if (!pool_->growth_stopped()) return;
+  const absl::Time now = clock_->Now();
+  if (pool_->num_growth_failures() != growth_failures_seen_) {
+    growth_failures_seen_ = pool_->num_growth_failures();
+    growth_failure_seen_at_ = now;
+    return;
+  }
+  if (now - growth_failure_seen_at_ < options_.growth_retry_interval) return;
+  // Here rather than at the next allocation that needs a chunk: lifting the stop alone would
+  // have NumObtainableBlocks() count room up to max_chunks that may not be there, and
+  // admission would let in requests on it until some allocation found out.
+  pool_->ResumeGrowth();
+  if (!pool_->Grow().ok()) {  // stopped again, and counted: the next try is an interval on
+    growth_failures_seen_ = pool_->num_growth_failures();
+    growth_failure_seen_at_ = now;
+  }
+}
+
 void KvCacheManager::Tick() {
   ReleaseSessions(sessions_.ExpireIdle());
   ReleaseSessions(sessions_.EnforcePinCap(MaxPinnedBlocks()));
+  RetryGrowthWhenDue();
   if (defrag_ != nullptr) {
     const absl::Time now = clock_->Now();
     if (now - last_defrag_step_ >= options_.defrag_interval) {

@@ -128,7 +128,8 @@ class KvCacheManager {
   // Releases the session's pins at once (blocks stay as ordinary cached blocks) and forgets
   // it. NotFound for an unknown (or already expired) id.
   absl::Status CloseSession(std::string_view session_id);
-  // The step boundary: expires idle sessions, enforces the pin cap, applies up to
+  // The step boundary: expires idle sessions, enforces the pin cap, tries one chunk again
+  // once growth_retry_interval has passed since a failed growth stopped the arena, applies up to
   // defrag_max_moves_per_step block moves (and defrag_max_bytes_per_step bytes; copy +
   // block-table rewrite) and releases an emptied top chunk. Shrinking starts once used
   // blocks <= defrag_low_water * blocks below the top chunk and stops at the initial size.
@@ -262,6 +263,9 @@ class KvCacheManager {
   bool ShouldShrink() const;
   // The chunks the pool would shrink to, one top chunk at a time, with the use of now.
   int32_t ShrinkTarget() const;
+  // After growth_retry_interval from the first Tick() that saw a failed growth stop the
+  // arena, lifts the stop and tries one chunk (Tick()).
+  void RetryGrowthWhenDue();
   void DefragStep();
   // What one ApplyMoves did: whether it copied (or tried to), and the moves it applied.
   struct MovesApplied {
@@ -292,6 +296,9 @@ class KvCacheManager {
   int64_t fork_copies_ = 0;
   int64_t defrag_moves_ = 0;
   absl::Time last_defrag_step_ = absl::InfinitePast();
+  // The growth failures Tick() has seen, and when it saw the last one (RetryGrowthWhenDue).
+  int64_t growth_failures_seen_ = 0;
+  absl::Time growth_failure_seen_at_ = absl::InfinitePast();
   double seconds_per_move_ = 0;  // moving average of the measured cost of one move
 };
 

@@ -29,6 +29,10 @@ absl::Status KvCacheOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("device_headroom_bytes: must be >= 0, got ", device_headroom_bytes));
   }
+  if (growth_retry_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("growth_retry_interval: must be > 0, got ",
+                                                   absl::FormatDuration(growth_retry_interval)));
+  }
   if (eviction_policy != "lru" && eviction_policy != "chunk_lru") {
     return absl::InvalidArgumentError(absl::StrCat("eviction_policy: unknown value \"",
                                                    eviction_policy, "\"; allowed: lru, chunk_lru"));

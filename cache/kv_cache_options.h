@@ -27,6 +27,11 @@ struct KvCacheOptions {
   // this is refused as a failed growth, so that the engine's buffers, which grow with the
   // batch, still find room. 0 = none; no effect on a backend that cannot say (the CPU).
   int64_t device_headroom_bytes = 0;
+  // After a failed growth the arena adds no chunk until one is released (memory that ran out
+  // stays out, as a rule), or until this long has passed, when Tick() tries one chunk again:
+  // memory another process held may have come back. Measured from the first Tick() after the
+  // failure. Infinite = only after a release.
+  absl::Duration growth_retry_interval = absl::InfiniteDuration();
   bool enable_prefix_caching = true;
   std::string eviction_policy = "lru";  // "lru" or "chunk_lru" (eviction_policy.h)
   absl::Duration session_idle_timeout = absl::Seconds(30);

@@ -61,8 +61,9 @@ struct KvCacheStats {
   int64_t chunks_grown = 0;
   int64_t chunks_released = 0;
   // Chunks the arena failed to allocate below max_chunks (device or host memory ran out):
-  // the pool stays at its size, evicting instead, until a chunk is released; and the last
-  // such error's message ("" before the first).
+  // the pool stays at its size, evicting instead, until a chunk is released or a retry
+  // (growth_retry_interval) adds one, each retry that fails counted too; and the last such
+  // error's message ("" before the first).
   int64_t chunk_growth_failures = 0;
   std::string last_growth_error;
   int64_t defrag_moves = 0;

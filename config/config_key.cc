@@ -238,6 +238,12 @@ std::vector<ConfigKey> BuildKeys() {
       "Device memory the KV arena leaves free for the engine's buffers: a chunk that would "
       "leave less is not added (a growth failure); 0 = none; no effect on the CPU backend",
       [](auto& c) -> auto& { return c.kv_cache.memory_pool.device_headroom_bytes; }, true));
+  keys.push_back(DurationKey(
+      "kv_cache_config.memory_pool.growth_retry_interval",
+      "After a failed growth (device or host memory out, or the headroom reached) the arena "
+      "adds no chunk until one is released, or until this long has passed, when it tries one "
+      "chunk again",
+      [](auto& c) -> auto& { return c.kv_cache.memory_pool.growth_retry_interval; }, false));
   keys.push_back(EnumKey<EvictionPolicyKind>(
       "kv_cache_config.eviction_policy",
       "Which cached, unreferenced block is evicted first (only lru exists for now)",

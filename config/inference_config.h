@@ -48,6 +48,9 @@ struct MemoryPoolConfig {
   int64_t max_size_bytes = int64_t{8} << 30;      // 8GiB
   // Device memory the arena's growth leaves free for the engine's buffers (GPU backends).
   int64_t device_headroom_bytes = int64_t{1} << 30;  // 1GiB
+  // After a failed growth, how long until the arena tries one chunk again (a release lifts
+  // the stop sooner).
+  absl::Duration growth_retry_interval = absl::Seconds(10);
 
   bool operator==(const MemoryPoolConfig&) const = default;
 };

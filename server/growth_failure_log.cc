@@ -7,8 +7,8 @@ void GrowthFailureLog::Check(const KvCacheStats& stats, std::ostream& err) {
   err << "kvd: warning: the KV pool could not grow past " << stats.num_chunks << " of "
       << stats.max_chunks << " chunks (" << stats.total_blocks << " of " << stats.max_blocks
       << " blocks): " << stats.last_growth_error
-      << "; it serves within them, evicting cached blocks, and tries again once a chunk is "
-         "released ("
+      << "; it serves within them, evicting cached blocks, and tries one chunk again after "
+         "memory_pool.growth_retry_interval, or grows once a chunk is released ("
       << stats.chunk_growth_failures
       << (stats.chunk_growth_failures == 1 ? " failure" : " failures")
       << " so far: kvd_kv_pool_growth_failures_total)\n"

@@ -127,8 +127,9 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Counter("kvd_kv_pool_growth_failures",
             "KV arena chunks that failed to allocate below max_size (device or host memory ran "
             "out, or on a GPU the chunk would have left less than memory_pool.device_headroom "
-            "free): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, until a "
-            "chunk is released (the daemon logs the error).",
+            "free): the pool then serves within kvd_kv_cache_allocated_blocks, evicting, and tries "
+            "one chunk again after memory_pool.growth_retry_interval (each try that fails counts "
+            "here) or grows once a chunk is released (the daemon logs the error).",
             static_cast<double>(c.chunk_growth_failures));
   // Where the backend's memory went.
   const MemoryStats& m = s.memory;

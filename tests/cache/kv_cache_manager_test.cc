@@ -61,6 +61,11 @@ TEST_F(KvCacheManagerTest, RejectsBadOptionsNamingTheKey) {
   EXPECT_THAT(std::string(m.status().message()),
               ::testing::HasSubstr("device_headroom_bytes: must be >= 0, got -1"));
   o = TinyOptions();
+  o.growth_retry_interval = absl::ZeroDuration();
+  m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("growth_retry_interval: must be > 0, got 0"));
+  o = TinyOptions();
   o.kv_dtype = DType::kInt8;
   o.chunk_bytes = 4096;
   o.max_pool_bytes = o.initial_pool_bytes = 4096;
@@ -210,6 +215,86 @@ TEST_F(KvCacheManagerTest, GrowthStopsWhereAChunkWouldTakeTheDeviceHeadroom) {
   m->Free(1);
   EXPECT_TRUE(m->Reserve(2, 16));
   ExpectValid(*m);
+  m->Free(2);
+}
+
+// After a failed growth the arena tries one chunk again each growth_retry_interval, counted
+// from the first Tick() that sees the failure, until one is added; meanwhile no room it
+// does not have is counted as obtainable.
+TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded) {
+  KvCacheOptions o = TinyOptions(1, 4);  // chunks of 4 blocks (1024 bytes), up to 4
+  o.device_headroom_bytes = 4096;
+  o.growth_retry_interval = absl::Seconds(10);
+  auto m = Make(o);
+  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);  // one more chunk fits
+  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
+  ASSERT_TRUE(m->Reserve(1, 30));  // 8 blocks: the second chunk
+  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
+  ASSERT_FALSE(m->Reserve(2, 16));  // a third chunk would take the headroom
+  ASSERT_EQ(m->stats().chunk_growth_failures, 1);
+  const int64_t allocations = backend_.num_allocations();
+  auto expect_stopped = [&](int64_t failures) {
+    const KvCacheStats stats = m->stats();
+    EXPECT_EQ(stats.chunk_growth_failures, failures);
+    EXPECT_EQ(stats.total_blocks, 8);
+    EXPECT_EQ(m->NumObtainableBlocks(), 0);
+    EXPECT_EQ(backend_.num_allocations(), allocations);
+    ExpectValid(*m);
+  };
+
+  m->Tick();  // sees the failure: the interval starts
+  clock_.Advance(absl::Seconds(9));
+  m->Tick();
+  expect_stopped(1);
+  clock_.Advance(absl::Seconds(1));
+  m->Tick();  // tries, and the device still has no room
+  expect_stopped(2);
+  EXPECT_FALSE(m->Reserve(2, 16));
+  expect_stopped(2);  // Reserve does not try again either
+
+  backend_.SimulateDevice(backend_.live_bytes() + 2048 + 4096);  // room for two chunks now
+  clock_.Advance(absl::Seconds(9));
+  m->Tick();
+  expect_stopped(2);
+  clock_.Advance(absl::Seconds(1));
+  m->Tick();  // adds one chunk, and growth goes on from there
+  KvCacheStats stats = m->stats();
+  EXPECT_EQ(stats.chunk_growth_failures, 2);
+  EXPECT_EQ(stats.total_blocks, 12);
+  EXPECT_EQ(m->NumObtainableBlocks(), 8);  // this chunk and the next
+  EXPECT_EQ(backend_.num_allocations(), allocations + 1);
+  EXPECT_TRUE(m->Reserve(2, 16));  // without sequence 1 giving anything up
+  ExpectValid(*m);
+  ASSERT_EQ(*m->AddSequence(3, Iota(16, 900)), 0);
+  EXPECT_TRUE(m->Reserve(3, 16));  // the fourth chunk, grown on demand
+  EXPECT_EQ(m->stats().total_blocks, 16);
+  ExpectValid(*m);
+  m->Free(1);
+  m->Free(2);
+  m->Free(3);
+}
+
+// Without a retry interval (the library's default) a failed growth stops the arena until a
+// chunk is released, however long it runs.
+TEST_F(KvCacheManagerTest, WithoutARetryIntervalGrowthWaitsForARelease) {
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.device_headroom_bytes = 4096;
+  ASSERT_EQ(o.growth_retry_interval, absl::InfiniteDuration());
+  auto m = Make(o);
+  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
+  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
+  ASSERT_TRUE(m->Reserve(1, 30));
+  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
+  ASSERT_FALSE(m->Reserve(2, 16));
+  backend_.SimulateDevice(backend_.live_bytes() + 4096 + 4096);
+  for (int i = 0; i < 3; ++i) {
+    m->Tick();
+    clock_.Advance(absl::Hours(1000));
+  }
+  EXPECT_EQ(m->stats().chunk_growth_failures, 1);
+  EXPECT_EQ(m->stats().total_blocks, 8);
+  EXPECT_EQ(m->NumObtainableBlocks(), 0);
+  m->Free(1);
   m->Free(2);
 }
 

@@ -9,7 +9,8 @@
 # device_hog.py (beside this script), a second daemon whose pool may grow to 64 GiB: it must
 # warn at startup that the device has no room for that, stop growing where a chunk would
 # leave less than memory_pool.device_headroom free (a counted growth failure, its reason on
-# stderr), and still finish 24 requests that together need more KV than it could get.
+# stderr), and still finish 24 requests that together need more KV than it could get; once
+# the hog lets go, the pool must grow again after memory_pool.growth_retry_interval.
 # Prints one PASS/FAIL line per check and a summary; exit status 0 only when all passed.
 # Bounded to about seven minutes (each wait has its own timeout); usually under three.
 #
@@ -234,7 +235,8 @@ start_daemon headroom 200 \
   --set kv_cache_config.max_seq_length=2048 \
   --set kv_cache_config.memory_pool.initial_size=256MiB \
   --set kv_cache_config.memory_pool.max_size=64GiB \
-  --set kv_cache_config.memory_pool.device_headroom=1GiB
+  --set kv_cache_config.memory_pool.device_headroom=1GiB \
+  --set kv_cache_config.memory_pool.growth_retry_interval=2s
 if grep -q 'max_size lets the KV pool grow to 64.00 GiB, more than the device has room for' \
   "$daemon_log"; then
   pass "headroom: startup warns: $(grep -o 'room for: [^(]*' "$daemon_log")"
@@ -261,6 +263,21 @@ if [[ -n "$failures_total" && -n "$reserved" && -n "$free" ]] &&
   pass "headroom: pool stopped at $reserved bytes, $failures_total growth failures, device free $free: $(grep -m1 -o 'would leave [^(]*' "$daemon_log")"
 else
   fail "headroom: growth failures '$failures_total', reserved '$reserved', free '$free'; the headroom's reason in the log: $(grep -c 'would leave' "$daemon_log")"
+fi
+# The hog lets go; an engine step past the 2 s growth_retry_interval tries a chunk again, and
+# the pool grows as before: 32 requests of 1536 + 256 tokens (other prompts than the last
+# ones, so no prefix hits) need 7 GiB of KV at most, more than the pool stopped at.
+stop_hog
+sleep 3
+regrow_prompt() { seq -s, $((2000 + 3000 * $1)) 2 $((2000 + 3000 * $1 + 2 * 1535)); }
+run_clients regrow 32 256 150 regrow_prompt
+scrape "$metrics" > "$dir/metrics_regrow.txt" 2> "$dir/metrics_regrow.err"
+regrown="$(awk '$1 == "kvd_kv_pool_reserved_bytes" { print $2 }' "$dir/metrics_regrow.txt")"
+if ((ok == 32)) && [[ -n "$regrown" && -n "$reserved" ]] &&
+  awk -v a="$regrown" -v b="$reserved" 'BEGIN { exit !(a > b) }'; then
+  pass "growth retry: with the device's memory back the pool grew from $reserved to $regrown bytes, 32/32 requests finished"
+else
+  fail "growth retry: pool at '$regrown' bytes after the hog let go (was '$reserved'); $ok of 32 requests finished"
 fi
 check_sigterm "headroom: SIGTERM"
 stop_hog

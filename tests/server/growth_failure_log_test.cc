@@ -38,8 +38,9 @@ TEST(GrowthFailureLogTest, ReportsTheFirstFailureWithThePoolAndTheError) {
   EXPECT_EQ(err.str(),
             "kvd: warning: the KV pool could not grow past 3 of 819 chunks (1536 of 419328 "
             "blocks): allocating KV arena chunk 4 of 819 (10485760 bytes): out of memory; it "
-            "serves within them, evicting cached blocks, and tries again once a chunk is "
-            "released (1 failure so far: kvd_kv_pool_growth_failures_total)\n");
+            "serves within them, evicting cached blocks, and tries one chunk again after "
+            "memory_pool.growth_retry_interval, or grows once a chunk is released (1 failure so "
+            "far: kvd_kv_pool_growth_failures_total)\n");
 }
 
 TEST(GrowthFailureLogTest, ThenReportsOnlyAtPowersOfTwo) {

@@ -55,6 +55,7 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   kv.memory_pool.initial_size_bytes = int64_t{3} << 20;
   kv.memory_pool.max_size_bytes = int64_t{5} << 30;
   kv.memory_pool.device_headroom_bytes = int64_t{7} << 20;
+  kv.memory_pool.growth_retry_interval = absl::Seconds(42);
   kv.enable_prefix_caching = false;
   kv.session.idle_timeout = absl::Seconds(77);
   kv.session.max_pinned_fraction = 0.375;
@@ -69,6 +70,7 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   EXPECT_EQ(o.initial_pool_bytes, int64_t{3} << 20);
   EXPECT_EQ(o.max_pool_bytes, int64_t{5} << 30);
   EXPECT_EQ(o.device_headroom_bytes, int64_t{7} << 20);
+  EXPECT_EQ(o.growth_retry_interval, absl::Seconds(42));
   EXPECT_FALSE(o.enable_prefix_caching);
   EXPECT_EQ(o.eviction_policy, "chunk_lru");
   EXPECT_EQ(o.session_idle_timeout, absl::Seconds(77));
