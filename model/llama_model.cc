@@ -161,6 +161,19 @@ int64_t LlamaModel::SumWeightBytes() const {
   return bytes;
 }
 
+int64_t LlamaModel::ActivationBytes(const ModelSpec& s, int32_t tokens, int32_t logit_rows) {
+  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * int64_t{s.num_kv_heads} * s.head_dim;
+  const int64_t per_token = s.dim + qkv_dim + q_dim + 2 * int64_t{s.hidden_dim};
+  const int64_t per_row = s.dim + int64_t{s.vocab_size};
+  return static_cast<int64_t>(sizeof(float)) * (tokens * per_token + logit_rows * per_row);
+}
+
+absl::Status LlamaModel::ReserveActivations(int32_t max_step_tokens, int32_t max_logit_rows) {
+  return EnsureScratch(std::max(max_step_tokens, max_bucket_),
+                       std::max(max_logit_rows, max_bucket_));
+}
+
 absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_rows) {
   const ModelSpec& s = spec_;
   const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;

@@ -130,6 +130,18 @@ class LlamaModel {
   // null recorder turns graphs off (the default).
   // REQUIRES: max_batch_size >= 1 when recorder is not null.
   void SetDecodeGraphs(std::unique_ptr<OpGraphRecorder> recorder, int32_t max_batch_size);
+
+  // Allocates now the activations of the largest step to come, at most `max_step_tokens`
+  // tokens of which at most `max_logit_rows` sample (and, with decode graphs, their largest
+  // bucket), where Forward would grow them as the steps come. A server on a GPU calls it
+  // before its KV pool grows into the memory left, so that the pool cannot take what a full
+  // step needs. The backend's error (out of memory) when it cannot; nothing is freed then.
+  // REQUIRES: max_step_tokens >= 1, max_logit_rows >= 1.
+  absl::Status ReserveActivations(int32_t max_step_tokens, int32_t max_logit_rows);
+  // The bytes of the activations of a step of `tokens` tokens of which `logit_rows` sample
+  // (fp32 hidden, Q/K/V, attention output and gate/up rows per token; the final norm's row
+  // and the logits per sampled row): what Forward holds for the largest step so far.
+  static int64_t ActivationBytes(const ModelSpec& spec, int32_t tokens, int32_t logit_rows);
   const DecodeGraphStats& decode_graph_stats() const { return graph_stats_; }
 
  private:

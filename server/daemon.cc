@@ -141,6 +141,22 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   if (graphs) {
     d.model->SetDecodeGraphs(MakeOpGraphRecorder(d.backend.get()), config.kv_cache.max_batch_size);
   }
+  if (device == Device::kCuda) {
+    // Before the KV pool's chunks: the pool grows into the device memory left beside them, and
+    // would otherwise take what a full step's activations need later (aborting that step).
+    // The CPU backend grows them as the steps come, in host memory committed as it is used.
+    const int32_t step_tokens = config.scheduler.max_num_batched_tokens;
+    if (absl::Status s = d.model->ReserveActivations(step_tokens, config.kv_cache.max_batch_size);
+        !s.ok()) {
+      return Prefixed("scheduler.max_num_batched_tokens",
+                      absl::ResourceExhaustedError(
+                          absl::StrCat("the activations of a ", step_tokens, "-token step (",
+                                       HumanBytes(LlamaModel::ActivationBytes(
+                                           spec, step_tokens, config.kv_cache.max_batch_size)),
+                                       ") do not fit the device beside the weights: ", s.message(),
+                                       "; allowed: fewer tokens a step")));
+    }
+  }
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);
   if (!cache.ok()) {
     return Prefixed("kv_cache_config", cache.status());
@@ -252,7 +268,9 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
       << "), kv " << info.kv_dtype << ", block size " << cache_options.block_size << ", "
       << max_blocks << " blocks\n";
   out << pool_report.line << "\n";
-  out << DescribeMemory(d.engine->Stats().memory, d.backend->QueryDeviceMemory()) << "\n";
+  out << DescribeMemory(d.engine->Stats().memory, d.backend->QueryDeviceMemory(),
+                        /*activations_reserved=*/device == Device::kCuda)
+      << "\n";
   for (const std::string& warning : pool_report.warnings) err << warning << "\n";
   if (device_room_warning.has_value()) err << *device_room_warning << "\n";
   out << "kvd: serving gRPC on " << grpc_address << "\n";

@@ -13,8 +13,11 @@ namespace kvd {
 // line (pool_report.h): "kvd: memory: weights ..., KV pool ..., activations and other buffers
 // ..., backend workspace ...", then the device's free and total memory where it is known (no
 // newline). The figures are those kvd_memory_bytes and kvd_device_memory_bytes publish.
+// `activations_reserved`: the model holds the largest step's activations already
+// (LlamaModel::ReserveActivations), rather than growing them as steps come.
 std::string DescribeMemory(const MemoryStats& memory,
-                           const std::optional<Backend::DeviceMemory>& device);
+                           const std::optional<Backend::DeviceMemory>& device,
+                           bool activations_reserved = false);
 
 }  // namespace kvd
 

@@ -136,7 +136,8 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
   w.Gauges("kvd_memory_bytes",
            "Backend memory kvd holds (device memory on CUDA, host memory on the CPU), by what "
            "holds it: weights; kv_pool, the KV arena's chunks (kvd_kv_pool_reserved_bytes); "
-           "activations, every other buffer (activations grown to the largest batch so far, "
+           "activations, every other buffer (activations: on CUDA those of the largest step, "
+           "held from the start, on the CPU grown to the largest batch so far; "
            "batch metadata, decode-graph and sampling buffers, the KV arena's chunk table and "
            "block-copy list); workspace, the backend's own (CUDA op scratch and cuBLASLt "
            "workspace). As of the engine's last step.",

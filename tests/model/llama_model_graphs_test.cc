@@ -224,6 +224,21 @@ TEST(LlamaModelGraphsTest, AScratchGrowthFailingPartWayLeavesNoGraphOverFreedMem
 
 // Graphs need scratch for the largest bucket (8 here); where that cannot be had, a decode step
 // runs uncaptured in scratch for its own two rows, and a later step records its graph.
+// With decode graphs, the reservation covers their largest bucket too (8 rows for a batch of
+// up to 6), which the first decode step would otherwise allocate.
+TEST(LlamaModelGraphsTest, ReservedActivationsCoverTheLargestBucket) {
+  GraphedAndReference models(/*max_batch_size=*/6, /*chunk_shift=*/6);
+  const int64_t before = models.fake().allocated_bytes();
+  ASSERT_TRUE(models.graphed().ReserveActivations(4, 2).ok());
+  EXPECT_EQ(models.fake().allocated_bytes() - before,
+            LlamaModel::ActivationBytes(models.graphed().spec(), 8, 8));
+  const int64_t reserved = models.fake().allocated_bytes();
+  models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
+  EXPECT_EQ(models.stats().captures, 1);
+  // Beyond the reservation, only the graphs' metadata buffer.
+  EXPECT_LT(models.fake().allocated_bytes() - reserved, 4096);
+}
+
 TEST(LlamaModelGraphsTest, ADecodeRunsUncapturedWhereTheLargestBucketsScratchCannotBeHad) {
   GraphedAndReference models(/*max_batch_size=*/8, /*chunk_shift=*/6);
   models.fake().FailAllocation(0);  // the first of the 8-row buffers

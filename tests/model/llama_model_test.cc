@@ -236,6 +236,73 @@ TEST(LlamaModelTest, WeightBytesAreItsFp32ParametersOnTheCpu) {
   EXPECT_EQ((*model)->weight_bytes(), parameters * 4);
 }
 
+// ActivationBytes counts per token the fp32 hidden row, Q/K/V, the attention output and the
+// gate/up rows, and per sampled row the final norm's row and the logits.
+TEST(LlamaModelTest, ActivationBytesArePerTokenAndPerSampledRow) {
+  ModelSpec stories;  // stories260K's shape
+  stories.dim = 64;
+  stories.num_heads = 8;
+  stories.num_kv_heads = 4;
+  stories.head_dim = 8;
+  stories.hidden_dim = 172;
+  stories.vocab_size = 512;
+  // 64 + (64 + 2 * 32) + 64 + 2 * 172 = 600 floats a token, 64 + 512 a sampled row.
+  EXPECT_EQ(LlamaModel::ActivationBytes(stories, 40, 3), 4 * (40 * 600 + 3 * 576));
+  ModelSpec llama3 = stories;  // Llama-3-8B's
+  llama3.dim = 4096;
+  llama3.num_heads = 32;
+  llama3.num_kv_heads = 8;
+  llama3.head_dim = 128;
+  llama3.hidden_dim = 14336;
+  llama3.vocab_size = 128256;
+  EXPECT_EQ(LlamaModel::ActivationBytes(llama3, 1, 0), 172032);  // 168 KiB a token
+  EXPECT_EQ(LlamaModel::ActivationBytes(llama3, 0, 1), 529408);
+}
+
+// ReserveActivations holds at once what the largest step would grow the activations to: a
+// step of that size then allocates no more activation memory than the same step does on a
+// model that grew them as it came.
+TEST(LlamaModelTest, ReservedActivationsHoldTheLargestStep) {
+  auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto again = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(again.ok()) << again.status();
+  CpuBackend reserving_backend(1), growing_backend(1);
+  auto reserving = LlamaModel::Create(*std::move(weights), &reserving_backend);
+  ASSERT_TRUE(reserving.ok()) << reserving.status();
+  auto growing = LlamaModel::Create(*std::move(again), &growing_backend);
+  ASSERT_TRUE(growing.ok()) << growing.status();
+  const ModelSpec& spec = (*reserving)->spec();
+  const int64_t weights_bytes = (*reserving)->weight_bytes();
+
+  ASSERT_TRUE((*reserving)->ReserveActivations(40, 3).ok());
+  EXPECT_EQ(reserving_backend.allocated_bytes() - weights_bytes,
+            LlamaModel::ActivationBytes(spec, 40, 3));
+
+  // 40 tokens in three sequences, each sampling.
+  TestArena reserving_kv(&reserving_backend, spec, 16, 8, 1);
+  TestArena growing_kv(&growing_backend, spec, 16, 8, 1);
+  ForwardBatch batch;
+  int32_t token = 1;
+  for (int32_t len : {20, 15, 5}) {
+    std::vector<int32_t> prompt(len);
+    for (int32_t& t : prompt) t = token++;
+    std::vector<int32_t> reserving_blocks, growing_blocks;
+    reserving_kv.Cover(&reserving_blocks, len);
+    growing_kv.Cover(&growing_blocks, len);
+    ASSERT_EQ(reserving_blocks, growing_blocks);  // the same seed: the same shuffled blocks
+    batch.AddSequence(prompt, 0, reserving_blocks, 16, /*want_logits=*/true);
+  }
+  const int64_t reserved = reserving_backend.allocated_bytes();
+  std::vector<float> reserving_logits, growing_logits;
+  ASSERT_TRUE((*reserving)->Forward(batch, reserving_kv.views(), &reserving_logits).ok());
+  ASSERT_TRUE((*growing)->Forward(batch, growing_kv.views(), &growing_logits).ok());
+  EXPECT_EQ(reserving_logits, growing_logits);
+  EXPECT_EQ(reserving_backend.allocated_bytes(), growing_backend.allocated_bytes());
+  // Beyond the reservation, only the step's metadata (ids, positions, block tables).
+  EXPECT_LT(reserving_backend.allocated_bytes() - reserved, 4096);
+}
+
 // ForwardAndSample samples each logit row on the backend with its own options: the tokens
 // are what Sampler::Sample picks from Forward's logits (same sampler state), for greedy and
 // for filtered, seeded sampling rows in one batch. A row count that does not match the

@@ -21,6 +21,10 @@ TEST(MemoryReportTest, SaysWhatHoldsTheBackendsMemoryAndWhatTheDeviceHasFree) {
   EXPECT_THAT(DescribeMemory(m, Backend::DeviceMemory{int64_t{80} << 30, int64_t{55} << 30}),
               ::testing::EndsWith("backend workspace 33.0 MiB; the device has 55.00 GiB free of "
                                   "80.00 GiB"));
+  // On a GPU the daemon holds the largest step's activations from the start.
+  EXPECT_THAT(DescribeMemory(m, std::nullopt, /*activations_reserved=*/true),
+              ::testing::HasSubstr("activations and other buffers 3.0 MiB (those of the largest "
+                                   "step, held from the start), backend workspace"));
 }
 
 }  // namespace
