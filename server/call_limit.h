@@ -10,7 +10,9 @@
 // container's pids limit), which the engine's and the metrics server's own threads share.
 // LimitConcurrentCalls caps them. Past the cap gRPC answers a new call RESOURCE_EXHAUSTED
 // (message "Server Threadpool Exhausted") without giving it a thread; the calls already
-// running go on, and a call that ends makes room for the next.
+// running go on, and a call that ends makes room for the next. gRPC's health service
+// (grpc.health.v1, Kubernetes' probes) runs on gRPC's callback threads, outside the cap, so a
+// daemon at the cap still answers its probes (call_limit_test.cc checks it).
 
 #include <grpcpp/server_builder.h>
 

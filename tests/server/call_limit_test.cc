@@ -4,6 +4,7 @@
 #include "server/call_limit.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -84,6 +85,7 @@ class CallLimitTest : public ::testing::Test {
   static constexpr int kMaxCalls = 3;
 
   void SetUp() override {
+    grpc::EnableDefaultHealthCheckService(true);  // as the daemon does
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -100,6 +102,7 @@ class CallLimitTest : public ::testing::Test {
     service_.Release(1000);
     for (std::thread& t : callers_) t.join();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::EnableDefaultHealthCheckService(false);  // a process-wide switch: as it was
   }
 
   // Starts a GetModelInfo call on a thread of its own; returns its index for Ended().
@@ -130,6 +133,34 @@ class CallLimitTest : public ::testing::Test {
     return ended;
   }
 
+  // grpc.health.v1.Health/Check for the whole server: its status and the response's
+  // serving status (1 = SERVING; -1 when the call failed or the response is not one field).
+  std::pair<grpc::Status, int> CheckHealth() {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice empty;  // HealthCheckRequest{service: ""} is empty on the wire
+    grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    absl::Mutex mu;
+    std::optional<grpc::Status> done;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status status) {
+                     absl::MutexLock lock(&mu);
+                     done = std::move(status);
+                   });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<grpc::Status>* d) { return d->has_value(); }, &done));
+    std::vector<grpc::Slice> slices;
+    int serving = -1;
+    if (done->ok() && response.Dump(&slices).ok() && slices.size() == 1 && slices[0].size() == 2 &&
+        slices[0].begin()[0] == 0x08) {  // field 1, varint
+      serving = slices[0].begin()[1];
+    }
+    return {*done, serving};
+  }
+
   grpc::Status Call() {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
@@ -158,6 +189,10 @@ TEST_F(CallLimitTest, CallsPastTheCapAreRefusedWhileTheOthersRun) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(service_.running(), kMaxCalls) << "a running call was disturbed";
   EXPECT_THAT(EndedCalls(), IsEmpty());
+  // Health checks (Kubernetes' probes) are served beside the cap, not refused by it.
+  const auto [health, serving] = CheckHealth();
+  EXPECT_TRUE(health.ok()) << health.error_message();
+  EXPECT_EQ(serving, 1);
 
   service_.Release(1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
