@@ -374,9 +374,13 @@ void KvCacheManager::RetryGrowthWhenDue() {
     return;
   }
   if (now - growth_failure_seen_at_ < options_.growth_retry_interval) return;
+  // A pool that defragmentation is shrinking needs no chunk, and the release will lift the
+  // stop anyway.
+  if (defrag_ != nullptr && ShouldShrink()) return;
   // Here rather than at the next allocation that needs a chunk: lifting the stop alone would
   // have NumObtainableBlocks() count room up to max_chunks that may not be there, and
-  // admission would let in requests on it until some allocation found out.
+  // admission would let in requests on it until some allocation found out. Once a chunk is
+  // added, growth goes on as before the failure: room up to max_chunks is counted again.
   pool_->ResumeGrowth();
   if (!pool_->Grow().ok()) {  // stopped again, and counted: the next try is an interval on
     growth_failures_seen_ = pool_->num_growth_failures();

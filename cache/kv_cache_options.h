@@ -30,7 +30,8 @@ struct KvCacheOptions {
   // After a failed growth the arena adds no chunk until one is released (memory that ran out
   // stays out, as a rule), or until this long has passed, when Tick() tries one chunk again:
   // memory another process held may have come back. Measured from the first Tick() after the
-  // failure. Infinite = only after a release.
+  // failure; no try while defragmentation would shrink the pool. Infinite = only after a
+  // release.
   absl::Duration growth_retry_interval = absl::InfiniteDuration();
   bool enable_prefix_caching = true;
   std::string eviction_policy = "lru";  // "lru" or "chunk_lru" (eviction_policy.h)

@@ -242,8 +242,8 @@ std::vector<ConfigKey> BuildKeys() {
       "kv_cache_config.memory_pool.growth_retry_interval",
       "After a failed growth (device or host memory out, or the headroom reached) the arena "
       "adds no chunk until one is released, or until this long has passed, when it tries one "
-      "chunk again",
-      [](auto& c) -> auto& { return c.kv_cache.memory_pool.growth_retry_interval; }, false));
+      "chunk again; 0 = only once a chunk is released",
+      [](auto& c) -> auto& { return c.kv_cache.memory_pool.growth_retry_interval; }, true));
   keys.push_back(EnumKey<EvictionPolicyKind>(
       "kv_cache_config.eviction_policy",
       "Which cached, unreferenced block is evicted first (only lru exists for now)",

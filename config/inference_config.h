@@ -49,7 +49,7 @@ struct MemoryPoolConfig {
   // Device memory the arena's growth leaves free for the engine's buffers (GPU backends).
   int64_t device_headroom_bytes = int64_t{1} << 30;  // 1GiB
   // After a failed growth, how long until the arena tries one chunk again (a release lifts
-  // the stop sooner).
+  // the stop sooner); 0 = no tries, only a release.
   absl::Duration growth_retry_interval = absl::Seconds(10);
 
   bool operator==(const MemoryPoolConfig&) const = default;

@@ -170,8 +170,14 @@ int64_t LlamaModel::ActivationBytes(const ModelSpec& s, int32_t tokens, int32_t 
 }
 
 absl::Status LlamaModel::ReserveActivations(int32_t max_step_tokens, int32_t max_logit_rows) {
-  return EnsureScratch(std::max(max_step_tokens, max_bucket_),
-                       std::max(max_logit_rows, max_bucket_));
+  const int32_t tokens = std::max(max_step_tokens, max_bucket_);
+  const int32_t rows = std::max(max_logit_rows, max_bucket_);
+  const absl::Status s = EnsureScratch(tokens, rows);
+  if (s.ok()) return s;
+  return absl::Status(
+      s.code(), absl::StrCat("allocating the activations of a step of ", tokens, " tokens and ",
+                             rows, " sampled rows (", ActivationBytes(spec_, tokens, rows),
+                             " bytes): ", s.message()));
 }
 
 absl::Status LlamaModel::EnsureScratch(int32_t num_tokens, int32_t num_logit_rows) {

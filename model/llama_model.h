@@ -135,7 +135,8 @@ class LlamaModel {
   // tokens of which at most `max_logit_rows` sample (and, with decode graphs, their largest
   // bucket), where Forward would grow them as the steps come. A server on a GPU calls it
   // before its KV pool grows into the memory left, so that the pool cannot take what a full
-  // step needs. The backend's error (out of memory) when it cannot; nothing is freed then.
+  // step needs. The backend's error (out of memory) when it cannot, with the rows and bytes
+  // asked for; nothing is freed then.
   // REQUIRES: max_step_tokens >= 1, max_logit_rows >= 1.
   absl::Status ReserveActivations(int32_t max_step_tokens, int32_t max_logit_rows);
   // The bytes of the activations of a step of `tokens` tokens of which `logit_rows` sample

@@ -34,7 +34,8 @@ struct MemoryStats {
   // The KV arena's chunks (KvCacheStats::total_bytes), where the arena is on the model's
   // backend; 0 otherwise.
   int64_t kv_pool_bytes = 0;
-  // Every other buffer: activations (grown to the largest batch so far), batch metadata,
+  // Every other buffer: activations (on CUDA the largest step's, held from startup; on the
+  // CPU grown to the largest batch so far), batch metadata,
   // decode-graph buffers, sampling buffers, the arena's chunk table and block-copy list.
   int64_t activation_bytes = 0;
   int64_t workspace_bytes = 0;  // Backend::workspace_bytes()

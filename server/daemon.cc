@@ -145,16 +145,13 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     // Before the KV pool's chunks: the pool grows into the device memory left beside them, and
     // would otherwise take what a full step's activations need later (aborting that step).
     // The CPU backend grows them as the steps come, in host memory committed as it is used.
-    const int32_t step_tokens = config.scheduler.max_num_batched_tokens;
-    if (absl::Status s = d.model->ReserveActivations(step_tokens, config.kv_cache.max_batch_size);
+    if (absl::Status s = d.model->ReserveActivations(config.scheduler.max_num_batched_tokens,
+                                                     config.kv_cache.max_batch_size);
         !s.ok()) {
-      return Prefixed("scheduler.max_num_batched_tokens",
-                      absl::ResourceExhaustedError(
-                          absl::StrCat("the activations of a ", step_tokens, "-token step (",
-                                       HumanBytes(LlamaModel::ActivationBytes(
-                                           spec, step_tokens, config.kv_cache.max_batch_size)),
-                                       ") do not fit the device beside the weights: ", s.message(),
-                                       "; allowed: fewer tokens a step")));
+      return Prefixed("scheduler.max_num_batched_tokens and kv_cache_config.max_batch_size",
+                      absl::Status(s.code(), absl::StrCat(s.message(),
+                                                          "; allowed: a step whose activations "
+                                                          "fit the device's free memory")));
     }
   }
   auto cache = KvCacheManager::Create(cache_options, shape, d.backend.get(), &d.clock);

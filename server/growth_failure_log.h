@@ -12,8 +12,8 @@ namespace kvd {
 // memory_pool.max_size): the pool then serves within the chunks it has, evicting cached
 // blocks, which the capacity metrics (at max_size) would not show. Reports the first failure
 // and then the 2nd, 4th, 8th, ... (a pool that fails again at each growth_retry_interval, or
-// each time a chunk comes and goes, must not flood the log), each with the arena's error. Not thread safe; the serve loop
-// calls Check with each stats snapshot it polls.
+// each time a chunk comes and goes, must not flood the log), each with the arena's error. Not
+// thread safe; the serve loop calls Check with each stats snapshot it polls.
 class GrowthFailureLog {
  public:
   // Writes one line to `err` when `stats` has reached the next count to report.

@@ -52,7 +52,9 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
   options.device_headroom_bytes = kv.memory_pool.device_headroom_bytes;
-  options.growth_retry_interval = kv.memory_pool.growth_retry_interval;
+  options.growth_retry_interval = kv.memory_pool.growth_retry_interval == absl::ZeroDuration()
+                                      ? absl::InfiniteDuration()
+                                      : kv.memory_pool.growth_retry_interval;
   options.enable_prefix_caching = kv.enable_prefix_caching;
   options.eviction_policy = std::string(Name(kv.eviction_policy));
   options.session_idle_timeout = kv.session.idle_timeout;

@@ -274,6 +274,33 @@ TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded
   m->Free(3);
 }
 
+// No try while defragmentation would shrink the pool: it needs no chunk, and the release
+// lifts the stop.
+TEST_F(KvCacheManagerTest, NoGrowthIsTriedWhileDefragmentationWouldShrinkThePool) {
+  KvCacheOptions o = TinyOptions(1, 4);
+  o.device_headroom_bytes = 4096;
+  o.growth_retry_interval = absl::Seconds(10);
+  o.enable_defrag = true;
+  o.defrag_interval = absl::Hours(1000);  // one step, at the first Tick, then none
+  auto m = Make(o);
+  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
+  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
+  ASSERT_TRUE(m->Reserve(1, 30));
+  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
+  ASSERT_FALSE(m->Reserve(2, 16));
+  m->Tick();  // sees the failure; 8 blocks in use, nothing to shrink
+  m->Free(1);
+  m->Free(2);  // nothing in use: the pool would shrink
+  backend_.SimulateDevice(backend_.live_bytes() + 4096 + 4096);
+  const int64_t allocations = backend_.num_allocations();
+  clock_.Advance(absl::Seconds(30));
+  m->Tick();
+  EXPECT_EQ(backend_.num_allocations(), allocations);
+  EXPECT_EQ(m->stats().chunk_growth_failures, 1);
+  EXPECT_EQ(m->stats().total_blocks, 8);
+  ExpectValid(*m);
+}
+
 // Without a retry interval (the library's default) a failed growth stops the arena until a
 // chunk is released, however long it runs.
 TEST_F(KvCacheManagerTest, WithoutARetryIntervalGrowthWaitsForARelease) {

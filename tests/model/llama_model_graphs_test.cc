@@ -3,14 +3,17 @@
 // to allocate leaves the model able to run the next steps correctly, never replaying a graph
 // over memory it freed nor over a metadata buffer it lost.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/cpu_backend.h"
 #include "model/llama_model.h"
@@ -237,6 +240,22 @@ TEST(LlamaModelGraphsTest, ReservedActivationsCoverTheLargestBucket) {
   EXPECT_EQ(models.stats().captures, 1);
   // Beyond the reservation, only the graphs' metadata buffer.
   EXPECT_LT(models.fake().allocated_bytes() - reserved, 4096);
+}
+
+// A reservation the backend cannot hold fails with the backend's code, saying what it asked
+// for.
+TEST(LlamaModelGraphsTest, AReservationThatDoesNotFitSaysWhatItAskedFor) {
+  GraphedAndReference models(/*max_batch_size=*/6, /*chunk_shift=*/6);
+  models.fake().FailAllocation(2);
+  const absl::Status s = models.graphed().ReserveActivations(4, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::StartsWith(absl::StrCat(
+                  "allocating the activations of a step of 8 tokens and 8 sampled rows (",
+                  LlamaModel::ActivationBytes(models.graphed().spec(), 8, 8), " bytes): ")));
+  // The model stays usable: a later reservation, and steps, succeed.
+  ASSERT_TRUE(models.graphed().ReserveActivations(4, 2).ok());
+  models.ExpectSameLogits(Decode({20, 40}, {0, 10}));
 }
 
 TEST(LlamaModelGraphsTest, ADecodeRunsUncapturedWhereTheLargestBucketsScratchCannotBeHad) {

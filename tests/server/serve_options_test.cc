@@ -86,6 +86,18 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   EXPECT_EQ(defaults.eviction_policy, "lru");
 }
 
+// growth_retry_interval 0 means no tries: the cache's option is infinite (only a released chunk
+// lifts a stop), where a zero interval would be an invalid option.
+TEST(CacheOptionsFromTest, AGrowthRetryIntervalOfZeroMeansNoTries) {
+  KvCacheConfig kv;
+  kv.memory_pool.growth_retry_interval = absl::ZeroDuration();
+  const KvCacheOptions o = CacheOptionsFrom(kv, DType::kBF16, kLlama3_8b);
+  EXPECT_EQ(o.growth_retry_interval, absl::InfiniteDuration());
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+  EXPECT_EQ(CacheOptionsFrom(KvCacheConfig{}, DType::kBF16, kLlama3_8b).growth_retry_interval,
+            absl::Seconds(10));
+}
+
 TEST(EngineOptionsFromTest, EveryKeyReachesItsOption) {
   InferenceConfig config;
   config.kv_cache.max_batch_size = 21;
