@@ -1,6 +1,9 @@
 """Bad requests get the documented status and a message naming the field, and the daemon
 keeps serving after every one (bad config files: config_files_test.py)."""
 
+import queue
+import time
+
 import grpc
 
 import kvd_harness as h
@@ -212,6 +215,77 @@ class ShortContextTest(h.DaemonTestCase):
             self.generate(max_tokens=64 + 2 - len(PROMPT))
         self.assertEqual(e.exception.code(), INVALID)
         self.assertRegex(e.exception.details(), r"^max_tokens.*context of 64 tokens")
+        self.assertStillServing()
+
+
+class CallCapTest(h.DaemonTestCase):
+    # server.max_concurrent_calls = 2. Server reflection streams hold a call each for as long as
+    # their client keeps them open, which makes a full cap easy to hold.
+    SETTINGS = {"server.max_concurrent_calls": "2", "server.num_threads": "1"}
+
+    def open_reflection_stream(self):
+        """A reflection stream whose first request is answered (its handler runs and waits for
+        the next); returns (requests queue, call). Put None in the queue to end it."""
+        rpb = h.reflection_pb()
+        requests = queue.Queue()
+
+        def pending():
+            while True:
+                r = requests.get()
+                if r is None:
+                    return
+                yield r
+
+        call = self.daemon.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=rpb.ServerReflectionRequest.SerializeToString,
+            response_deserializer=rpb.ServerReflectionResponse.FromString)(
+                pending(), timeout=h.RPC_TIMEOUT_S)
+        requests.put(rpb.ServerReflectionRequest(list_services="*"))
+        self.assertTrue(next(call).list_services_response.service)
+        return requests, call
+
+    def close(self, stream):
+        requests, call = stream
+        requests.put(None)
+        for _ in call:  # to its status: the handler has returned
+            pass
+
+    def model_info(self):
+        return self.daemon.stub.GetModelInfo(h.pb().GetModelInfoRequest(),
+                                             timeout=h.RPC_TIMEOUT_S)
+
+    def test_calls_past_the_cap_are_refused_at_once_and_health_still_answers(self):
+        streams = [self.open_reflection_stream() for _ in range(2)]
+        try:
+            for refused in [self.model_info,
+                            lambda: self.daemon.generate(request(max_tokens=4))]:
+                with self.assertRaises(grpc.RpcError) as e:
+                    refused()
+                self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertIn("Threadpool Exhausted", e.exception.details())
+            health = self.daemon.channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=h.health_pb().HealthCheckRequest.SerializeToString,
+                response_deserializer=h.health_pb().HealthCheckResponse.FromString)
+            self.assertEqual(health(h.health_pb().HealthCheckRequest(service=""),
+                                    timeout=h.RPC_TIMEOUT_S).status,
+                             h.health_pb().HealthCheckResponse.SERVING)
+            # A call that ends makes room (its thread goes back to gRPC's pool a moment after
+            # the client has its status: until then a call may still be refused).
+            self.close(streams.pop())
+            deadline = time.monotonic() + 10 * h.TIME_SCALE
+            while True:
+                try:
+                    self.assertEqual(self.model_info().name, "stories260K")
+                    break
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+                    self.assertLess(time.monotonic(), deadline, "no room after a call ended")
+                    time.sleep(0.01)
+        finally:
+            for stream in streams:
+                self.close(stream)
         self.assertStillServing()
 
 
