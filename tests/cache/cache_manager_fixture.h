@@ -34,6 +34,22 @@ class CacheManagerTest : public ::testing::Test {
     EXPECT_TRUE(Step(*m, 2, 20));
     return m;
   }
+  // `options` with a 4096-byte device headroom, on a fake device with room for one chunk
+  // beyond the first: sequence 1 holds 30 tokens (8 blocks, both chunks) and sequence 2's 16
+  // tokens, which would need a third chunk, could not be reserved: growth is stopped, after
+  // one failure. REQUIRES: options' geometry is TinyOptions(1, 4)'s (chunks of 4 blocks,
+  // 1024 bytes, up to 4).
+  std::unique_ptr<KvCacheManager> MakeStoppedAtTheHeadroom(KvCacheOptions options) {
+    options.device_headroom_bytes = 4096;
+    std::unique_ptr<KvCacheManager> m = Make(options);
+    backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
+    EXPECT_EQ(*m->AddSequence(1, Iota(30)), 0);
+    EXPECT_TRUE(m->Reserve(1, 30));
+    EXPECT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
+    EXPECT_FALSE(m->Reserve(2, 16));
+    EXPECT_EQ(m->stats().chunk_growth_failures, 1);
+    return m;
+  }
   void ExpectValid(const KvCacheManager& m) {
     ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants();
   }

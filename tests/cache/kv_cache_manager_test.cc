@@ -222,16 +222,9 @@ TEST_F(KvCacheManagerTest, GrowthStopsWhereAChunkWouldTakeTheDeviceHeadroom) {
 // from the first Tick() that sees the failure, until one is added; meanwhile no room it
 // does not have is counted as obtainable.
 TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded) {
-  KvCacheOptions o = TinyOptions(1, 4);  // chunks of 4 blocks (1024 bytes), up to 4
-  o.device_headroom_bytes = 4096;
+  KvCacheOptions o = TinyOptions(1, 4);
   o.growth_retry_interval = absl::Seconds(10);
-  auto m = Make(o);
-  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);  // one more chunk fits
-  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
-  ASSERT_TRUE(m->Reserve(1, 30));  // 8 blocks: the second chunk
-  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
-  ASSERT_FALSE(m->Reserve(2, 16));  // a third chunk would take the headroom
-  ASSERT_EQ(m->stats().chunk_growth_failures, 1);
+  auto m = MakeStoppedAtTheHeadroom(o);
   const int64_t allocations = backend_.num_allocations();
   auto expect_stopped = [&](int64_t failures) {
     const KvCacheStats stats = m->stats();
@@ -278,16 +271,10 @@ TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded
 // lifts the stop.
 TEST_F(KvCacheManagerTest, NoGrowthIsTriedWhileDefragmentationWouldShrinkThePool) {
   KvCacheOptions o = TinyOptions(1, 4);
-  o.device_headroom_bytes = 4096;
   o.growth_retry_interval = absl::Seconds(10);
   o.enable_defrag = true;
   o.defrag_interval = absl::Hours(1000);  // one step, at the first Tick, then none
-  auto m = Make(o);
-  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
-  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
-  ASSERT_TRUE(m->Reserve(1, 30));
-  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
-  ASSERT_FALSE(m->Reserve(2, 16));
+  auto m = MakeStoppedAtTheHeadroom(o);
   m->Tick();  // sees the failure; 8 blocks in use, nothing to shrink
   m->Free(1);
   m->Free(2);  // nothing in use: the pool would shrink
@@ -305,14 +292,8 @@ TEST_F(KvCacheManagerTest, NoGrowthIsTriedWhileDefragmentationWouldShrinkThePool
 // chunk is released, however long it runs.
 TEST_F(KvCacheManagerTest, WithoutARetryIntervalGrowthWaitsForARelease) {
   KvCacheOptions o = TinyOptions(1, 4);
-  o.device_headroom_bytes = 4096;
   ASSERT_EQ(o.growth_retry_interval, absl::InfiniteDuration());
-  auto m = Make(o);
-  backend_.SimulateDevice(backend_.live_bytes() + 1024 + 4096);
-  ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
-  ASSERT_TRUE(m->Reserve(1, 30));
-  ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
-  ASSERT_FALSE(m->Reserve(2, 16));
+  auto m = MakeStoppedAtTheHeadroom(o);
   backend_.SimulateDevice(backend_.live_bytes() + 4096 + 4096);
   for (int i = 0; i < 3; ++i) {
     m->Tick();
