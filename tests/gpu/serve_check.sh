@@ -189,7 +189,9 @@ fi
 
 # Where the memory went: llama3-8b's 8,030,261,248 parameters in bf16, the KV pool's chunks,
 # and the GPU's own total and free memory, which must have room for what kvd says it holds.
-series() { awk -v k="$1" '$1 == k { print $2 }' "$dir/metrics.txt" | head -n 1; }
+# series NAME [FILE]: the value of the series NAME (labels included) in FILE (default: the
+# first daemon's scrape).
+series() { awk -v k="$1" '$1 == k { print $2 }' "${2:-$dir/metrics.txt}" | head -n 1; }
 weights="$(series 'kvd_memory_bytes{component="weights"}')"
 kv_pool="$(series 'kvd_memory_bytes{component="kv_pool"}')"
 reserved="$(series kvd_kv_pool_reserved_bytes)"
@@ -256,11 +258,9 @@ else
   fail "headroom: only $ok of 24 requests finished with finish_reason=length and 256 tokens"
 fi
 scrape "$metrics" > "$dir/metrics_headroom.txt" 2> "$dir/metrics_headroom.err"
-failures_total="$(awk '$1 == "kvd_kv_pool_growth_failures_total" { print $2 }' \
-  "$dir/metrics_headroom.txt")"
-reserved="$(awk '$1 == "kvd_kv_pool_reserved_bytes" { print $2 }' "$dir/metrics_headroom.txt")"
-free="$(awk '$1 == "kvd_device_memory_bytes{state=\"free\"}" { print $2 }' \
-  "$dir/metrics_headroom.txt")"
+failures_total="$(series kvd_kv_pool_growth_failures_total "$dir/metrics_headroom.txt")"
+reserved="$(series kvd_kv_pool_reserved_bytes "$dir/metrics_headroom.txt")"
+free="$(series 'kvd_device_memory_bytes{state="free"}' "$dir/metrics_headroom.txt")"
 if [[ -n "$failures_total" && -n "$reserved" && -n "$free" ]] &&
   awk -v f="$failures_total" -v r="$reserved" 'BEGIN { exit !(f >= 1 && r < 64 * 2^30) }' &&
   grep -q 'would leave .* under the 1073741824 kept for the engine.s buffers' "$daemon_log"; then
@@ -272,14 +272,13 @@ fi
 # the pool grows as before: 32 requests of 1536 + 256 tokens (other prompts than the last
 # ones, so no prefix hits) need 7 GiB of KV at most, more than the pool stopped at.
 # Defragmentation is off in this daemon, so no chunk release lifts the stop instead.
-released="$(awk '$1 == "kvd_kv_pool_chunks_released_total" { print $2 }' \
-  "$dir/metrics_headroom.txt")"
+released="$(series kvd_kv_pool_chunks_released_total "$dir/metrics_headroom.txt")"
 stop_hog
 sleep 3
 regrow_prompt() { seq -s, $((2000 + 3000 * $1)) 2 $((2000 + 3000 * $1 + 2 * 1535)); }
 run_clients regrow 32 256 150 regrow_prompt
 scrape "$metrics" > "$dir/metrics_regrow.txt" 2> "$dir/metrics_regrow.err"
-regrown="$(awk '$1 == "kvd_kv_pool_reserved_bytes" { print $2 }' "$dir/metrics_regrow.txt")"
+regrown="$(series kvd_kv_pool_reserved_bytes "$dir/metrics_regrow.txt")"
 if ((ok == 32)) && [[ -n "$regrown" && -n "$reserved" && "$released" == 0 ]] &&
   awk -v a="$regrown" -v b="$reserved" 'BEGIN { exit !(a > b) }'; then
   pass "growth retry: with the device's memory back the pool grew from $reserved to $regrown bytes, 32/32 requests finished"

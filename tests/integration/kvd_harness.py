@@ -383,6 +383,15 @@ class Daemon:
             raise AssertionError("stream ended without a finish_reason: %r" % last)
         return tokens, "".join(text), last
 
+    def health(self, service=""):
+        """grpc.health.v1 Check of `service` ("" = the whole server): the serving status (a
+        HealthCheckResponse.ServingStatus); grpc.RpcError as the server answers otherwise."""
+        check = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb().HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb().HealthCheckResponse.FromString)
+        return check(health_pb().HealthCheckRequest(service=service), timeout=RPC_TIMEOUT_S).status
+
     def cache_stats(self):
         return self.stub.GetCacheStats(pb().GetCacheStatsRequest(), timeout=RPC_TIMEOUT_S)
 

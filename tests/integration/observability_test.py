@@ -24,18 +24,12 @@ PROMETHEUS = "/usr/bin/prometheus"
 class HealthAndReflectionTest(h.DaemonTestCase):
 
     def test_health_is_serving_overall_and_for_the_service(self):
-        check = self.daemon.channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=h.health_pb().HealthCheckRequest.SerializeToString,
-            response_deserializer=h.health_pb().HealthCheckResponse.FromString)
         for service in ["", "kvd.v1.Inference"]:
             with self.subTest(service=service):
-                r = check(h.health_pb().HealthCheckRequest(service=service),
-                          timeout=h.RPC_TIMEOUT_S)
-                self.assertEqual(r.status, h.health_pb().HealthCheckResponse.SERVING)
+                self.assertEqual(self.daemon.health(service),
+                                 h.health_pb().HealthCheckResponse.SERVING)
         with self.assertRaises(grpc.RpcError) as e:
-            check(h.health_pb().HealthCheckRequest(service="no.such.Service"),
-                  timeout=h.RPC_TIMEOUT_S)
+            self.daemon.health("no.such.Service")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def reflect(self, request):
