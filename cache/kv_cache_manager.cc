@@ -445,6 +445,7 @@ KvCacheStats KvCacheManager::stats() const {
   st.chunks_released = pool_->num_chunks_released();
   st.chunk_growth_failures = pool_->num_growth_failures();
   st.last_growth_error = pool_->last_growth_error();
+  st.chunk_growth_stopped = pool_->growth_stopped();
   st.defrag_moves = defrag_moves_;
   if (defrag_ != nullptr) st.defrag_pauses = defrag_->pause_stats();
   return st;

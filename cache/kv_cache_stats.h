@@ -66,6 +66,9 @@ struct KvCacheStats {
   // error's message ("" before the first).
   int64_t chunk_growth_failures = 0;
   std::string last_growth_error;
+  // Whether the arena adds no chunk now, after a failed growth below max_chunks: true from
+  // the failure until a chunk is released or a retry adds one (BlockPool::growth_stopped).
+  bool chunk_growth_stopped = false;
   int64_t defrag_moves = 0;
   DefragPauseStats defrag_pauses;
 };

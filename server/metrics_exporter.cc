@@ -131,6 +131,11 @@ std::string MetricsExporter::Render(const EngineStats& s, const MetricsInfo& inf
             "one chunk again after memory_pool.growth_retry_interval (each try that fails counts "
             "here) or grows once a chunk is released (the daemon logs the error).",
             static_cast<double>(c.chunk_growth_failures));
+  w.Gauge("kvd_kv_pool_growth_stopped",
+          "1 while the KV arena adds no chunk after a failed growth below max_size (until a "
+          "retry adds one or a chunk is released), else 0. The state to alert on: "
+          "kvd_kv_pool_growth_failures_total rises again at each retry that fails.",
+          c.chunk_growth_stopped ? 1.0 : 0.0);
   // Where the backend's memory went.
   const MemoryStats& m = s.memory;
   w.Gauges("kvd_memory_bytes",

@@ -200,12 +200,14 @@ TEST_F(KvCacheManagerTest, GrowthStopsWhereAChunkWouldTakeTheDeviceHeadroom) {
   ASSERT_EQ(*m->AddSequence(1, Iota(30)), 0);
   ASSERT_TRUE(m->Reserve(1, 30));  // 8 blocks: the second chunk
   EXPECT_EQ(m->stats().chunk_growth_failures, 0);
+  EXPECT_FALSE(m->stats().chunk_growth_stopped);
   const int64_t allocations = backend_.num_allocations();
   ASSERT_EQ(*m->AddSequence(2, Iota(16, 500)), 0);
   EXPECT_FALSE(m->Reserve(2, 16));  // a third chunk would leave 3072 bytes free
   EXPECT_EQ(backend_.num_allocations(), allocations);
   const KvCacheStats stats = m->stats();
   EXPECT_EQ(stats.chunk_growth_failures, 1);
+  EXPECT_TRUE(stats.chunk_growth_stopped);
   EXPECT_EQ(stats.total_blocks, 8);
   EXPECT_THAT(stats.last_growth_error,
               ::testing::HasSubstr("allocating KV arena chunk 3 of 4 (1024 bytes) would leave "
@@ -229,6 +231,7 @@ TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded
   auto expect_stopped = [&](int64_t failures) {
     const KvCacheStats stats = m->stats();
     EXPECT_EQ(stats.chunk_growth_failures, failures);
+    EXPECT_TRUE(stats.chunk_growth_stopped);
     EXPECT_EQ(stats.total_blocks, 8);
     EXPECT_EQ(m->NumObtainableBlocks(), 0);
     EXPECT_EQ(backend_.num_allocations(), allocations);
@@ -253,6 +256,7 @@ TEST_F(KvCacheManagerTest, GrowthIsTriedAgainEachRetryIntervalUntilAChunkIsAdded
   m->Tick();  // adds one chunk, and growth goes on from there
   KvCacheStats stats = m->stats();
   EXPECT_EQ(stats.chunk_growth_failures, 2);
+  EXPECT_FALSE(stats.chunk_growth_stopped);
   EXPECT_EQ(stats.total_blocks, 12);
   EXPECT_EQ(m->NumObtainableBlocks(), 8);  // this chunk and the next
   EXPECT_EQ(backend_.num_allocations(), allocations + 1);

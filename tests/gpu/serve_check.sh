@@ -259,14 +259,15 @@ else
 fi
 scrape "$metrics" > "$dir/metrics_headroom.txt" 2> "$dir/metrics_headroom.err"
 failures_total="$(series kvd_kv_pool_growth_failures_total "$dir/metrics_headroom.txt")"
+stopped="$(series kvd_kv_pool_growth_stopped "$dir/metrics_headroom.txt")"
 reserved="$(series kvd_kv_pool_reserved_bytes "$dir/metrics_headroom.txt")"
 free="$(series 'kvd_device_memory_bytes{state="free"}' "$dir/metrics_headroom.txt")"
-if [[ -n "$failures_total" && -n "$reserved" && -n "$free" ]] &&
+if [[ -n "$failures_total" && -n "$reserved" && -n "$free" && "$stopped" == 1 ]] &&
   awk -v f="$failures_total" -v r="$reserved" 'BEGIN { exit !(f >= 1 && r < 64 * 2^30) }' &&
   grep -q 'would leave .* under the 1073741824 kept for the engine.s buffers' "$daemon_log"; then
   pass "headroom: pool stopped at $reserved bytes, $failures_total growth failures, device free $free: $(grep -m1 -o 'would leave [^(]*' "$daemon_log")"
 else
-  fail "headroom: growth failures '$failures_total', reserved '$reserved', free '$free'; the headroom's reason in the log: $(grep -c 'would leave' "$daemon_log")"
+  fail "headroom: growth failures '$failures_total', growth stopped '$stopped' (want 1), reserved '$reserved', free '$free'; the headroom's reason in the log: $(grep -c 'would leave' "$daemon_log")"
 fi
 # The hog lets go; an engine step past the 2 s growth_retry_interval tries a chunk again, and
 # the pool grows as before: 32 requests of 1536 + 256 tokens (other prompts than the last
@@ -279,11 +280,12 @@ regrow_prompt() { seq -s, $((2000 + 3000 * $1)) 2 $((2000 + 3000 * $1 + 2 * 1535
 run_clients regrow 32 256 150 regrow_prompt
 scrape "$metrics" > "$dir/metrics_regrow.txt" 2> "$dir/metrics_regrow.err"
 regrown="$(series kvd_kv_pool_reserved_bytes "$dir/metrics_regrow.txt")"
-if ((ok == 32)) && [[ -n "$regrown" && -n "$reserved" && "$released" == 0 ]] &&
+stopped="$(series kvd_kv_pool_growth_stopped "$dir/metrics_regrow.txt")"
+if ((ok == 32)) && [[ -n "$regrown" && -n "$reserved" && "$released" == 0 && "$stopped" == 0 ]] &&
   awk -v a="$regrown" -v b="$reserved" 'BEGIN { exit !(a > b) }'; then
   pass "growth retry: with the device's memory back the pool grew from $reserved to $regrown bytes, 32/32 requests finished"
 else
-  fail "growth retry: pool at '$regrown' bytes after the hog let go (was '$reserved'; chunks released '$released', want 0); $ok of 32 requests finished"
+  fail "growth retry: pool at '$regrown' bytes after the hog let go (was '$reserved'; chunks released '$released', want 0; growth stopped '$stopped', want 0); $ok of 32 requests finished"
 fi
 check_sigterm "headroom: SIGTERM"
 stop_hog

@@ -407,6 +407,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
   c.session_releases_pressure = 53;
   c.defrag_moves = 54;
   c.chunk_growth_failures = 64;
+  c.chunk_growth_stopped = true;
   c.block_references = 78;
   c.shared_blocks = 79;
   c.obtainable_blocks = 80;
@@ -479,6 +480,7 @@ TEST(MetricsExporterTest, EverySampleCarriesItsOwnField) {
       {"kvd_sessions_released_total{reason=\"pressure\"}", 53},
       {"kvd_defrag_moved_blocks_total", 54},
       {"kvd_kv_pool_growth_failures_total", 64},
+      {"kvd_kv_pool_growth_stopped", 1},
       {"kvd_defrag_pause_seconds_count", 55},
       {"kvd_defrag_pause_seconds_sum", 56},
       {"kvd_defrag_pause_max_seconds", 57},
