@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "model/gguf_loader.h"
 #include "model/llama2c_loader.h"
 #include "model/synthetic_model.h"
 
@@ -19,7 +20,7 @@ namespace {
 
 constexpr std::string_view kSyntheticPrefix = "synthetic:";
 
-enum class Source { kSynthetic, kLlama2c };
+enum class Source { kSynthetic, kGguf, kLlama2c };
 
 bool HasGgufExtension(std::string_view model) {
   constexpr std::string_view kExtension = ".gguf";
@@ -32,11 +33,7 @@ bool HasGgufExtension(std::string_view model) {
 absl::StatusOr<Source> Classify(std::string_view model) {
   if (model.empty()) return absl::InvalidArgumentError("model reference is empty");
   if (model.starts_with(kSyntheticPrefix)) return Source::kSynthetic;
-  if (HasGgufExtension(model)) {
-    return absl::UnimplementedError(
-        absl::StrCat("GGUF loading is not supported yet: ", std::string(model),
-                     " (use a llama2.c .bin checkpoint or synthetic:<preset>)"));
-  }
+  if (HasGgufExtension(model)) return Source::kGguf;
   std::error_code ec;
   const std::filesystem::path path(model);
   if (std::filesystem::is_directory(path, ec)) {
@@ -45,12 +42,12 @@ absl::StatusOr<Source> Classify(std::string_view model) {
     if (std::filesystem::exists(path / "config.json", ec)) {
       return absl::UnimplementedError(
           absl::StrCat("Hugging Face model directories are not supported yet: ", std::string(model),
-                       " (use a llama2.c .bin checkpoint or synthetic:<preset>)"));
+                       " (use a GGUF file, a llama2.c .bin checkpoint or synthetic:<preset>)"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(model),
-                     " is a directory, not a model file: give a llama2.c .bin checkpoint or "
-                     "synthetic:<preset>"));
+                     " is a directory, not a model file: give a GGUF file, a llama2.c .bin "
+                     "checkpoint or synthetic:<preset>"));
   }
   return Source::kLlama2c;
 }
@@ -65,7 +62,20 @@ absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed) {
     if (!spec.ok()) return spec.status();
     return MakeSyntheticWeights(*spec, seed);
   }
+  if (*source == Source::kGguf) return LoadGgufModel(std::string(model), AvailableHostBytes());
   return LoadLlama2cCheckpoint(std::string(model), AvailableHostBytes());
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(std::string_view model,
+                                                              int32_t vocab_size) {
+  if (HasGgufExtension(model)) return LoadGgufTokenizer(std::string(model), vocab_size);
+  return Tokenizer::FindBesideModel(std::string(model), vocab_size);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path,
+                                                             int32_t vocab_size) {
+  if (HasGgufExtension(path)) return LoadGgufTokenizer(path, vocab_size);
+  return Tokenizer::LoadLlama2c(path, vocab_size);
 }
 
 std::optional<int64_t> AvailableHostBytes() {
@@ -86,6 +96,7 @@ absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model) {
   if (*source == Source::kSynthetic) {
     return SyntheticSpec(model.substr(kSyntheticPrefix.size()));
   }
+  if (*source == Source::kGguf) return ReadGgufSpec(std::string(model));
   return ReadLlama2cSpec(std::string(model));
 }
 

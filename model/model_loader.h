@@ -2,18 +2,20 @@
 #define KVD_MODEL_MODEL_LOADER_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "model/model_spec.h"
 #include "model/model_weights.h"
+#include "model/tokenizer.h"
 
 namespace kvd {
 
 // Picks a loader from a model reference, the string a user passes as `--model`:
 //   "synthetic:<preset>"  seeded random weights of a preset's shape (synthetic_model.h)
-//   "<path>.gguf"         Unimplemented: GGUF loading is not supported yet
+//   "<path>.gguf"         a GGUF file of a llama model (gguf_loader.h), any case of ".gguf"
 //   "<directory>"         Unimplemented for a Hugging Face directory (with config.json): not
 //                         supported yet; InvalidArgument for any other directory
 //   any other path        a llama2.c checkpoint (llama2c_loader.h), usually "<path>.bin"
@@ -28,6 +30,17 @@ absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed = 0
 // Reads only the spec (checkpoint header or preset); cheap for any model size, which is
 // what `kvd estimate` needs for huge models.
 absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model);
+
+// The tokenizer of a model: for a GGUF file the one in its metadata (LoadGgufTokenizer),
+// else the llama2.c tokenizer beside the checkpoint (Tokenizer::FindBesideModel), with
+// `vocab_size` tokens. Not for synthetic models, which have none.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(std::string_view model,
+                                                              int32_t vocab_size);
+
+// A tokenizer file named by the user (model.tokenizer, --tokenizer): a GGUF file's vocabulary
+// when the path ends in ".gguf", else a llama2.c tokenizer.bin; `vocab_size` tokens.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path,
+                                                             int32_t vocab_size);
 
 // The host memory the kernel reports available for new allocations without swapping
 // (/proc/meminfo's MemAvailable), or nothing where that is not known. A container's memory

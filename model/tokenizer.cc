@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <queue>
 #include <system_error>
 #include <utility>
@@ -165,18 +166,55 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadLlama2c(const std::str
                                            "least %d (<unk>, BOS, EOS and 256 byte pieces)",
                                            vocab_size, kFirstByteId + kNumBytePieces));
   }
-  tokenizer->byte_of_.assign(vocab_size, -1);
-  for (int32_t id = 0; id < vocab_size; ++id) {
-    const int byte = ParseBytePiece(tokenizer->pieces_[id]);
-    if (id >= kFirstByteId && id < kFirstByteId + kNumBytePieces && byte != id - kFirstByteId) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tokenizer file '%s': token %d is '%s' but must be the byte piece <0x%02X>", path, id,
-          tokenizer->pieces_[id], id - kFirstByteId));
-    }
-    tokenizer->byte_of_[id] = static_cast<int16_t>(byte);
-    tokenizer->id_of_.emplace(tokenizer->pieces_[id], id);  // keeps the first (lowest) id
-  }
+  if (absl::Status s = tokenizer->Index(what); !s.ok()) return s;
   return tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocabulary(
+    std::vector<std::string> pieces, std::vector<float> scores, std::string_view source) {
+  if (pieces.size() != scores.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d pieces but %d scores", source, pieces.size(), scores.size()));
+  }
+  if (pieces.size() < static_cast<size_t>(kFirstByteId + kNumBytePieces)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: only %d tokens; a llama2.c vocabulary needs at least %d (<unk>, BOS, EOS and 256 "
+        "byte pieces)",
+        source, pieces.size(), kFirstByteId + kNumBytePieces));
+  }
+  if (pieces.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %d tokens", source, pieces.size()));
+  }
+  auto tokenizer = std::unique_ptr<Tokenizer>(new Tokenizer());
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    if (std::isnan(scores[id])) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: token %d has a NaN score", source, id));
+    }
+    tokenizer->longest_piece_ =
+        std::max(tokenizer->longest_piece_, static_cast<int32_t>(pieces[id].size()));
+  }
+  tokenizer->max_token_length_ = std::max(tokenizer->longest_piece_, 1);
+  tokenizer->pieces_ = std::move(pieces);
+  tokenizer->scores_ = std::move(scores);
+  if (absl::Status s = tokenizer->Index(source); !s.ok()) return s;
+  return tokenizer;
+}
+
+absl::Status Tokenizer::Index(std::string_view source) {
+  const int32_t vocab_size = this->vocab_size();
+  byte_of_.assign(vocab_size, -1);
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    const int byte = ParseBytePiece(pieces_[id]);
+    if (id >= kFirstByteId && id < kFirstByteId + kNumBytePieces && byte != id - kFirstByteId) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: token %d is '%s' but must be the byte piece <0x%02X>", source, id,
+                          pieces_[id], id - kFirstByteId));
+    }
+    byte_of_[id] = static_cast<int16_t>(byte);
+    id_of_.emplace(pieces_[id], id);  // keeps the first (lowest) id
+  }
+  return absl::OkStatus();
 }
 
 int32_t Tokenizer::PieceToId(std::string_view text) const {

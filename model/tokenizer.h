@@ -44,6 +44,14 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadLlama2c(const std::string& path,
                                                                 int32_t expected_vocab_size = -1);
 
+  // A vocabulary given whole, e.g. from a GGUF file's metadata (gguf_loader.h), pieces as
+  // llama2.c stores them (spaces, not U+2581), with the layout above. `source` starts every
+  // error: InvalidArgument for unequal lengths, a NaN score, too few tokens or a byte piece
+  // out of place.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromVocabulary(std::vector<std::string> pieces,
+                                                                   std::vector<float> scores,
+                                                                   std::string_view source);
+
   // The llama2.c tokenizer beside a checkpoint: `tok512.bin`, then `tokenizer.bin`, in the
   // model's folder, the first whose vocabulary has `vocab_size` tokens. NotFound saying
   // what was tried (and why each candidate failed) when none fits.
@@ -97,6 +105,8 @@ class Tokenizer {
   };
 
   Tokenizer() = default;
+  // Fills byte_of_ and id_of_ from pieces_, checking the byte pieces; errors start with source.
+  absl::Status Index(std::string_view source);
 
   int32_t max_token_length_ = 0;     // the file's header, at least longest_piece_
   int32_t longest_piece_ = 0;        // bytes of the longest piece read

@@ -50,15 +50,6 @@ absl::StatusOr<std::string> DefaultModelPath() {
 
 namespace {
 
-// The llama2.c tokenizer beside the model whose vocabulary matches the model's.
-absl::StatusOr<std::unique_ptr<Tokenizer>> TokenizerBeside(const std::string& model_path,
-                                                           int32_t vocab_size) {
-  auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
-  if (tokenizer.ok()) return tokenizer;
-  return absl::NotFoundError(absl::StrCat("model.tokenizer is empty and ",
-                                          tokenizer.status().message(), "; set model.tokenizer"));
-}
-
 // The model on `backend`. A synthetic model is generated in backend memory (random_model.h:
 // no host fp32 copy, so llama3-8b fits a GPU) with the same weights on every device, as
 // `kvd generate` makes it; a checkpoint is loaded on the host and uploaded.
@@ -116,15 +107,26 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
   d.backend = *std::move(backend);
 
   if (!config.model.tokenizer.empty()) {
-    auto tokenizer = Tokenizer::LoadLlama2c(config.model.tokenizer, spec.vocab_size);
+    auto tokenizer = LoadTokenizerFile(config.model.tokenizer, spec.vocab_size);
     if (!tokenizer.ok()) {
       return Prefixed("model.tokenizer", tokenizer.status());
     }
     d.tokenizer = *std::move(tokenizer);
   } else if (!absl::StartsWith(model_path, "synthetic:")) {
-    auto tokenizer = TokenizerBeside(model_path, spec.vocab_size);
-    if (!tokenizer.ok()) return tokenizer.status();
-    d.tokenizer = *std::move(tokenizer);
+    // A GGUF file's own, or the llama2.c tokenizer beside a checkpoint.
+    auto tokenizer = LoadModelTokenizer(model_path, spec.vocab_size);
+    if (absl::IsUnimplemented(tokenizer.status())) {
+      // A GGUF model whose vocabulary kvd's tokenizer cannot read (e.g. Llama 3's byte-level
+      // BPE) still serves token ids, as a synthetic model does.
+      out << "kvd: " << tokenizer.status().message()
+          << ": serving prompt_token_ids only (text prompts and stop strings are refused)\n";
+    } else if (!tokenizer.ok()) {
+      return absl::Status(tokenizer.status().code(),
+                          absl::StrCat("model.tokenizer is empty and ",
+                                       tokenizer.status().message(), "; set model.tokenizer"));
+    } else {
+      d.tokenizer = *std::move(tokenizer);
+    }
   }  // a synthetic model without a tokenizer serves prompt_token_ids only
 
   const KvShape shape{spec.num_layers, spec.num_kv_heads, spec.head_dim};

@@ -68,14 +68,14 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
       "                 [--steps N] [--warmup W] [--block-size B] [--seed S] [--threads N]\n"
       "                 [--graphs both|on|off] [--profile]\n"
       "\n"
-      "Time per greedy decode step of the whole engine path on a model (synthetic, or a\n"
-      "llama2.c checkpoint), KV filled at random to each case's context, beside the\n"
+      "Time per greedy decode step of the whole engine path on a model (synthetic, a GGUF\n"
+      "file or a llama2.c checkpoint), KV filled at random to each case's context, beside the\n"
       "memory roofline of the same run. A number outside its flag's range (below), a malformed\n"
       "--cases or --graphs, and a case whose context, warm-up and steps exceed the model's\n"
       "context are usage errors, refused before anything is built.");
   flags.AddString("model",
-                  "synthetic:<preset> (weights made on the device from --seed) or a llama2.c "
-                  "checkpoint",
+                  "synthetic:<preset> (weights made on the device from --seed), a GGUF file or a "
+                  "llama2.c checkpoint",
                   "synthetic:llama3-8b");
   flags.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
   flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",

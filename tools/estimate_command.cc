@@ -30,8 +30,9 @@ FlagSet MakeFlags() {
       "(twice the bytes): pass --kv-dtype f32 for CPU deployments. Also the weights' bytes\n"
       "(bf16 on CUDA, f32 on the CPU): with the pool, most of what the daemon holds (its\n"
       "kvd_memory_bytes; activations and workspace come on top, growing with the batch).");
-  f.AddString("model", "llama2.c checkpoint (only its header is read) or synthetic:<preset> "
-                       "(tiny, llama2-7b, llama3-8b)");
+  f.AddString("model",
+              "GGUF file or llama2.c checkpoint (only its header is read) or "
+              "synthetic:<preset> (tiny, llama2-7b, llama3-8b)");
   constexpr IntRange kPositive{1, std::numeric_limits<int64_t>::max()};
   f.AddInt("batch", "number of sequences", std::nullopt, kPositive);
   f.AddInt("seq-len", "tokens per sequence (prompt + output), at most the model's context",

@@ -59,10 +59,10 @@ FlagSet MakeFlags() {
       "range (below) is a usage error, never wrapped or clamped, as is a sampling value\n"
       "outside the range its help gives or a --device other than those three; both are\n"
       "refused before the model loads.");
-  f.AddString("model", "llama2.c checkpoint (.bin) or synthetic:<preset>");
+  f.AddString("model", "GGUF file (.gguf), llama2.c checkpoint (.bin) or synthetic:<preset>");
   f.AddString("tokenizer",
-              "llama2.c tokenizer.bin; default: tok512.bin or tokenizer.bin beside the model, "
-              "whichever matches its vocabulary");
+              "llama2.c tokenizer.bin or GGUF file; default: a GGUF model's own, else tok512.bin "
+              "or tokenizer.bin beside the model, whichever matches its vocabulary");
   f.AddString("prompt", "text to complete");
   f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
   f.AddInt("max-tokens",
@@ -83,12 +83,13 @@ FlagSet MakeFlags() {
   return f;
 }
 
-// The tokenizer beside the model whose vocabulary matches it.
+// The model's own tokenizer (LoadModelTokenizer) with a vocabulary that matches it.
 absl::StatusOr<std::unique_ptr<Tokenizer>> FindTokenizer(const std::string& model_path,
                                                          int32_t vocab_size) {
-  auto tokenizer = Tokenizer::FindBesideModel(model_path, vocab_size);
+  auto tokenizer = LoadModelTokenizer(model_path, vocab_size);
   if (tokenizer.ok()) return tokenizer;
-  return absl::NotFoundError(absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
+  return absl::Status(tokenizer.status().code(),
+                      absl::StrCat(tokenizer.status().message(), "; pass --tokenizer PATH"));
 }
 
 // The sampling flags as the generator takes them (Parse has refused floats a float cannot
@@ -200,7 +201,7 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
     }
   } else {
     auto loaded = flags.Has("tokenizer")
-                      ? Tokenizer::LoadLlama2c(flags.GetString("tokenizer"), spec.vocab_size)
+                      ? LoadTokenizerFile(flags.GetString("tokenizer"), spec.vocab_size)
                       : FindTokenizer(model_ref, spec.vocab_size);
     if (!loaded.ok()) return loaded.status();
     tokenizer = *std::move(loaded);

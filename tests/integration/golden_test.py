@@ -56,6 +56,42 @@ class GoldenTest(h.DaemonTestCase):
         self.assertEqual(stats.used_blocks, 0)
 
 
+class GgufGoldenTest(h.DaemonTestCase):
+    """The GGUF copy of stories260K (weights and tokenizer in one file) serves the same
+    greedy outputs; its completions end at EOS, so the golden requests' stop at BOS is the
+    request's own (stop_token_ids)."""
+    MODEL = h.Paths.gguf_model
+
+    def test_greedy_output_equals_llama2c_reference(self):
+        for i, case in enumerate(h.load_golden()):
+            with self.subTest(case=i):
+                tokens, _, last = self.daemon.generate(h.greedy_request(case))
+                self.assertEqual(tokens, case["output_tokens"])
+                self.assertEqual(last.finish_reason, h.expected_finish_reason(case))
+
+    def test_text_prompts_use_the_files_tokenizer(self):
+        case = h.load_golden()[0]
+        tokens, text, last = self.daemon.generate(
+            h.pb().GenerateRequest(prompt=case["prompt"], max_tokens=40, temperature=0.0))
+        self.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
+        self.assertEqual(tokens, case["output_tokens"][:40])
+        self.assertTrue(case["completion_text"].startswith(text), text)
+
+    def test_model_info_comes_from_the_file(self):
+        info = self.daemon.stub.GetModelInfo(h.pb().GetModelInfoRequest(),
+                                             timeout=h.RPC_TIMEOUT_S)
+        self.assertEqual((info.name, info.num_layers, info.num_kv_heads, info.vocab_size),
+                         ("stories260K", 5, 4, 512))
+        self.assertEqual((info.bos_token_id, info.eos_token_id), (1, 2))
+
+    def test_a_completion_does_not_end_at_bos_unless_asked(self):
+        case = next(c for c in h.load_golden() if c["stop"] == "bos")
+        n = len(case["output_tokens"])
+        tokens, _, last = self.daemon.generate(
+            h.greedy_request(case, stop_token_ids=[], max_tokens=n + 4))
+        self.assertEqual(tokens[:n + 1], case["output_tokens"] + [h.BOS_TOKEN_ID])
+
+
 class PreemptionTest(h.DaemonTestCase):
     # About 64 blocks of 16 tokens for up to 32 sequences of up to 512 tokens each (33 blocks),
     # admitted on their prompt alone: growth must preempt. Prefix caching off, so that each

@@ -92,6 +92,11 @@ class Paths:
         return os.path.join(cls.shared_dir, "models", "stories260K.bin")
 
     @classmethod
+    def gguf_model(cls):
+        """The same model as GGUF, its tokenizer inside."""
+        return os.path.join(cls.shared_dir, "models", "stories260K.gguf")
+
+    @classmethod
     def golden_file(cls):
         return os.path.join(cls.shared_dir, "models", "golden", "stories260K_greedy.jsonl")
 
@@ -453,11 +458,15 @@ class DaemonTestCase(unittest.TestCase):
 
     SETTINGS = {}
     CONFIG_YAML = None
+    # As Daemon's `model`, or a function that returns it (called once the paths are known:
+    # a class attribute is set at import, before the flags are read).
+    MODEL = "default"
     daemon = None
 
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon(settings=cls.SETTINGS, config_yaml=cls.CONFIG_YAML,
+        model = cls.MODEL() if callable(cls.MODEL) else cls.MODEL
+        cls.daemon = Daemon(settings=cls.SETTINGS, config_yaml=cls.CONFIG_YAML, model=model,
                             title="kvd (%s)" % cls.__name__)
 
     @classmethod

@@ -16,9 +16,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/gguf_loader.h"
 #include "model/streaming_decoder.h"
 #include "nlohmann/json.hpp"
-#include "tests/model/gguf_vocab.h"
 
 namespace kvd {
 namespace {
@@ -444,12 +444,11 @@ std::string ReadFile(const std::string& path) {
 // llama.cpp's tokenizer test cases for the 32,000-token LLaMA SentencePiece vocabulary
 // (../shared/models/ggml-vocab-llama-spm.gguf.inp and .out: inputs separated by
 // "__ggml_vocab_test__" lines, each case's expected ids on one line), on that vocabulary
-// converted as llama2.c exports it. No BOS: the cases have none.
+// read from that GGUF file as kvd reads a GGUF model's (LoadGgufTokenizer). No BOS: the
+// cases have none.
 TEST(TokenizerTest, LlamaVocabularyMatchesLlamaCppsTestCases) {
   const std::string base = KVD_SHARED_DIR "/models/ggml-vocab-llama-spm.gguf";
-  auto vocab = test::GgufVocabAsLlama2cTokenizer(base);
-  ASSERT_TRUE(vocab.ok()) << vocab.status();
-  auto tokenizer = Tokenizer::LoadLlama2c(WriteTemp("llama_spm.bin", *vocab), 32000);
+  auto tokenizer = LoadGgufTokenizer(base, 32000);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
 
   std::string inputs = ReadFile(base + ".inp");

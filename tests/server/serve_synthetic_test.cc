@@ -1,7 +1,8 @@
 // `kvd serve` with a synthetic model, which has no tokenizer, run as a user runs it (the real
 // binary, KVD_BINARY, on the CPU): it serves prompt_token_ids, and refuses text prompts and
 // stop strings with INVALID_ARGUMENT naming the field; SIGTERM drains it to exit 0. The
-// same daemon on CUDA is tests/gpu/serve_check.sh.
+// same daemon on CUDA is tests/gpu/serve_check.sh. A GGUF model whose tokenizer kvd cannot
+// read is served the same way.
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kvd/v1/kvd.grpc.pb.h"
+#include "tests/model/gguf_writer.h"
 #include "tests/tools/run_kvd.h"
 
 namespace kvd {
@@ -189,6 +191,36 @@ TEST(ServeSyntheticTest, TheSameSeedServesTheModelThatGenerateRuns) {
       "--max-tokens 8 --temperature 0 --device cpu --threads 1");
   EXPECT_EQ(generated.exit_code, 0);
   EXPECT_EQ(generated.out, absl::StrCat(absl::StrJoin(served.token_ids, " "), "\n"));
+}
+
+// A GGUF model whose vocabulary kvd's tokenizer cannot read (here tokenizer.ggml.model
+// "gpt2", as Llama 3's files have) is served as a synthetic model is: token ids in and out,
+// text refused, and the startup output says so.
+TEST(ServeSyntheticTest, AGgufModelWithAnUnreadableTokenizerServesTokenIds) {
+  test::GgufWriter file = test::TinyLlamaGguf{}.Writer();
+  file.AddString("tokenizer.ggml.model", "gpt2");
+  const std::string path = file.WriteTemp("serve_gpt2_tokenizer.gguf");
+  std::vector<std::string> args = ServeTiny({});
+  args[2] = path;  // --model
+  Daemon daemon(args);
+  const std::string said = daemon.WaitForLine("kvd: GGUF file", std::chrono::seconds(30));
+  EXPECT_TRUE(absl::StrContains(said, "tokenizer.ggml.model 'gpt2'")) << said;
+  EXPECT_TRUE(absl::StrContains(said, "serving prompt_token_ids only")) << said;
+  auto stub = StubOf(daemon);
+  ASSERT_NE(stub, nullptr) << "the daemon never printed its gRPC address";
+
+  v1::GenerateRequest ids;
+  for (uint32_t id : {1u, 7u, 9u}) ids.add_prompt_token_ids(id);
+  ids.set_max_tokens(4);
+  ids.set_ignore_eos(true);
+  const Streamed ok = Generate(*stub, ids);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.token_ids.size(), 4u);
+  v1::GenerateRequest text;
+  text.set_prompt("Once upon a time");
+  EXPECT_EQ(Generate(*stub, text).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  stub.reset();
+  EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
 }
 
 }  // namespace

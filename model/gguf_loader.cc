@@ -1,0 +1,301 @@
+#include "model/gguf_loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "model/gguf_file.h"
+
+namespace kvd {
+
+namespace {
+
+// Sanity limits as the llama2.c loader's: far above any real Llama.
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kMaxHiddenDim = 1 << 18;
+constexpr int64_t kMaxLayers = 1 << 10;
+constexpr int64_t kMaxHeads = 1 << 10;
+constexpr int64_t kMaxVocab = 1 << 22;
+constexpr int64_t kMaxContext = 1 << 24;
+
+std::string Where(const std::string& path) { return absl::StrCat("GGUF file '", path, "'"); }
+
+absl::Status Prefixed(const std::string& path, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(Where(path), ": ", s.message()));
+}
+
+// An integer key that must be in [1, max]; `fallback` when absent, if given.
+absl::StatusOr<int32_t> PositiveKey(const GgufFile& f, const std::string& key, int64_t max,
+                                    std::optional<int64_t> fallback = std::nullopt) {
+  absl::StatusOr<int64_t> v = f.GetInt(key);
+  if (!v.ok() && absl::IsNotFound(v.status()) && fallback.has_value()) v = *fallback;
+  if (!v.ok()) return Prefixed(f.path(), v.status());
+  if (*v <= 0 || *v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(f.path()), ": ", key, " = ", *v, " is outside 1..", max));
+  }
+  return static_cast<int32_t>(*v);
+}
+
+absl::StatusOr<double> FloatKey(const GgufFile& f, const std::string& key, double fallback) {
+  if (!f.Has(key)) return fallback;
+  absl::StatusOr<double> v = f.GetFloat(key);
+  if (!v.ok()) return Prefixed(f.path(), v.status());
+  return *v;
+}
+
+// One tensor the model needs: its name, ggml dims and where it goes.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> dims;
+  std::vector<float>* dest;
+};
+
+std::vector<TensorSlot> Slots(const ModelSpec& s, ModelWeights& w) {
+  const int64_t dim = s.dim;
+  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
+  const int64_t kv_dim = int64_t{s.num_kv_heads} * s.head_dim;
+  const int64_t hidden = s.hidden_dim;
+  std::vector<TensorSlot> slots = {{"token_embd.weight", {dim, s.vocab_size}, &w.token_embedding},
+                                   {"output_norm.weight", {dim}, &w.final_norm}};
+  if (!s.shared_classifier) slots.push_back({"output.weight", {dim, s.vocab_size}, &w.classifier});
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    auto add = [&](absl::string_view name, std::vector<int64_t> dims, std::vector<float>* dest) {
+      slots.push_back({absl::StrCat("blk.", l, ".", name, ".weight"), std::move(dims), dest});
+    };
+    add("attn_norm", {dim}, &lw.attn_norm);
+    add("attn_q", {dim, q_dim}, &lw.wq);
+    add("attn_k", {dim, kv_dim}, &lw.wk);
+    add("attn_v", {dim, kv_dim}, &lw.wv);
+    add("attn_output", {q_dim, dim}, &lw.wo);
+    add("ffn_norm", {dim}, &lw.ffn_norm);
+    add("ffn_gate", {dim, hidden}, &lw.w1);
+    add("ffn_down", {hidden, dim}, &lw.w2);
+    add("ffn_up", {dim, hidden}, &lw.w3);
+  }
+  return slots;
+}
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+struct Opened {
+  GgufFile file;
+  ModelSpec spec;  // every tensor it needs is in the file, of the right shape
+};
+
+absl::StatusOr<Opened> OpenModel(const std::string& path) {
+  absl::StatusOr<GgufFile> opened = GgufFile::Open(path);
+  if (!opened.ok()) return opened.status();
+  const GgufFile& f = *opened;
+  absl::StatusOr<std::string> arch = f.GetString("general.architecture");
+  if (!arch.ok()) return Prefixed(path, arch.status());
+  if (*arch != "llama") {
+    return absl::UnimplementedError(absl::StrCat(Where(path), ": architecture '", *arch,
+                                                 "' (general.architecture); kvd serves 'llama'"));
+  }
+  if (f.Has("llama.expert_count")) {
+    absl::StatusOr<int64_t> experts = f.GetInt("llama.expert_count");
+    if (!experts.ok()) return Prefixed(path, experts.status());
+    if (*experts > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          Where(path), ": a mixture of experts (llama.expert_count = ", *experts, ")"));
+    }
+  }
+  if (f.Has("llama.rope.scaling.type")) {
+    absl::StatusOr<std::string> scaling = f.GetString("llama.rope.scaling.type");
+    if (!scaling.ok()) return Prefixed(path, scaling.status());
+    if (*scaling != "none") {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(path), ": RoPE scaling '", *scaling, "' (llama.rope.scaling.type)"));
+    }
+  }
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat(Where(path),
+                     ": RoPE frequency factors (tensor rope_freqs.weight, Llama "
+                     "3.1-style long-context scaling)"));
+  }
+
+  ModelSpec spec;
+  spec.name = std::filesystem::path(path).stem().string();
+  struct Field {
+    int32_t* dest;
+    const char* key;
+    int64_t max;
+  };
+  for (const Field& field :
+       {Field{&spec.dim, "llama.embedding_length", kMaxDim},
+        Field{&spec.hidden_dim, "llama.feed_forward_length", kMaxHiddenDim},
+        Field{&spec.num_layers, "llama.block_count", kMaxLayers},
+        Field{&spec.num_heads, "llama.attention.head_count", kMaxHeads},
+        Field{&spec.max_context_tokens, "llama.context_length", kMaxContext}}) {
+    absl::StatusOr<int32_t> v = PositiveKey(f, field.key, field.max);
+    if (!v.ok()) return v.status();
+    *field.dest = *v;
+  }
+  absl::StatusOr<int32_t> kv_heads =
+      PositiveKey(f, "llama.attention.head_count_kv", kMaxHeads, spec.num_heads);
+  if (!kv_heads.ok()) return kv_heads.status();
+  spec.num_kv_heads = *kv_heads;
+  if (spec.dim % spec.num_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(path), ": llama.embedding_length (", spec.dim,
+                     ") is not a multiple of llama.attention.head_count (", spec.num_heads, ")"));
+  }
+  spec.head_dim = spec.dim / spec.num_heads;
+  for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length",
+                          "llama.attention.value_length"}) {
+    if (!f.Has(key)) continue;
+    absl::StatusOr<int64_t> v = f.GetInt(key);
+    if (!v.ok()) return Prefixed(path, v.status());
+    if (*v != spec.head_dim) {
+      return absl::UnimplementedError(absl::StrCat(Where(path), ": ", key, " = ", *v,
+                                                   ", not the head size ", spec.head_dim,
+                                                   " (embedding_length / head_count)"));
+    }
+  }
+  const GgufTensorInfo* embedding = f.FindTensor("token_embd.weight");
+  if (embedding == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(path), ": no tensor token_embd.weight"));
+  }
+  absl::StatusOr<int32_t> vocab = PositiveKey(
+      f, "llama.vocab_size", kMaxVocab,
+      embedding->dims.size() == 2 ? std::optional<int64_t>(embedding->dims[1]) : std::nullopt);
+  if (!vocab.ok()) return vocab.status();
+  spec.vocab_size = *vocab;
+  absl::StatusOr<double> theta = FloatKey(f, "llama.rope.freq_base", 10000.0);
+  if (!theta.ok()) return theta.status();
+  absl::StatusOr<double> eps = FloatKey(f, "llama.attention.layer_norm_rms_epsilon", 1e-5);
+  if (!eps.ok()) return eps.status();
+  spec.rope_theta = static_cast<float>(*theta);
+  spec.norm_eps = static_cast<float>(*eps);
+  spec.rope_style = RopeStyle::kInterleaved;
+  spec.shared_classifier = f.FindTensor("output.weight") == nullptr;
+  for (auto [dest, key, fallback] : {std::tuple<int32_t*, const char*, int64_t>{
+                                         &spec.bos_token_id, "tokenizer.ggml.bos_token_id", 1},
+                                     {&spec.eos_token_id, "tokenizer.ggml.eos_token_id", 2}}) {
+    absl::StatusOr<int64_t> v = f.Has(key) ? f.GetInt(key) : absl::StatusOr<int64_t>(fallback);
+    if (!v.ok()) return Prefixed(path, v.status());
+    if (*v < 0 || *v >= spec.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path), ": ", key, " = ", *v, " is outside the vocabulary of ", spec.vocab_size));
+    }
+    *dest = static_cast<int32_t>(*v);
+  }
+  spec.ends_at_bos = false;
+  if (absl::Status s = spec.Validate(); !s.ok()) return Prefixed(path, s);
+
+  ModelWeights unused;
+  unused.layers.resize(spec.num_layers);
+  for (const TensorSlot& slot : Slots(spec, unused)) {
+    const GgufTensorInfo* t = f.FindTensor(slot.name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": no tensor ", slot.name));
+    }
+    if (t->dims != slot.dims) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tensor ", slot.name, " is ",
+                                                     DimsText(t->dims), ", the model's shape ",
+                                                     "needs ", DimsText(slot.dims)));
+    }
+  }
+  return Opened{*std::move(opened), std::move(spec)};
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ReadGgufSpec(const std::string& path) {
+  absl::StatusOr<Opened> opened = OpenModel(path);
+  if (!opened.ok()) return opened.status();
+  return std::move(opened->spec);
+}
+
+absl::StatusOr<ModelWeights> LoadGgufModel(const std::string& path,
+                                           std::optional<int64_t> host_bytes_available) {
+  absl::StatusOr<Opened> opened = OpenModel(path);
+  if (!opened.ok()) return opened.status();
+  ModelWeights weights;
+  weights.spec = opened->spec;
+  weights.layers.resize(weights.spec.num_layers);
+  const std::vector<TensorSlot> slots = Slots(weights.spec, weights);  // points into weights
+  int64_t needed = 0;
+  for (const TensorSlot& slot : slots) {
+    needed += opened->file.FindTensor(slot.name)->num_elements * int64_t{sizeof(float)};
+  }
+  if (host_bytes_available.has_value() && needed > *host_bytes_available) {
+    return absl::ResourceExhaustedError(absl::StrCat(Where(path), ": its weights need ", needed,
+                                                     " bytes of host memory as fp32, more than "
+                                                     "the ",
+                                                     *host_bytes_available, " available"));
+  }
+  for (const TensorSlot& slot : slots) {
+    const GgufTensorInfo& t = *opened->file.FindTensor(slot.name);
+    if (absl::Status s = opened->file.ReadAsFloat(t, slot.dest); !s.ok()) return s;
+    const std::vector<float>& values = *slot.dest;
+    const auto bad =
+        std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != values.end()) {
+      return absl::DataLossError(absl::StrCat(Where(path), ": ", slot.name, "[",
+                                              bad - values.begin(), "] is ", *bad,
+                                              ", not a finite number"));
+    }
+  }
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& path,
+                                                             int32_t expected_vocab_size) {
+  absl::StatusOr<GgufFile> f = GgufFile::Open(path);
+  if (!f.ok()) return f.status();
+  absl::StatusOr<std::string> model = f->GetString("tokenizer.ggml.model");
+  if (!model.ok()) return Prefixed(path, model.status());
+  if (*model != "llama") {
+    return absl::UnimplementedError(
+        absl::StrCat(Where(path), ": tokenizer.ggml.model '", *model,
+                     "'; kvd's tokenizer reads 'llama' (SentencePiece) vocabularies"));
+  }
+  for (auto [key, want] : {std::pair<const char*, int64_t>{"tokenizer.ggml.bos_token_id", 1},
+                           {"tokenizer.ggml.eos_token_id", 2}}) {
+    if (!f->Has(key)) continue;
+    absl::StatusOr<int64_t> id = f->GetInt(key);
+    if (!id.ok()) return Prefixed(path, id.status());
+    if (*id != want) {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(path), ": ", key, " = ", *id, "; kvd's tokenizer has it at ", want));
+    }
+  }
+  absl::StatusOr<const std::vector<std::string>*> tokens = f->GetStrings("tokenizer.ggml.tokens");
+  if (!tokens.ok()) return Prefixed(path, tokens.status());
+  absl::StatusOr<const std::vector<double>*> scores = f->GetNumbers("tokenizer.ggml.scores");
+  if (!scores.ok()) return Prefixed(path, scores.status());
+  if (expected_vocab_size >= 0 && (*tokens)->size() != static_cast<size_t>(expected_vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tokenizer.ggml.tokens has ",
+                                                   (*tokens)->size(), " tokens but the model ",
+                                                   "expects ", expected_vocab_size));
+  }
+  std::vector<std::string> pieces;
+  pieces.reserve((*tokens)->size());
+  for (size_t id = 0; id < (*tokens)->size(); ++id) {
+    pieces.push_back(id == 1   ? "\n<s>\n"
+                     : id == 2 ? "\n</s>\n"
+                               : absl::StrReplaceAll((**tokens)[id], {{"\xE2\x96\x81", " "}}));
+  }
+  std::vector<float> piece_scores((*scores)->begin(), (*scores)->end());
+  return Tokenizer::FromVocabulary(std::move(pieces), std::move(piece_scores),
+                                   absl::StrCat(Where(path), ": tokenizer.ggml"));
+}
+
+}  // namespace kvd

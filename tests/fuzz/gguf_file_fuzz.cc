@@ -1,0 +1,109 @@
+// Fuzz target: the GGUF reader and the llama loader on any file (written to a memfd and
+// opened by path).
+//
+// Invariants: every refusal is a status with a message, never a crash (nor, under
+// scripts/fuzz, one allocation over its -malloc_limit_mb: a length or count in the header
+// is checked against the file before anything is sized by it); in a file the reader
+// accepts every tensor of a known layout lies inside the data section, and one of a type
+// kvd converts (up to 2^20 elements) reads as exactly its elements; a spec the loader
+// accepts passes ModelSpec::Validate(), and its weights load with exactly the spec's shapes
+// unless a tensor is of another type or holds a non-finite value; a tokenizer it accepts has
+// the byte pieces at 3..258 and encodes text to ids inside the vocabulary.
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/gguf_file.h"
+#include "model/gguf_loader.h"
+#include "tests/fuzz/fuzz_check.h"
+
+namespace {
+
+using kvd::fuzz::MemoryFile;
+using kvd::fuzz::Require;
+
+void CheckShapes(const kvd::ModelWeights& w) {
+  const kvd::ModelSpec& s = w.spec;
+  const size_t dim = s.dim, hidden = s.hidden_dim, vocab = s.vocab_size;
+  const size_t q_dim = size_t{1} * s.num_heads * s.head_dim;
+  const size_t kv_dim = size_t{1} * s.num_kv_heads * s.head_dim;
+  Require(w.token_embedding.size() == vocab * dim, "token_embedding shape");
+  Require(w.final_norm.size() == dim, "final_norm shape");
+  Require(w.classifier.size() == (s.shared_classifier ? 0 : vocab * dim), "classifier shape");
+  Require(w.layers.size() == static_cast<size_t>(s.num_layers), "layer count");
+  for (const kvd::LayerWeights& l : w.layers) {
+    Require(l.attn_norm.size() == dim && l.ffn_norm.size() == dim, "norm shapes");
+    Require(l.wq.size() == q_dim * dim && l.wo.size() == dim * q_dim, "wq/wo shapes");
+    Require(l.wk.size() == kv_dim * dim && l.wv.size() == kv_dim * dim, "wk/wv shapes");
+    Require(
+        l.w1.size() == hidden * dim && l.w2.size() == dim * hidden && l.w3.size() == hidden * dim,
+        "w1/w2/w3 shapes");
+  }
+}
+
+bool Converted(uint32_t type) {
+  return type == 0 || type == 1 || type == 8 || type == 30;  // F32, F16, Q8_0, BF16
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  int fd = -1;
+  const std::string path = MemoryFile(bytes, &fd);
+  absl::StatusOr<kvd::GgufFile> file = kvd::GgufFile::Open(path);
+  if (!file.ok()) {
+    Require(!file.status().message().empty(), "an error without a message");
+    ::close(fd);
+    return 0;
+  }
+  Require(file->data_offset() >= 0, "a negative data offset");
+  std::vector<float> values;
+  for (const kvd::GgufTensorInfo& t : file->tensors()) {
+    if (t.num_bytes >= 0) {
+      Require(file->data_offset() + static_cast<int64_t>(t.offset) + t.num_bytes <=
+                  static_cast<int64_t>(size),
+              "a tensor past the end of the file");
+    }
+    if (Converted(t.type) && t.num_elements <= (int64_t{1} << 20)) {
+      Require(file->ReadAsFloat(t, &values).ok(), "a tensor kvd converts did not read");
+      Require(values.size() == static_cast<size_t>(t.num_elements), "a tensor's element count");
+    }
+  }
+
+  absl::StatusOr<kvd::ModelSpec> spec = kvd::ReadGgufSpec(path);
+  if (spec.ok()) {
+    Require(spec->Validate().ok(), "an accepted spec does not pass Validate()");
+    absl::StatusOr<kvd::ModelWeights> weights =
+        kvd::LoadGgufModel(path, /*host_bytes_available=*/int64_t{64} << 20);
+    if (weights.ok()) {
+      CheckShapes(*weights);
+    } else {
+      const absl::StatusCode code = weights.status().code();
+      Require(code == absl::StatusCode::kUnimplemented || code == absl::StatusCode::kDataLoss ||
+                  code == absl::StatusCode::kResourceExhausted,
+              "an accepted spec whose weights were refused for another reason");
+    }
+  } else {
+    Require(!spec.status().message().empty(), "a spec error without a message");
+  }
+
+  absl::StatusOr<std::unique_ptr<kvd::Tokenizer>> tokenizer = kvd::LoadGgufTokenizer(path);
+  if (tokenizer.ok()) {
+    const kvd::Tokenizer& t = **tokenizer;
+    for (int32_t id = 3; id < 259; ++id) {
+      Require(t.piece(id).size() == 6 && t.piece(id).substr(0, 3) == "<0x", "a byte piece");
+    }
+    for (int32_t id : t.Encode(bytes.substr(0, 64), /*add_bos=*/true)) {
+      Require(id >= 0 && id < t.vocab_size(), "an id outside the vocabulary");
+    }
+  } else {
+    Require(!tokenizer.status().message().empty(), "a tokenizer error without a message");
+  }
+  ::close(fd);
+  return 0;
+}
