@@ -163,14 +163,16 @@ std::vector<ConfigKey> BuildKeys() {
   keys.push_back(StringKey(
       "model.path", "any path without control characters, or empty",
       "Model to serve: a GGUF file (llama architecture; F32, F16, BF16 or Q8_0 tensors), a "
-      "llama2.c .bin checkpoint or synthetic:<preset> (HF safetensors directories are not "
-      "loaded yet); empty = the default model, stories260K.bin from ../shared/models, else "
-      "$KVD_MODEL_CACHE (default ~/.cache/kvd)",
+      "Hugging Face directory (Llama or Mistral, safetensors), a llama2.c .bin checkpoint or "
+      "synthetic:<preset>; empty = the default model, stories260K.bin from ../shared/models, "
+      "else $KVD_MODEL_CACHE (default ~/.cache/kvd)",
       [](auto& c) -> auto& { return c.model.path; }, [](const std::string&) { return true; }));
   keys.push_back(StringKey(
       "model.tokenizer", "any path without control characters, or empty",
-      "Tokenizer file: a llama2.c tokenizer.bin or a GGUF file (its vocabulary); empty = the "
-      "one inside a GGUF model, or tok512.bin or tokenizer.bin beside a llama2.c checkpoint",
+      "Tokenizer file: a llama2.c tokenizer.bin, a GGUF file (its vocabulary) or a "
+      "SentencePiece .model; empty = the model's own (a GGUF model's, a Hugging Face "
+      "directory's tokenizer.model), or tok512.bin or tokenizer.bin beside a llama2.c "
+      "checkpoint",
       [](auto& c) -> auto& { return c.model.tokenizer; }, [](const std::string&) { return true; }));
   keys.push_back(EnumKey<DeviceKind>(
       "model.device", "Where to run: auto = CUDA when a GPU and a CUDA build are present, else CPU",

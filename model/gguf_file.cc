@@ -8,9 +8,11 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/half_float.h"
 #include "model/regular_file.h"
 
 namespace kvd {
@@ -25,6 +27,7 @@ constexpr uint64_t kDefaultAlignment = 32;
 // Far above any real key or name, and a bound on what a corrupt length makes us allocate
 // before the bytes are known to be there.
 constexpr uint64_t kMaxKeyBytes = 1 << 16;
+constexpr size_t kMaxTensorNameBytes = 64;  // the GGUF specification's limit
 // Bytes read from the file at a time, for the header and for tensor data.
 constexpr int64_t kReadBytes = int64_t{4} << 20;
 
@@ -85,28 +88,6 @@ int64_t ScalarBytes(GgufValueType type) {
   }
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1F;
-  uint32_t mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0x1F) {  // infinity or NaN
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400) == 0);
-    bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | ((mantissa & 0x3FF) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
 // Sequential little-endian reads of a file's header, buffered; every read first checks that
 // the file holds the bytes, so a corrupt length fails as truncation before any allocation.
 class HeaderReader {
@@ -163,6 +144,16 @@ std::string GgmlTypeName(uint32_t type) {
 }
 
 absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
+  try {
+    return Parse(path);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("GGUF file '", path, "': out of memory for its header"));
+}
+
+absl::StatusOr<GgufFile> GgufFile::Parse(const std::string& path) {
   const std::string what = absl::StrCat("GGUF file '", path, "'");
   const absl::StatusOr<int64_t> size = RegularFileSize(path, what);
   if (!size.ok()) return size.status();
@@ -187,10 +178,10 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
     return corrupt(absl::StrCat("GGUF version ", file.version_, " (kvd reads versions 2 and 3)"));
   }
   if (!r.Read(&num_tensors) || !r.Read(&num_kv)) return corrupt("truncated header");
-  // A metadata entry takes at least 13 bytes and a tensor entry at least 28: counts beyond
+  // A metadata entry takes at least 13 bytes and a tensor entry at least 32: counts beyond
   // what the file could hold are corrupt, refused before anything is sized by them.
   if (num_kv > static_cast<uint64_t>(r.remaining()) / 13 ||
-      num_tensors > static_cast<uint64_t>(r.remaining()) / 28) {
+      num_tensors > static_cast<uint64_t>(r.remaining()) / 32) {
     return corrupt(absl::StrCat(num_kv, " metadata entries and ", num_tensors,
                                 " tensors cannot fit in the file's ", *size, " bytes"));
   }
@@ -282,17 +273,25 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
         // Each element takes at least 8 bytes (a string's length), or its scalar's size.
         const uint64_t min_bytes = scalar_bytes > 0 ? scalar_bytes : 8;
         if (v->array_length > static_cast<uint64_t>(r.remaining()) / min_bytes) return false;
+        if (!is_string && !is_array) {  // the scalars' bytes as they are
+          v->array_bytes.resize(static_cast<size_t>(v->array_length * scalar_bytes));
+          if (!r.Bytes(v->array_bytes.data(), static_cast<int64_t>(v->array_bytes.size()))) {
+            return false;
+          }
+          if (v->element_type == GgufValueType::kBool) {
+            for (char b : v->array_bytes) {
+              if (static_cast<uint8_t>(b) > 1) return false;
+            }
+          }
+          return true;
+        }
+        if (is_string) v->string_ends.reserve(static_cast<size_t>(v->array_length));
         for (uint64_t i = 0; i < v->array_length; ++i) {
           GgufValue element_value;
           if (!self(self, v->element_type, &element_value, depth + 1)) return false;
           if (is_string) {
-            v->strings.push_back(std::get<std::string>(std::move(element_value.scalar)));
-          } else if (!is_array) {
-            const auto& s = element_value.scalar;
-            v->numbers.push_back(std::holds_alternative<int64_t>(s)    ? std::get<int64_t>(s)
-                                 : std::holds_alternative<uint64_t>(s) ? std::get<uint64_t>(s)
-                                 : std::holds_alternative<bool>(s)     ? std::get<bool>(s)
-                                                                       : std::get<double>(s));
+            v->array_bytes += std::get<std::string>(element_value.scalar);
+            v->string_ends.push_back(v->array_bytes.size());
           }
         }
         return true;
@@ -318,21 +317,30 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
   }
 
   uint64_t alignment = kDefaultAlignment;
-  if (file.Has("general.alignment")) {
-    absl::StatusOr<int64_t> a = file.GetInt("general.alignment");
-    if (!a.ok() || *a <= 0 || (*a & (*a - 1)) != 0) {
+  if (const GgufValue* a = file.Find("general.alignment"); a != nullptr) {
+    const uint64_t* value = std::get_if<uint64_t>(&a->scalar);
+    if (a->type != GgufValueType::kUint32 || value == nullptr || *value == 0 ||
+        (*value & (*value - 1)) != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": general.alignment must be a power of two"));
+          absl::StrCat(what, ": general.alignment must be a uint32 power of two"));
     }
-    alignment = static_cast<uint64_t>(*a);
+    alignment = *value;
   }
 
-  file.tensors_.reserve(static_cast<size_t>(num_tensors));
+  if (num_tensors > (uint64_t{1} << 16)) {  // room for the first ones; the rest as they come
+    file.tensors_.reserve(size_t{1} << 16);
+  } else {
+    file.tensors_.reserve(static_cast<size_t>(num_tensors));
+  }
   for (uint64_t i = 0; i < num_tensors; ++i) {
     GgufTensorInfo t;
     uint32_t num_dims = 0;
     if (!r.String(&t.name, kMaxKeyBytes) || !r.Read(&num_dims)) {
       return corrupt(absl::StrCat("tensor entry ", i, ": truncated"));
+    }
+    if (t.name.empty() || t.name.size() > kMaxTensorNameBytes) {
+      return corrupt(absl::StrCat("tensor entry ", i, ": a name of ", t.name.size(),
+                                  " bytes (allowed: 1 to ", kMaxTensorNameBytes, ")"));
     }
     if (num_dims == 0 || num_dims > kMaxDims) {
       return corrupt(absl::StrCat("tensor '", t.name, "' has ", num_dims,
@@ -360,7 +368,12 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
                                     "dimension ", t.dims[0], " is not a multiple of ",
                                     layout->block_elements));
       }
-      t.num_bytes = t.num_elements / layout->block_elements * layout->block_bytes;
+      const int64_t blocks = t.num_elements / layout->block_elements;
+      if (blocks > std::numeric_limits<int64_t>::max() / layout->block_bytes) {
+        return corrupt(absl::StrCat("tensor '", t.name, "': ", t.num_elements, " elements of ",
+                                    layout->name, " are more bytes than any file holds"));
+      }
+      t.num_bytes = blocks * layout->block_bytes;
     }
     if (t.offset % alignment != 0) {
       return corrupt(absl::StrCat("tensor '", t.name, "': data offset ", t.offset,
@@ -443,23 +456,72 @@ absl::StatusOr<std::string> GgufFile::GetString(absl::string_view key) const {
   return std::get<std::string>(v->scalar);
 }
 
-absl::StatusOr<const std::vector<std::string>*> GgufFile::GetStrings(absl::string_view key) const {
+absl::StatusOr<std::vector<std::string>> GgufFile::GetStrings(absl::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return Missing(key);
   if (v->type != GgufValueType::kArray || v->element_type != GgufValueType::kString) {
     return WrongType(key, *v, "an array of strings");
   }
-  return &v->strings;
+  std::vector<std::string> out;
+  out.reserve(v->string_ends.size());
+  uint64_t begin = 0;
+  for (const uint64_t end : v->string_ends) {
+    out.push_back(v->array_bytes.substr(begin, end - begin));
+    begin = end;
+  }
+  return out;
 }
 
-absl::StatusOr<const std::vector<double>*> GgufFile::GetNumbers(absl::string_view key) const {
+absl::StatusOr<std::vector<double>> GgufFile::GetNumbers(absl::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return Missing(key);
-  if (v->type != GgufValueType::kArray || v->element_type == GgufValueType::kString ||
-      v->element_type == GgufValueType::kArray) {
+  const int64_t size = ScalarBytes(v->element_type);
+  if (v->type != GgufValueType::kArray || size == 0) {
     return WrongType(key, *v, "an array of numbers");
   }
-  return &v->numbers;
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(v->array_length));
+  for (size_t at = 0; at < v->array_bytes.size(); at += static_cast<size_t>(size)) {
+    const char* p = v->array_bytes.data() + at;
+    auto load = [p](auto value) {
+      std::memcpy(&value, p, sizeof(value));
+      return static_cast<double>(value);
+    };
+    switch (v->element_type) {
+      case GgufValueType::kUint8:
+      case GgufValueType::kBool:
+        out.push_back(load(uint8_t{}));
+        break;
+      case GgufValueType::kInt8:
+        out.push_back(load(int8_t{}));
+        break;
+      case GgufValueType::kUint16:
+        out.push_back(load(uint16_t{}));
+        break;
+      case GgufValueType::kInt16:
+        out.push_back(load(int16_t{}));
+        break;
+      case GgufValueType::kUint32:
+        out.push_back(load(uint32_t{}));
+        break;
+      case GgufValueType::kInt32:
+        out.push_back(load(int32_t{}));
+        break;
+      case GgufValueType::kFloat32:
+        out.push_back(load(float{}));
+        break;
+      case GgufValueType::kUint64:
+        out.push_back(load(uint64_t{}));
+        break;
+      case GgufValueType::kInt64:
+        out.push_back(load(int64_t{}));
+        break;
+      default:  // kFloat64
+        out.push_back(load(double{}));
+        break;
+    }
+  }
+  return out;
 }
 
 const GgufTensorInfo* GgufFile::FindTensor(absl::string_view name) const {
@@ -477,7 +539,7 @@ absl::Status GgufFile::ReadAsFloat(const GgufTensorInfo& tensor, std::vector<flo
   }
   try {
     out->resize(static_cast<size_t>(tensor.num_elements));
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector can hold
     return absl::ResourceExhaustedError(absl::StrCat(where, ": out of host memory for its ",
                                                      tensor.num_elements * 4, " bytes as fp32"));
   }
@@ -509,8 +571,7 @@ absl::Status GgufFile::ReadAsFloat(const GgufTensorInfo& tensor, std::vector<flo
         for (int64_t i = 0; i < blocks; ++i) {
           uint16_t h;
           std::memcpy(&h, src + 2 * i, 2);
-          *dst++ = type == GgmlType::kF16 ? HalfToFloat(h)
-                                          : std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+          *dst++ = type == GgmlType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
         }
         break;
       case GgmlType::kQ8_0:

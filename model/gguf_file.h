@@ -53,15 +53,16 @@ enum class GgmlType : uint32_t {
 std::string GgmlTypeName(uint32_t type);
 
 // One metadata value. Integers keep their sign (`int64_t`, or `uint64_t` for the unsigned
-// types); arrays hold their elements as strings or as numbers (integers exactly up to 2^53),
-// and an array of arrays keeps only its length.
+// types). An array keeps its elements as the file stores them, so that it never takes more
+// memory than its bytes in the file: scalars as their bytes; strings one after another,
+// string i ending at string_ends[i]; an array of arrays only its length.
 struct GgufValue {
   GgufValueType type = GgufValueType::kUint8;
   std::variant<int64_t, uint64_t, double, bool, std::string> scalar;
   GgufValueType element_type = GgufValueType::kUint8;  // arrays
   uint64_t array_length = 0;                           // arrays
-  std::vector<std::string> strings;                    // an array of strings
-  std::vector<double> numbers;                         // an array of numbers or bools
+  std::string array_bytes;
+  std::vector<uint64_t> string_ends;
 };
 
 struct GgufTensorInfo {
@@ -76,10 +77,13 @@ struct GgufTensorInfo {
 class GgufFile {
  public:
   // Reads and checks the header of the GGUF file at `path`: magic, version 2 or 3, every
-  // metadata value and tensor entry inside the file, no key or tensor name twice, at most 4
-  // dimensions, each tensor's data aligned and inside the data section. Errors name the path
-  // and, for a corrupt header, the byte offset: NotFound / PermissionDenied as
-  // RegularFileSize gives them, InvalidArgument for what is not such a file.
+  // metadata value and tensor entry inside the file, no key or tensor name twice, tensor
+  // names of 1 to 64 bytes, at most 4 dimensions, general.alignment a uint32 power of two,
+  // each tensor's data aligned and inside the data section. Nothing is sized by a length or
+  // count before the file is known to hold it, and the header never takes much more memory
+  // than its bytes. Errors name the path and, for a corrupt header, the byte offset:
+  // NotFound / PermissionDenied as RegularFileSize gives them, InvalidArgument for what is
+  // not such a file, ResourceExhausted when the header does not fit in memory.
   static absl::StatusOr<GgufFile> Open(const std::string& path);
 
   const std::string& path() const { return path_; }
@@ -93,8 +97,10 @@ class GgufFile {
   absl::StatusOr<int64_t> GetInt(absl::string_view key) const;
   absl::StatusOr<double> GetFloat(absl::string_view key) const;  // any number
   absl::StatusOr<std::string> GetString(absl::string_view key) const;
-  absl::StatusOr<const std::vector<std::string>*> GetStrings(absl::string_view key) const;
-  absl::StatusOr<const std::vector<double>*> GetNumbers(absl::string_view key) const;
+  // An array's elements, copied out: strings, or numbers (integers exact up to 2^53, bools
+  // as 0 and 1).
+  absl::StatusOr<std::vector<std::string>> GetStrings(absl::string_view key) const;
+  absl::StatusOr<std::vector<double>> GetNumbers(absl::string_view key) const;
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   // The tensor of that name, or nullptr.
@@ -108,6 +114,8 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  // Open's work; may throw std::bad_alloc or std::length_error, which Open turns into a status.
+  static absl::StatusOr<GgufFile> Parse(const std::string& path);
 
   std::string path_;
   uint32_t version_ = 0;

@@ -29,6 +29,8 @@ constexpr int64_t kMaxHeads = 1 << 10;
 constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMaxContext = 1 << 24;
 
+constexpr double kUserDefinedToken = 4;  // tokenizer.ggml.token_type, as SentencePiece's
+
 std::string Where(const std::string& path) { return absl::StrCat("GGUF file '", path, "'"); }
 
 absl::Status Prefixed(const std::string& path, const absl::Status& s) {
@@ -123,6 +125,16 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
           absl::StrCat(Where(path), ": RoPE scaling '", *scaling, "' (llama.rope.scaling.type)"));
     }
   }
+  // Linear scaling without a type (older converters wrote only the factor) is scaling too.
+  for (const char* key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"}) {
+    if (!f.Has(key)) continue;
+    absl::StatusOr<double> factor = f.GetFloat(key);
+    if (!factor.ok()) return Prefixed(path, factor.status());
+    if (*factor != 1.0 && *factor != 0.0) {  // 0: llama.cpp's "not set"
+      return absl::UnimplementedError(
+          absl::StrCat(Where(path), ": RoPE scaling by ", *factor, " (", key, ")"));
+    }
+  }
   if (f.FindTensor("rope_freqs.weight") != nullptr) {
     return absl::UnimplementedError(
         absl::StrCat(Where(path),
@@ -183,6 +195,11 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
   if (!eps.ok()) return eps.status();
   spec.rope_theta = static_cast<float>(*theta);
   spec.norm_eps = static_cast<float>(*eps);
+  if (!std::isfinite(spec.rope_theta) || !std::isfinite(spec.norm_eps)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(path), ": rope.freq_base ", *theta,
+                                                   " or layer_norm_rms_epsilon ", *eps,
+                                                   " is not a finite float"));
+  }
   spec.rope_style = RopeStyle::kInterleaved;
   spec.shared_classifier = f.FindTensor("output.weight") == nullptr;
   for (auto [dest, key, fallback] : {std::tuple<int32_t*, const char*, int64_t>{
@@ -201,7 +218,8 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
 
   ModelWeights unused;
   unused.layers.resize(spec.num_layers);
-  for (const TensorSlot& slot : Slots(spec, unused)) {
+  const std::vector<TensorSlot> slots = Slots(spec, unused);
+  for (const TensorSlot& slot : slots) {
     const GgufTensorInfo* t = f.FindTensor(slot.name);
     if (t == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(Where(path), ": no tensor ", slot.name));
@@ -210,6 +228,25 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tensor ", slot.name, " is ",
                                                      DimsText(t->dims), ", the model's shape ",
                                                      "needs ", DimsText(slot.dims)));
+    }
+    const auto type = static_cast<GgmlType>(t->type);
+    if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16 &&
+        type != GgmlType::kQ8_0) {
+      return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", slot.name, " is ",
+                                                   GgmlTypeName(t->type),
+                                                   "; kvd reads F32, F16, BF16 and Q8_0"));
+    }
+  }
+  // A tensor the forward pass would not use (a bias, say) would change what the model
+  // computes: refused rather than dropped.
+  if (f.tensors().size() != slots.size()) {
+    for (const GgufTensorInfo& t : f.tensors()) {
+      const bool used = std::any_of(slots.begin(), slots.end(),
+                                    [&t](const TensorSlot& slot) { return slot.name == t.name; });
+      if (!used) {
+        return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", t.name,
+                                                     " is not one kvd's llama forward pass uses"));
+      }
     }
   }
   return Opened{*std::move(opened), std::move(spec)};
@@ -277,23 +314,36 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& 
           absl::StrCat(Where(path), ": ", key, " = ", *id, "; kvd's tokenizer has it at ", want));
     }
   }
-  absl::StatusOr<const std::vector<std::string>*> tokens = f->GetStrings("tokenizer.ggml.tokens");
+  absl::StatusOr<std::vector<std::string>> tokens = f->GetStrings("tokenizer.ggml.tokens");
   if (!tokens.ok()) return Prefixed(path, tokens.status());
-  absl::StatusOr<const std::vector<double>*> scores = f->GetNumbers("tokenizer.ggml.scores");
+  absl::StatusOr<std::vector<double>> scores = f->GetNumbers("tokenizer.ggml.scores");
   if (!scores.ok()) return Prefixed(path, scores.status());
-  if (expected_vocab_size >= 0 && (*tokens)->size() != static_cast<size_t>(expected_vocab_size)) {
+  if (expected_vocab_size >= 0 && tokens->size() != static_cast<size_t>(expected_vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tokenizer.ggml.tokens has ",
-                                                   (*tokens)->size(), " tokens but the model ",
+                                                   tokens->size(), " tokens but the model ",
                                                    "expects ", expected_vocab_size));
   }
+  if (f->Has("tokenizer.ggml.token_type")) {
+    absl::StatusOr<std::vector<double>> types = f->GetNumbers("tokenizer.ggml.token_type");
+    if (!types.ok()) return Prefixed(path, types.status());
+    // llama.cpp matches user-defined tokens (added chat markers, say) in the text before
+    // encoding the rest; kvd's encoder would split them into ordinary pieces.
+    const auto user_defined = std::find(types->begin(), types->end(), kUserDefinedToken);
+    if (user_defined != types->end()) {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(path), ": token ", user_defined - types->begin(), " ('",
+                       (*tokens)[user_defined - types->begin()],
+                       "') is user-defined, which kvd's tokenizer does not match as a whole"));
+    }
+  }
   std::vector<std::string> pieces;
-  pieces.reserve((*tokens)->size());
-  for (size_t id = 0; id < (*tokens)->size(); ++id) {
+  pieces.reserve(tokens->size());
+  for (size_t id = 0; id < tokens->size(); ++id) {
     pieces.push_back(id == 1   ? "\n<s>\n"
                      : id == 2 ? "\n</s>\n"
-                               : absl::StrReplaceAll((**tokens)[id], {{"\xE2\x96\x81", " "}}));
+                               : absl::StrReplaceAll((*tokens)[id], {{"\xE2\x96\x81", " "}}));
   }
-  std::vector<float> piece_scores((*scores)->begin(), (*scores)->end());
+  std::vector<float> piece_scores(scores->begin(), scores->end());
   return Tokenizer::FromVocabulary(std::move(pieces), std::move(piece_scores),
                                    absl::StrCat(Where(path), ": tokenizer.ggml"));
 }

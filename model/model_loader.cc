@@ -11,7 +11,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "model/gguf_loader.h"
+#include "model/hf_loader.h"
 #include "model/llama2c_loader.h"
+#include "model/sentencepiece_model.h"
 #include "model/synthetic_model.h"
 
 namespace kvd {
@@ -20,34 +22,31 @@ namespace {
 
 constexpr std::string_view kSyntheticPrefix = "synthetic:";
 
-enum class Source { kSynthetic, kGguf, kLlama2c };
+enum class Source { kSynthetic, kGguf, kHf, kLlama2c };
 
-bool HasGgufExtension(std::string_view model) {
-  constexpr std::string_view kExtension = ".gguf";
-  if (model.size() < kExtension.size()) return false;
-  std::string tail(model.substr(model.size() - kExtension.size()));
+// Whether `path` ends in `extension` (lower case), in any case.
+bool HasExtension(std::string_view path, std::string_view extension) {
+  if (path.size() < extension.size()) return false;
+  std::string tail(path.substr(path.size() - extension.size()));
   for (char& c : tail) c = absl::ascii_tolower(static_cast<unsigned char>(c));
-  return tail == kExtension;
+  return tail == extension;
 }
 
 absl::StatusOr<Source> Classify(std::string_view model) {
   if (model.empty()) return absl::InvalidArgumentError("model reference is empty");
   if (model.starts_with(kSyntheticPrefix)) return Source::kSynthetic;
-  if (HasGgufExtension(model)) return Source::kGguf;
+  if (HasExtension(model, ".gguf")) return Source::kGguf;
   std::error_code ec;
   const std::filesystem::path path(model);
   if (std::filesystem::is_directory(path, ec)) {
-    // A Hugging Face checkpoint is a directory with config.json: say that it is one kvd
-    // cannot read yet; any other directory is a wrong path.
-    if (std::filesystem::exists(path / "config.json", ec)) {
-      return absl::UnimplementedError(
-          absl::StrCat("Hugging Face model directories are not supported yet: ", std::string(model),
-                       " (use a GGUF file, a llama2.c .bin checkpoint or synthetic:<preset>)"));
-    }
+    // A Hugging Face checkpoint is a directory with config.json; any other directory is a
+    // wrong path.
+    if (std::filesystem::exists(path / "config.json", ec)) return Source::kHf;
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(model),
-                     " is a directory, not a model file: give a GGUF file, a llama2.c .bin "
-                     "checkpoint or synthetic:<preset>"));
+                     " is a directory without config.json, not a model: give a Hugging Face "
+                     "model directory, a GGUF file, a llama2.c .bin checkpoint or "
+                     "synthetic:<preset>"));
   }
   return Source::kLlama2c;
 }
@@ -63,18 +62,23 @@ absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed) {
     return MakeSyntheticWeights(*spec, seed);
   }
   if (*source == Source::kGguf) return LoadGgufModel(std::string(model), AvailableHostBytes());
+  if (*source == Source::kHf) return LoadHfModel(std::string(model), AvailableHostBytes());
   return LoadLlama2cCheckpoint(std::string(model), AvailableHostBytes());
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(std::string_view model,
                                                               int32_t vocab_size) {
-  if (HasGgufExtension(model)) return LoadGgufTokenizer(std::string(model), vocab_size);
+  absl::StatusOr<Source> source = Classify(model);
+  if (!source.ok()) return source.status();
+  if (*source == Source::kGguf) return LoadGgufTokenizer(std::string(model), vocab_size);
+  if (*source == Source::kHf) return LoadHfTokenizer(std::string(model), vocab_size);
   return Tokenizer::FindBesideModel(std::string(model), vocab_size);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path,
                                                              int32_t vocab_size) {
-  if (HasGgufExtension(path)) return LoadGgufTokenizer(path, vocab_size);
+  if (HasExtension(path, ".gguf")) return LoadGgufTokenizer(path, vocab_size);
+  if (HasExtension(path, ".model")) return LoadSentencePieceTokenizer(path, vocab_size);
   return Tokenizer::LoadLlama2c(path, vocab_size);
 }
 
@@ -97,6 +101,7 @@ absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model) {
     return SyntheticSpec(model.substr(kSyntheticPrefix.size()));
   }
   if (*source == Source::kGguf) return ReadGgufSpec(std::string(model));
+  if (*source == Source::kHf) return ReadHfSpec(std::string(model));
   return ReadLlama2cSpec(std::string(model));
 }
 

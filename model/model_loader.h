@@ -16,8 +16,8 @@ namespace kvd {
 // Picks a loader from a model reference, the string a user passes as `--model`:
 //   "synthetic:<preset>"  seeded random weights of a preset's shape (synthetic_model.h)
 //   "<path>.gguf"         a GGUF file of a llama model (gguf_loader.h), any case of ".gguf"
-//   "<directory>"         Unimplemented for a Hugging Face directory (with config.json): not
-//                         supported yet; InvalidArgument for any other directory
+//   "<directory>"         a Hugging Face model directory, with config.json (hf_loader.h);
+//                         InvalidArgument for any other directory
 //   any other path        a llama2.c checkpoint (llama2c_loader.h), usually "<path>.bin"
 // Stateless and thread safe.
 
@@ -31,14 +31,17 @@ absl::StatusOr<ModelWeights> LoadModel(std::string_view model, uint64_t seed = 0
 // what `kvd estimate` needs for huge models.
 absl::StatusOr<ModelSpec> LoadModelSpec(std::string_view model);
 
-// The tokenizer of a model: for a GGUF file the one in its metadata (LoadGgufTokenizer),
-// else the llama2.c tokenizer beside the checkpoint (Tokenizer::FindBesideModel), with
-// `vocab_size` tokens. Not for synthetic models, which have none.
+// The tokenizer of a model: for a GGUF file the one in its metadata (LoadGgufTokenizer), for
+// a Hugging Face directory its tokenizer.model (LoadHfTokenizer), else the llama2.c
+// tokenizer beside the checkpoint (Tokenizer::FindBesideModel), with `vocab_size` tokens.
+// Unimplemented where the model's own tokenizer is one kvd cannot read. Not for synthetic
+// models, which have none.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadModelTokenizer(std::string_view model,
                                                               int32_t vocab_size);
 
 // A tokenizer file named by the user (model.tokenizer, --tokenizer): a GGUF file's vocabulary
-// when the path ends in ".gguf", else a llama2.c tokenizer.bin; `vocab_size` tokens.
+// when the path ends in ".gguf", a SentencePiece model for ".model", else a llama2.c
+// tokenizer.bin; `vocab_size` tokens.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path,
                                                              int32_t vocab_size);
 

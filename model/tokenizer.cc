@@ -177,13 +177,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocabulary(
         absl::StrFormat("%s: %d pieces but %d scores", source, pieces.size(), scores.size()));
   }
   if (pieces.size() < static_cast<size_t>(kFirstByteId + kNumBytePieces)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return absl::UnimplementedError(absl::StrFormat(
         "%s: only %d tokens; a llama2.c vocabulary needs at least %d (<unk>, BOS, EOS and 256 "
         "byte pieces)",
         source, pieces.size(), kFirstByteId + kNumBytePieces));
   }
   if (pieces.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: %d tokens", source, pieces.size()));
+  }
+  // A vocabulary laid out otherwise is a tokenizer kvd does not read, not a corrupt one.
+  for (int32_t id = kFirstByteId; id < kFirstByteId + kNumBytePieces; ++id) {
+    if (ParseBytePiece(pieces[id]) != id - kFirstByteId) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "%s: token %d is '%s', not the byte piece <0x%02X> kvd's tokenizer has there", source, id,
+          pieces[id], id - kFirstByteId));
+    }
   }
   auto tokenizer = std::unique_ptr<Tokenizer>(new Tokenizer());
   for (size_t id = 0; id < pieces.size(); ++id) {

@@ -45,9 +45,9 @@ class Tokenizer {
                                                                 int32_t expected_vocab_size = -1);
 
   // A vocabulary given whole, e.g. from a GGUF file's metadata (gguf_loader.h), pieces as
-  // llama2.c stores them (spaces, not U+2581), with the layout above. `source` starts every
-  // error: InvalidArgument for unequal lengths, a NaN score, too few tokens or a byte piece
-  // out of place.
+  // llama2.c stores them (spaces, not U+2581). `source` starts every error: Unimplemented
+  // for a vocabulary without the layout above (too few tokens, a byte piece out of place),
+  // InvalidArgument for unequal lengths or a NaN score.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromVocabulary(std::vector<std::string> pieces,
                                                                    std::vector<float> scores,
                                                                    std::string_view source);

@@ -64,7 +64,9 @@ constexpr absl::Duration kFailurePoll = absl::Milliseconds(200);
 FlagSet MakeFlags() {
   FlagSet f(kUsage);
   f.AddString("config", "inference_config.yaml; default: built-in defaults");
-  f.AddString("model", "overrides model.path (.gguf, llama2.c .bin or synthetic:<preset>)");
+  f.AddString("model",
+              "overrides model.path (.gguf, Hugging Face directory, llama2.c .bin or "
+              "synthetic:<preset>)");
   f.AddString("device",
               absl::StrCat("overrides model.device: auto (", kAutoPicksCuda, "), cpu, cuda"));
   f.AddString("grpc-address", "overrides server.grpc_address (host:port or unix:/path)");

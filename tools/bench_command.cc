@@ -69,13 +69,14 @@ int RunBenchCommand(const std::vector<std::string>& args, std::ostream& out, std
       "                 [--graphs both|on|off] [--profile]\n"
       "\n"
       "Time per greedy decode step of the whole engine path on a model (synthetic, a GGUF\n"
-      "file or a llama2.c checkpoint), KV filled at random to each case's context, beside the\n"
-      "memory roofline of the same run. A number outside its flag's range (below), a malformed\n"
-      "--cases or --graphs, and a case whose context, warm-up and steps exceed the model's\n"
-      "context are usage errors, refused before anything is built.");
+      "file, a Hugging Face directory or a llama2.c checkpoint), KV filled at random to each\n"
+      "case's context, beside the memory roofline of the same run. A number outside its\n"
+      "flag's range (below), a malformed --cases or --graphs, and a case whose context,\n"
+      "warm-up and steps exceed the model's context are usage errors, refused before\n"
+      "anything is built.");
   flags.AddString("model",
-                  "synthetic:<preset> (weights made on the device from --seed), a GGUF file or a "
-                  "llama2.c checkpoint",
+                  "synthetic:<preset> (weights made on the device from --seed), a GGUF file, a "
+                  "Hugging Face directory or a llama2.c checkpoint",
                   "synthetic:llama3-8b");
   flags.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
   flags.AddString("cases", "comma-separated BATCHxCONTEXT, at least one",

@@ -31,8 +31,8 @@ FlagSet MakeFlags() {
       "(bf16 on CUDA, f32 on the CPU): with the pool, most of what the daemon holds (its\n"
       "kvd_memory_bytes; activations and workspace come on top, growing with the batch).");
   f.AddString("model",
-              "GGUF file or llama2.c checkpoint (only its header is read) or "
-              "synthetic:<preset> (tiny, llama2-7b, llama3-8b)");
+              "GGUF file, Hugging Face directory or llama2.c checkpoint (only headers are "
+              "read) or synthetic:<preset> (tiny, llama2-7b, llama3-8b)");
   constexpr IntRange kPositive{1, std::numeric_limits<int64_t>::max()};
   f.AddInt("batch", "number of sequences", std::nullopt, kPositive);
   f.AddInt("seq-len", "tokens per sequence (prompt + output), at most the model's context",

@@ -59,10 +59,13 @@ FlagSet MakeFlags() {
       "range (below) is a usage error, never wrapped or clamped, as is a sampling value\n"
       "outside the range its help gives or a --device other than those three; both are\n"
       "refused before the model loads.");
-  f.AddString("model", "GGUF file (.gguf), llama2.c checkpoint (.bin) or synthetic:<preset>");
+  f.AddString("model",
+              "GGUF file (.gguf), Hugging Face directory, llama2.c checkpoint (.bin) or "
+              "synthetic:<preset>");
   f.AddString("tokenizer",
-              "llama2.c tokenizer.bin or GGUF file; default: a GGUF model's own, else tok512.bin "
-              "or tokenizer.bin beside the model, whichever matches its vocabulary");
+              "llama2.c tokenizer.bin, GGUF file or SentencePiece .model; default: the model's "
+              "own (GGUF, Hugging Face tokenizer.model), else tok512.bin or tokenizer.bin "
+              "beside the model, whichever matches its vocabulary");
   f.AddString("prompt", "text to complete");
   f.AddString("prompt-token-ids", "comma-separated prompt token ids, instead of --prompt");
   f.AddInt("max-tokens",

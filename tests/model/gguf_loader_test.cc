@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/gguf_file.h"
+#include "model/half_float.h"
 #include "model/llama2c_loader.h"
 #include "model/model_loader.h"
 #include "model/tokenizer.h"
@@ -42,8 +43,10 @@ TEST(GgufFileTest, ReadsTheStories260kHeader) {
   EXPECT_EQ(*f->GetString("general.architecture"), "llama");
   EXPECT_EQ(*f->GetInt("llama.block_count"), 5);
   EXPECT_FLOAT_EQ(*f->GetFloat("llama.attention.layer_norm_rms_epsilon"), 1e-5f);
-  EXPECT_EQ((*f->GetStrings("tokenizer.ggml.tokens"))->size(), 512u);
-  EXPECT_EQ((*f->GetNumbers("tokenizer.ggml.token_type"))->at(3), 6);  // a byte piece
+  EXPECT_EQ(f->GetStrings("tokenizer.ggml.tokens")->size(), 512u);
+  EXPECT_EQ(f->GetStrings("tokenizer.ggml.tokens")->at(259), "\xE2\x96\x81t");
+  EXPECT_EQ(f->GetNumbers("tokenizer.ggml.token_type")->at(3), 6);  // a byte piece
+  EXPECT_EQ(f->GetNumbers("tokenizer.ggml.scores")->size(), 512u);
   const GgufTensorInfo* embd = f->FindTensor("token_embd.weight");
   ASSERT_NE(embd, nullptr);
   EXPECT_THAT(embd->dims, ElementsAre(64, 512));
@@ -170,7 +173,50 @@ TEST(GgufFileTest, RefusesCorruptHeadersSayingWhat) {
   refused("q8_rows.gguf", q8_rows, "not a multiple of 32");
   GgufWriter alignment;
   alignment.AddUint32("general.alignment", 24);
-  refused("alignment.gguf", alignment, "general.alignment must be a power of two");
+  refused("alignment.gguf", alignment, "general.alignment must be a uint32 power of two");
+  GgufWriter signed_alignment;
+  signed_alignment.AddInt32("general.alignment", 32);
+  refused("signed_alignment.gguf", signed_alignment, "must be a uint32 power of two");
+  GgufWriter overflow;  // 2^62 floats: their bytes would wrap an int64
+  overflow.AddTensor("t", {uint64_t{1} << 31, uint64_t{1} << 31}, kF32, "");
+  refused("overflow.gguf", overflow, "more bytes than any file holds");
+  GgufWriter long_name;
+  long_name.AddTensor(std::string(65, 'n'), {1}, kF32, GgufWriter::F32({1}));
+  refused("long_name.gguf", long_name, "a name of 65 bytes");
+  GgufWriter no_name;
+  no_name.AddTensor("", {1}, kF32, GgufWriter::F32({1}));
+  refused("no_name.gguf", no_name, "a name of 0 bytes");
+}
+
+// Version 2 has version 3's layout (3 only adds big-endian files, which kvd refuses).
+TEST(GgufFileTest, ReadsVersion2) {
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddTensor("t", {2}, kF32, GgufWriter::F32({5, 6}));
+  absl::StatusOr<GgufFile> f = GgufFile::Open(w.WriteTemp("v2.gguf", /*version=*/2));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->version(), 2u);
+  std::vector<float> out;
+  ASSERT_TRUE(f->ReadAsFloat(f->tensors()[0], &out).ok());
+  EXPECT_THAT(out, ElementsAre(5, 6));
+}
+
+// Every fp16 bit pattern converts to the value it encodes: (-1)^s 2^(e-15) (1 + m/1024), or
+// 2^-14 m/1024 for e = 0, infinities and NaNs at e = 31.
+TEST(GgufFileTest, EveryHalfConvertsExactly) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const int sign = bits >> 15, e = (bits >> 10) & 31, m = bits & 1023;
+    const float got = HalfToFloat(static_cast<uint16_t>(bits));
+    if (e == 31 && m != 0) {
+      EXPECT_TRUE(std::isnan(got)) << bits;
+      continue;
+    }
+    const double magnitude = e == 31  ? std::numeric_limits<double>::infinity()
+                             : e == 0 ? std::ldexp(m, -24)
+                                      : std::ldexp(1024 + m, e - 25);
+    EXPECT_EQ(got, sign ? -magnitude : magnitude) << bits;
+    EXPECT_EQ(std::signbit(got), sign == 1) << bits;
+  }
 }
 
 TEST(GgufFileTest, HonoursGeneralAlignment) {
@@ -340,6 +386,26 @@ TEST(GgufLoaderTest, RefusesWhatItCannotServeNamingIt) {
                        w.AddTensor("rope_freqs.weight", {2}, kF32, GgufWriter::F32({1, 1}));
                      }),
                 absl::StatusCode::kUnimplemented, "rope_freqs.weight"},
+           Case{with("scale_linear.gguf",
+                     [](GgufWriter& w) { w.AddFloat32("llama.rope.scale_linear", 4.0f); }),
+                absl::StatusCode::kUnimplemented, "RoPE scaling by 4 (llama.rope.scale_linear)"},
+           Case{with("scaling_factor.gguf",
+                     [](GgufWriter& w) { w.AddFloat32("llama.rope.scaling.factor", 8.0f); }),
+                absl::StatusCode::kUnimplemented, "RoPE scaling by 8"},
+           Case{with("bias.gguf",
+                     [](GgufWriter& w) {
+                       w.AddTensor("blk.0.attn_q.bias", {8}, kF32,
+                                   GgufWriter::F32(std::vector<float>(8)));
+                     }),
+                absl::StatusCode::kUnimplemented,
+                "tensor blk.0.attn_q.bias is not one kvd's llama forward pass uses"},
+           Case{TinyLlamaGguf{.rope_theta = std::numeric_limits<float>::infinity()}
+                    .Writer()
+                    .WriteTemp("inf_theta.gguf"),
+                absl::StatusCode::kInvalidArgument, "is not a finite float"},
+           Case{TinyLlamaGguf{.int8_tensor = "blk.1.attn_v.weight"}.Writer().WriteTemp("int8.gguf"),
+                absl::StatusCode::kUnimplemented,
+                "tensor blk.1.attn_v.weight is I8; kvd reads F32, F16, BF16 and Q8_0"},
            Case{with("scaling.gguf",
                      [](GgufWriter& w) { w.AddString("llama.rope.scaling.type", "linear"); }),
                 absl::StatusCode::kUnimplemented, "RoPE scaling 'linear'"},
@@ -383,6 +449,38 @@ TEST(GgufLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {
   EXPECT_THAT(s.message(), HasSubstr("blk.0.attn_norm.weight[3] is nan"));
 }
 
+// A llama vocabulary kvd's tokenizer would encode otherwise than llama.cpp is refused as
+// Unimplemented (the daemon then serves token ids): user-defined tokens, which llama.cpp
+// matches whole, and byte pieces elsewhere than at 3..258.
+TEST(GgufLoaderTest, VocabulariesKvdWouldEncodeOtherwiseAreUnimplemented) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  for (int b = 0; b < 256; ++b) {
+    char piece[8];
+    std::snprintf(piece, sizeof(piece), "<0x%02X>", b);
+    tokens.push_back(piece);
+  }
+  tokens.push_back("<|im_start|>");
+  std::vector<float> scores(tokens.size(), 0.0f);
+  auto write = [&](const std::string& name, int32_t last_type) {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "llama");
+    w.AddStrings("tokenizer.ggml.tokens", tokens);
+    w.AddFloats("tokenizer.ggml.scores", scores);
+    std::vector<int32_t> types(tokens.size(), 1);
+    types.back() = last_type;
+    w.AddInt32s("tokenizer.ggml.token_type", types);
+    return w.WriteTemp(name);
+  };
+  ASSERT_TRUE(LoadGgufTokenizer(write("normal_vocab.gguf", 1), 260).ok());
+  absl::Status s = LoadGgufTokenizer(write("user_defined.gguf", 4)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("token 259 ('<|im_start|>') is user-defined"));
+  std::swap(tokens[3], tokens[259]);
+  s = LoadGgufTokenizer(write("bytes_elsewhere.gguf", 1)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("token 3 is '<|im_start|>', not the byte piece <0x00>"));
+}
+
 TEST(GgufLoaderTest, TokenizersOtherThanSentencePieceAreUnimplemented) {
   GgufWriter w;
   w.AddString("tokenizer.ggml.model", "gpt2");
@@ -411,7 +509,7 @@ TEST(GgufLoaderTest, ModelLoaderReadsGgufFiles) {
   ASSERT_TRUE(t.ok()) << t.status();
   const absl::Status s = LoadModel("/nowhere/Model.GGUF").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(s.message(), HasSubstr("/nowhere/Model.GGUF"));
+  EXPECT_THAT(s.message(), HasSubstr("GGUF file '/nowhere/Model.GGUF'"));
 }
 
 }  // namespace

@@ -39,6 +39,12 @@ void GgufWriter::AddFloats(const std::string& key, const std::vector<float>& val
   AddRaw(key, 9, Le<uint32_t>(6) + Le<uint64_t>(values.size()) + F32(values));
 }
 
+void GgufWriter::AddInt32s(const std::string& key, const std::vector<int32_t>& values) {
+  std::string bytes = Le<uint32_t>(5) + Le<uint64_t>(values.size());
+  for (int32_t v : values) bytes += Le(v);
+  AddRaw(key, 9, bytes);
+}
+
 void GgufWriter::AddRaw(const std::string& key, uint32_t type, const std::string& value_bytes) {
   metadata_.emplace_back(key, Le(type) + value_bytes);
 }
@@ -92,7 +98,7 @@ GgufWriter TinyLlamaGguf::Writer() const {
   w.AddUint32("llama.attention.head_count", 2);
   if (write_head_count_kv) w.AddUint32("llama.attention.head_count_kv", 1);
   w.AddUint32("llama.context_length", 64);
-  w.AddFloat32("llama.rope.freq_base", 500000.0f);
+  w.AddFloat32("llama.rope.freq_base", rope_theta);
   w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
   w.AddUint32("llama.rope.dimension_count", 4);
   using Shapes = std::vector<std::pair<std::string, std::vector<uint64_t>>>;
@@ -120,7 +126,9 @@ GgufWriter TinyLlamaGguf::Writer() const {
     for (uint64_t d : dims) n *= d;
     std::vector<float> values(n);
     for (uint64_t i = 0; i < n; ++i) values[i] = static_cast<float>(k) + i / 1024.0f;
-    if (type == 0) {
+    if (name == int8_tensor) {
+      w.AddTensor(name, dims, 24, std::string(n, '\0'));
+    } else if (type == 0) {
       w.AddTensor(name, dims, 0, GgufWriter::F32(values));
     } else {  // BF16: the values' top halves
       std::vector<uint16_t> bits;

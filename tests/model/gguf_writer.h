@@ -19,6 +19,7 @@ class GgufWriter {
   void AddString(const std::string& key, const std::string& value);
   void AddStrings(const std::string& key, const std::vector<std::string>& values);
   void AddFloats(const std::string& key, const std::vector<float>& values);
+  void AddInt32s(const std::string& key, const std::vector<int32_t>& values);
   // A value of any type given as its type number and raw bytes.
   void AddRaw(const std::string& key, uint32_t type, const std::string& value_bytes);
 
@@ -60,6 +61,8 @@ struct TinyLlamaGguf {
   std::string reshape;      // a tensor given dims {3}
   std::string architecture = "llama";
   bool write_head_count_kv = true;
+  float rope_theta = 500000.0f;
+  std::string int8_tensor;  // a tensor stored as ggml I8 (zeros)
 
   GgufWriter Writer() const;
 };

@@ -597,8 +597,9 @@ TEST(ModelLoaderTest, AnEmptyReferenceIsInvalid) {
   EXPECT_EQ(LoadModelSpec("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A directory is a Hugging Face checkpoint when it has config.json (not supported yet);
-// any other, e.g. the models folder instead of a file in it, is a wrong path, said as such.
+// A directory is a Hugging Face checkpoint when it has config.json (hf_loader.h, whose
+// errors then name the directory); any other, e.g. the models folder instead of a file in
+// it, is a wrong path, said as such.
 TEST(ModelLoaderTest, DirectoriesAreRefusedSayingWhy) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / "kvd_model_loader_dir_test";
@@ -606,11 +607,12 @@ TEST(ModelLoaderTest, DirectoriesAreRefusedSayingWhy) {
   ASSERT_TRUE(std::filesystem::create_directories(dir));
   absl::Status s = LoadModelSpec(dir.string()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("is a directory, not a model file"));
+  EXPECT_THAT(s.message(), HasSubstr("is a directory without config.json, not a model"));
   std::ofstream(dir / "config.json") << "{}";
   s = LoadModel(dir.string()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("Hugging Face model directories are not supported yet"));
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("Hugging Face model directory"), HasSubstr("architecture ''")));
   std::filesystem::remove_all(dir);
 }
 

@@ -16,7 +16,9 @@
 
 #include "kernels/cpu_backend.h"
 #include "model/llama2c_loader.h"
+#include "model/model_loader.h"
 #include "model/sampler.h"
+#include "tests/model/hf_writer.h"
 
 namespace kvd {
 namespace {
@@ -156,6 +158,28 @@ TEST_P(LlamaGoldenTest, GreedyMatchesLlama2c) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, LlamaGoldenTest, ::testing::Values(1, 16, 64));
+
+// stories260K as a Hugging Face directory (Q and K rows in transformers' half-rotation order,
+// RoPE on halves) and as GGUF generates the same greedy tokens as the llama2.c checkpoint.
+TEST(LlamaModelTest, HuggingFaceAndGgufCopiesGiveLlama2csGreedyOutputs) {
+  const std::string dir = ::testing::TempDir() + "/golden_stories260K_hf";
+  test::WriteHfStories260k(dir);
+  CpuBackend backend(2);
+  for (const std::string& path : {dir, kModels + "/stories260K.gguf"}) {
+    auto weights = LoadModel(path);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto model = LlamaModel::Create(*weights, &backend);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const auto cases = ReadGolden();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      TestArena arena(&backend, weights->spec, 16, 512 / 16 + 2, 11 + i);
+      std::string stop;
+      const auto out = Greedy(model->get(), &arena, cases[i], i % 2 == 0 ? 1 << 20 : 5, &stop);
+      EXPECT_EQ(out, cases[i].output_tokens) << path << " case " << i;
+      EXPECT_EQ(stop, cases[i].stop) << path << " case " << i;
+    }
+  }
+}
 
 TEST(LlamaModelTest, RejectsBadBatches) {
   auto weights = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");

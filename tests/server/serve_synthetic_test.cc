@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "kvd/v1/kvd.grpc.pb.h"
 #include "tests/model/gguf_writer.h"
+#include "tests/model/hf_writer.h"
 #include "tests/tools/run_kvd.h"
 
 namespace kvd {
@@ -221,6 +222,36 @@ TEST(ServeSyntheticTest, AGgufModelWithAnUnreadableTokenizerServesTokenIds) {
   EXPECT_EQ(Generate(*stub, text).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   stub.reset();
   EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
+}
+
+// A Hugging Face directory (stories260K written as transformers stores a Llama, with its
+// tokenizer.model) serves a text prompt's greedy completion as `kvd generate` gives it from
+// the llama2.c checkpoint, and says which model it serves.
+TEST(ServeSyntheticTest, AHuggingFaceDirectoryServesTheCheckpointsText) {
+  const std::string dir = ::testing::TempDir() + "/serve_stories260K_hf";
+  test::WriteHfStories260k(dir);
+  std::vector<std::string> args = ServeTiny({});
+  args[2] = dir;  // --model
+  Daemon daemon(args);
+  const std::string model = daemon.WaitForLine("kvd: model ", std::chrono::seconds(30));
+  EXPECT_TRUE(absl::StartsWith(model, "serve_stories260K_hf (")) << model;
+  auto stub = StubOf(daemon);
+  ASSERT_NE(stub, nullptr) << "the daemon never printed its gRPC address";
+  v1::GenerateRequest text;
+  text.set_prompt("Once upon a time");
+  text.set_max_tokens(24);
+  text.set_ignore_eos(true);
+  const Streamed served = Generate(*stub, text);
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.token_ids.size(), 24u);
+  stub.reset();
+  EXPECT_EQ(daemon.Terminate(std::chrono::seconds(30)), 0);
+
+  const KvdResult generated = RunKvd("generate --model " KVD_SHARED_DIR
+                                     "/models/stories260K.bin --prompt 'Once upon a time' "
+                                     "--max-tokens 24 --temperature 0 --device cpu --threads 1");
+  ASSERT_EQ(generated.exit_code, 0) << generated.out;
+  EXPECT_EQ(generated.out, served.text + "\n");
 }
 
 }  // namespace

@@ -1,0 +1,378 @@
+#include "model/hf_loader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/regular_file.h"
+#include "model/safetensors_file.h"
+#include "model/sentencepiece_model.h"
+#include "nlohmann/json.hpp"
+
+namespace kvd {
+
+namespace {
+
+// Sanity limits as the other loaders': far above any real Llama.
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kMaxHiddenDim = 1 << 18;
+constexpr int64_t kMaxLayers = 1 << 10;
+constexpr int64_t kMaxHeads = 1 << 10;
+constexpr int64_t kMaxVocab = 1 << 22;
+constexpr int64_t kMaxContext = 1 << 24;
+constexpr int64_t kMaxJsonBytes = int64_t{64} << 20;
+
+std::string Where(const std::string& dir) {
+  return absl::StrCat("Hugging Face model directory '", dir, "'");
+}
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  const std::string what = absl::StrCat("'", path, "'");
+  const absl::StatusOr<int64_t> size = RegularFileSize(path, what);
+  if (!size.ok()) return size.status();
+  if (*size > kMaxJsonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", *size, " bytes, over ", kMaxJsonBytes, " for a JSON file"));
+  }
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return CannotOpen(what, errno);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object"));
+  }
+  return json;
+}
+
+// One tensor the model needs: its name, row-major shape and where it goes.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float>* dest;
+};
+
+std::vector<TensorSlot> Slots(const ModelSpec& s, ModelWeights& w) {
+  const int64_t dim = s.dim;
+  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
+  const int64_t kv_dim = int64_t{s.num_kv_heads} * s.head_dim;
+  const int64_t hidden = s.hidden_dim;
+  std::vector<TensorSlot> slots = {
+      {"model.embed_tokens.weight", {s.vocab_size, dim}, &w.token_embedding},
+      {"model.norm.weight", {dim}, &w.final_norm}};
+  if (!s.shared_classifier) slots.push_back({"lm_head.weight", {s.vocab_size, dim}, &w.classifier});
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    auto add = [&](const char* name, std::vector<int64_t> shape, std::vector<float>* dest) {
+      slots.push_back(
+          {absl::StrCat("model.layers.", l, ".", name, ".weight"), std::move(shape), dest});
+    };
+    add("input_layernorm", {dim}, &lw.attn_norm);
+    add("self_attn.q_proj", {q_dim, dim}, &lw.wq);
+    add("self_attn.k_proj", {kv_dim, dim}, &lw.wk);
+    add("self_attn.v_proj", {kv_dim, dim}, &lw.wv);
+    add("self_attn.o_proj", {dim, q_dim}, &lw.wo);
+    add("post_attention_layernorm", {dim}, &lw.ffn_norm);
+    add("mlp.gate_proj", {hidden, dim}, &lw.w1);
+    add("mlp.down_proj", {dim, hidden}, &lw.w2);
+    add("mlp.up_proj", {hidden, dim}, &lw.w3);
+  }
+  return slots;
+}
+
+// The directory's spec and safetensors files, every tensor the model needs present, of its
+// shape and of a dtype kvd reads.
+struct Opened {
+  ModelSpec spec;
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, size_t> file_of;  // tensor name -> index into files
+};
+
+// config.json's integer `key` in [1, max]; `fallback` when absent, if given.
+absl::StatusOr<int32_t> PositiveKey(const std::string& dir, const nlohmann::json& config,
+                                    const char* key, int64_t max,
+                                    std::optional<int64_t> fallback = std::nullopt) {
+  if (!config.contains(key) || config[key].is_null()) {
+    if (fallback.has_value()) return static_cast<int32_t>(*fallback);
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json has no ", key));
+  }
+  const nlohmann::json& v = config[key];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > max) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " = ",
+                                                   v.dump(), " is not an integer in 1..", max));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+absl::StatusOr<double> NumberKey(const std::string& dir, const nlohmann::json& config,
+                                 const char* key, double fallback) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_number() || !(config[key].get<double>() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " = ",
+                                                   config[key].dump(),
+                                                   " is not a positive number"));
+  }
+  return config[key].get<double>();
+}
+
+absl::StatusOr<Opened> OpenModel(const std::string& dir) {
+  absl::StatusOr<nlohmann::json> loaded =
+      ReadJson((std::filesystem::path(dir) / "config.json").string());
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(Where(dir), ": config.json: ", loaded.status().message()));
+  }
+  const nlohmann::json& config = *loaded;
+  const nlohmann::json architectures =
+      config.contains("architectures") ? config["architectures"] : nlohmann::json::array();
+  const std::string architecture =
+      architectures.is_array() && !architectures.empty() && architectures[0].is_string()
+          ? architectures[0].get<std::string>()
+          : "";
+  if (architecture != "LlamaForCausalLM" && architecture != "MistralForCausalLM") {
+    return absl::UnimplementedError(absl::StrCat(
+        Where(dir), ": architecture '", architecture,
+        "' (config.json's architectures); kvd serves LlamaForCausalLM and MistralForCausalLM"));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (config.contains(key) && config[key].is_boolean() && config[key].get<bool>()) {
+      return absl::UnimplementedError(absl::StrCat(Where(dir), ": ", key, " is true (biases)"));
+    }
+  }
+  if (config.contains("hidden_act") && config["hidden_act"] != "silu") {
+    return absl::UnimplementedError(
+        absl::StrCat(Where(dir), ": hidden_act ", config["hidden_act"].dump(), " (kvd: silu)"));
+  }
+  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
+    const nlohmann::json& scaling = config["rope_scaling"];
+    // {"rope_type": "default"} (or the older "type") is plain RoPE.
+    auto type_is_default = [&scaling](const char* key) {
+      return scaling.contains(key) && scaling[key] == "default";
+    };
+    if (!scaling.is_object() || !(type_is_default("rope_type") || type_is_default("type"))) {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(dir), ": rope_scaling ", scaling.dump(), " (RoPE scaling)"));
+    }
+  }
+
+  ModelSpec spec;
+  spec.name = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (spec.name.empty()) spec.name = std::filesystem::path(dir).parent_path().filename().string();
+  struct Field {
+    int32_t* dest;
+    const char* key;
+    int64_t max;
+  };
+  for (const Field& field :
+       {Field{&spec.dim, "hidden_size", kMaxDim},
+        Field{&spec.hidden_dim, "intermediate_size", kMaxHiddenDim},
+        Field{&spec.num_layers, "num_hidden_layers", kMaxLayers},
+        Field{&spec.num_heads, "num_attention_heads", kMaxHeads},
+        Field{&spec.max_context_tokens, "max_position_embeddings", kMaxContext},
+        Field{&spec.vocab_size, "vocab_size", kMaxVocab}}) {
+    absl::StatusOr<int32_t> v = PositiveKey(dir, config, field.key, field.max);
+    if (!v.ok()) return v.status();
+    *field.dest = *v;
+  }
+  absl::StatusOr<int32_t> kv_heads =
+      PositiveKey(dir, config, "num_key_value_heads", kMaxHeads, spec.num_heads);
+  if (!kv_heads.ok()) return kv_heads.status();
+  spec.num_kv_heads = *kv_heads;
+  if (spec.dim % spec.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": hidden_size (", spec.dim,
+                                                   ") is not a multiple of num_attention_heads (",
+                                                   spec.num_heads, ")"));
+  }
+  spec.head_dim = spec.dim / spec.num_heads;
+  if (config.contains("head_dim") && !config["head_dim"].is_null() &&
+      config["head_dim"] != spec.head_dim) {
+    return absl::UnimplementedError(absl::StrCat(Where(dir), ": head_dim ",
+                                                 config["head_dim"].dump(), ", not hidden_size / ",
+                                                 "num_attention_heads = ", spec.head_dim));
+  }
+  if (config.contains("sliding_window") && !config["sliding_window"].is_null()) {
+    absl::StatusOr<int32_t> window = PositiveKey(dir, config, "sliding_window", kMaxContext);
+    if (!window.ok()) return window.status();
+    spec.max_context_tokens = std::min(spec.max_context_tokens, *window);
+  }
+  absl::StatusOr<double> theta = NumberKey(dir, config, "rope_theta", 10000.0);
+  if (!theta.ok()) return theta.status();
+  absl::StatusOr<double> eps = NumberKey(dir, config, "rms_norm_eps", 1e-6);
+  if (!eps.ok()) return eps.status();
+  spec.rope_theta = static_cast<float>(*theta);
+  spec.norm_eps = static_cast<float>(*eps);
+  spec.rope_style = RopeStyle::kHalf;
+  if (config.contains("tie_word_embeddings") && !config["tie_word_embeddings"].is_null() &&
+      !config["tie_word_embeddings"].is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir),
+                                                   ": config.json's tie_word_embeddings is not a "
+                                                   "boolean"));
+  }
+  spec.shared_classifier = config.contains("tie_word_embeddings") &&
+                           config["tie_word_embeddings"].is_boolean() &&
+                           config["tie_word_embeddings"].get<bool>();
+  for (auto [dest, key, fallback] :
+       {std::tuple<int32_t*, const char*, int32_t>{&spec.bos_token_id, "bos_token_id", 1},
+        {&spec.eos_token_id, "eos_token_id", 2}}) {
+    nlohmann::json v = config.contains(key) ? config[key] : nlohmann::json();
+    if (v.is_array() && !v.empty()) v = v[0];
+    if (v.is_null()) {
+      *dest = fallback;
+    } else if (v.is_number_integer() && v.get<int64_t>() >= 0 &&
+               v.get<int64_t>() < spec.vocab_size) {
+      *dest = static_cast<int32_t>(v.get<int64_t>());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " ",
+                                                     config[key].dump(),
+                                                     " is not a token id of the vocabulary"));
+    }
+  }
+  spec.ends_at_bos = false;
+  if (absl::Status s = spec.Validate(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(Where(dir), ": ", s.message()));
+  }
+
+  // The shards: model.safetensors.index.json's weight_map, or model.safetensors alone.
+  Opened out;
+  out.spec = spec;
+  const std::filesystem::path root(dir);
+  std::map<std::string, std::string> shard_of;  // tensor -> file name
+  std::error_code ec;
+  if (std::filesystem::exists(root / "model.safetensors.index.json", ec)) {
+    absl::StatusOr<nlohmann::json> index =
+        ReadJson((root / "model.safetensors.index.json").string());
+    if (!index.ok()) return index.status();
+    if (!index->contains("weight_map") || !(*index)["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(dir), ": model.safetensors.index.json has no weight_map object"));
+    }
+    for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": weight_map names ",
+                                                       file.dump(), " for ", tensor,
+                                                       " (a file name in the directory expected)"));
+      }
+      shard_of[tensor] = file.get<std::string>();
+    }
+  }
+  std::map<std::string, size_t> opened_files;
+  auto open_file = [&](const std::string& name) -> absl::StatusOr<size_t> {
+    if (auto it = opened_files.find(name); it != opened_files.end()) return it->second;
+    absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open((root / name).string());
+    if (!f.ok()) return f.status();
+    out.files.push_back(*std::move(f));
+    opened_files[name] = out.files.size() - 1;
+    return out.files.size() - 1;
+  };
+  ModelWeights unused;
+  unused.layers.resize(spec.num_layers);
+  for (const TensorSlot& slot : Slots(spec, unused)) {
+    auto shard = shard_of.find(slot.name);
+    if (!shard_of.empty() && shard == shard_of.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(dir), ": no tensor ", slot.name, " in model.safetensors.index.json"));
+    }
+    absl::StatusOr<size_t> f = open_file(shard_of.empty() ? "model.safetensors" : shard->second);
+    if (!f.ok()) return f.status();
+    const SafetensorsTensor* t = out.files[*f].Find(slot.name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(dir), ": no tensor ", slot.name, " in ", out.files[*f].path()));
+    }
+    if (t->shape != slot.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(dir), ": tensor ", slot.name, " is [", absl::StrJoin(t->shape, ", "),
+                       "], the model's shape needs [", absl::StrJoin(slot.shape, ", "), "]"));
+    }
+    if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") {
+      return absl::UnimplementedError(absl::StrCat(Where(dir), ": tensor ", slot.name, " is ",
+                                                   t->dtype, "; kvd reads F32, F16 and BF16"));
+    }
+    out.file_of[slot.name] = *f;
+  }
+  // A tensor the forward pass would not use (a bias, say) would change what the model
+  // computes: refused rather than dropped. Older transformers saved RoPE's inverse
+  // frequencies, which kvd computes.
+  std::vector<std::string> names;
+  for (const auto& [name, file] : shard_of) names.push_back(name);
+  for (const SafetensorsFile& f : out.files) {
+    for (const SafetensorsTensor& t : f.tensors()) names.push_back(t.name);
+  }
+  for (const std::string& name : names) {
+    if (out.file_of.count(name) == 0 && !absl::EndsWith(name, ".rotary_emb.inv_freq")) {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(dir), ": tensor ", name, " is not one kvd's llama forward pass uses"));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ReadHfSpec(const std::string& dir) {
+  absl::StatusOr<Opened> opened = OpenModel(dir);
+  if (!opened.ok()) return opened.status();
+  return std::move(opened->spec);
+}
+
+absl::StatusOr<ModelWeights> LoadHfModel(const std::string& dir,
+                                         std::optional<int64_t> host_bytes_available) {
+  absl::StatusOr<Opened> opened = OpenModel(dir);
+  if (!opened.ok()) return opened.status();
+  ModelWeights weights;
+  weights.spec = opened->spec;
+  weights.layers.resize(weights.spec.num_layers);
+  const std::vector<TensorSlot> slots = Slots(weights.spec, weights);  // points into weights
+  int64_t needed = 0;
+  for (const TensorSlot& slot : slots) {
+    needed += opened->files[opened->file_of[slot.name]].Find(slot.name)->num_elements * 4;
+  }
+  if (host_bytes_available.has_value() && needed > *host_bytes_available) {
+    return absl::ResourceExhaustedError(absl::StrCat(Where(dir), ": its weights need ", needed,
+                                                     " bytes of host memory as fp32, more than "
+                                                     "the ",
+                                                     *host_bytes_available, " available"));
+  }
+  for (const TensorSlot& slot : slots) {
+    const SafetensorsFile& file = opened->files[opened->file_of[slot.name]];
+    if (absl::Status s = file.ReadAsFloat(*file.Find(slot.name), slot.dest); !s.ok()) return s;
+    const std::vector<float>& values = *slot.dest;
+    const auto bad =
+        std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != values.end()) {
+      return absl::DataLossError(absl::StrCat(Where(dir), ": ", slot.name, "[",
+                                              bad - values.begin(), "] is ", *bad,
+                                              ", not a finite number"));
+    }
+  }
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& dir,
+                                                           int32_t expected_vocab_size) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer.model";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !ec) {
+    return absl::UnimplementedError(
+        absl::StrCat(Where(dir),
+                     ": no tokenizer.model (kvd reads SentencePiece tokenizers; tokenizer.json "
+                     "alone, as Llama 3's, is not read)"));
+  }
+  return LoadSentencePieceTokenizer(path.string(), expected_vocab_size);
+}
+
+}  // namespace kvd

@@ -1,0 +1,337 @@
+#include "model/hf_loader.h"
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/llama2c_loader.h"
+#include "model/model_loader.h"
+#include "model/safetensors_file.h"
+#include "model/sentencepiece_model.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tests/model/hf_writer.h"
+
+namespace kvd {
+namespace {
+
+using test::SafetensorsBytes;
+using test::SafetensorsEntry;
+using test::WriteFile;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::string kModels = KVD_SHARED_DIR "/models";
+
+std::string TempDir(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+std::string Floats(const std::vector<float>& values) {
+  std::string out(values.size() * 4, '\0');
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+// --- safetensors ------------------------------------------------------------------------
+
+TEST(SafetensorsFileTest, ReadsF32F16AndBf16Tensors) {
+  const std::string path = TempDir("types.safetensors");
+  WriteFile(path, SafetensorsBytes({{"a", "F32", {2, 2}, Floats({1, -2, 3.5f, 0})},
+                                    {"h", "F16", {3}, std::string("\x00\x3c\x00\xc0\x01\x00", 6)},
+                                    {"b", "BF16", {2}, std::string("\x80\x3f\xa0\xc0", 4)},
+                                    {"i", "I64", {1}, std::string(8, '\0')}},
+                                   R"({"format": "pt"})"));
+  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tensors().size(), 4u);
+  const SafetensorsTensor* a = f->Find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_THAT(a->shape, ElementsAre(2, 2));
+  EXPECT_EQ(a->num_bytes, 16);
+  std::vector<float> out;
+  ASSERT_TRUE(f->ReadAsFloat(*a, &out).ok());
+  EXPECT_THAT(out, ElementsAre(1, -2, 3.5f, 0));
+  ASSERT_TRUE(f->ReadAsFloat(*f->Find("h"), &out).ok());
+  EXPECT_THAT(out, ElementsAre(1.0f, -2.0f, std::ldexp(1.0f, -24)));
+  ASSERT_TRUE(f->ReadAsFloat(*f->Find("b"), &out).ok());
+  EXPECT_THAT(out, ElementsAre(1.0f, -5.0f));
+  const absl::Status s = f->ReadAsFloat(*f->Find("i"), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("'i'"), HasSubstr("I64")));
+  EXPECT_EQ(f->Find("nothing"), nullptr);
+}
+
+TEST(SafetensorsFileTest, RefusesCorruptFilesSayingWhat) {
+  auto refused = [](const std::string& name, const std::string& bytes, const std::string& what) {
+    const std::string path = TempDir(name);
+    WriteFile(path, bytes);
+    const absl::Status s = SafetensorsFile::Open(path).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name << ": " << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(name), HasSubstr(what))) << name;
+  };
+  refused("short.safetensors", "abc", "no header length");
+  refused("long_header.safetensors", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10),
+          "exceeds the file's");
+  const std::string good = SafetensorsBytes({{"t", "F32", {2}, Floats({1, 2})}});
+  refused("truncated.safetensors", good.substr(0, good.size() - 1), "outside the 7 bytes");
+  auto with_header = [](const std::string& json, const std::string& data) {
+    std::string out(8, '\0');
+    const uint64_t n = json.size();
+    std::memcpy(out.data(), &n, 8);
+    return out + json + data;
+  };
+  refused("not_json.safetensors", with_header("{\"t\": ", ""), "not a JSON object");
+  refused("dtype.safetensors",
+          with_header(R"({"t": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}})", "x"),
+          "unknown dtype 'Q4'");
+  refused("size.safetensors",
+          with_header(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", "xxxx"),
+          "4 bytes for 2 elements of F32");
+  refused("shape.safetensors",
+          with_header(R"({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "xxxx"),
+          "bad shape [-1]");
+  refused("offsets.safetensors",
+          with_header(R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})", "xxxx"),
+          "data_offsets [4,0]");
+  refused("fields.safetensors", with_header(R"({"t": {"dtype": "F32"}})", ""),
+          "needs dtype, shape and two data_offsets");
+}
+
+// --- Hugging Face directories -----------------------------------------------------------------
+
+// stories260K written as transformers stores a Llama (Q and K rows in half-rotation order)
+// loads as the llama2.c checkpoint with those rows, whole or sharded, and RoPE on halves.
+TEST(HfLoaderTest, Stories260kDirectoryHoldsTheCheckpointsWeights) {
+  auto c = LoadLlama2cCheckpoint(kModels + "/stories260K.bin");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ModelSpec& cs = c->spec;
+  for (bool sharded : {false, true}) {
+    const std::string dir = TempDir(sharded ? "hf_sharded" : "stories260K_hf");
+    test::WriteHfStories260k(dir, sharded);
+    absl::StatusOr<ModelWeights> h = LoadHfModel(dir);
+    ASSERT_TRUE(h.ok()) << h.status();
+    const ModelSpec& hs = h->spec;
+    EXPECT_EQ(hs.name, sharded ? "hf_sharded" : "stories260K_hf");
+    EXPECT_EQ(hs.num_layers, cs.num_layers);
+    EXPECT_EQ(hs.dim, cs.dim);
+    EXPECT_EQ(hs.hidden_dim, cs.hidden_dim);
+    EXPECT_EQ(hs.num_heads, cs.num_heads);
+    EXPECT_EQ(hs.num_kv_heads, cs.num_kv_heads);
+    EXPECT_EQ(hs.head_dim, cs.head_dim);
+    EXPECT_EQ(hs.vocab_size, cs.vocab_size);
+    EXPECT_EQ(hs.max_context_tokens, cs.max_context_tokens);
+    EXPECT_EQ(hs.rope_style, RopeStyle::kHalf);
+    EXPECT_EQ(hs.rope_theta, 10000.0f);
+    EXPECT_EQ(hs.norm_eps, 1e-5f);
+    EXPECT_TRUE(hs.shared_classifier);
+    EXPECT_FALSE(hs.ends_at_bos);
+    EXPECT_EQ(h->token_embedding, c->token_embedding);
+    EXPECT_TRUE(h->classifier.empty());
+    EXPECT_EQ(h->final_norm, c->final_norm);
+    for (int l = 0; l < cs.num_layers; ++l) {
+      const LayerWeights& a = h->layers[l];
+      const LayerWeights& b = c->layers[l];
+      EXPECT_EQ(a.wq, test::ToHalfRotationRows(b.wq, cs.num_heads, cs.head_dim, cs.dim)) << l;
+      EXPECT_EQ(a.wk, test::ToHalfRotationRows(b.wk, cs.num_kv_heads, cs.head_dim, cs.dim)) << l;
+      EXPECT_NE(a.wq, b.wq) << l;
+      EXPECT_EQ(a.wv, b.wv) << l;
+      EXPECT_EQ(a.wo, b.wo) << l;
+      EXPECT_EQ(a.attn_norm, b.attn_norm) << l;
+      EXPECT_EQ(a.ffn_norm, b.ffn_norm) << l;
+      EXPECT_EQ(a.w1, b.w1) << l;
+      EXPECT_EQ(a.w2, b.w2) << l;
+      EXPECT_EQ(a.w3, b.w3) << l;
+    }
+    absl::StatusOr<ModelSpec> spec = LoadModelSpec(dir);  // model_loader picks the directory
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->rope_style, RopeStyle::kHalf);
+  }
+}
+
+TEST(HfLoaderTest, TokenizerModelIsTok512) {
+  const std::string dir = TempDir("hf_tokenizer");
+  test::WriteHfStories260k(dir);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> h = LoadHfTokenizer(dir, 512);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto t = Tokenizer::LoadLlama2c(kModels + "/tok512.bin");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ((*h)->vocab_size(), (*t)->vocab_size());
+  for (int32_t id = 0; id < (*t)->vocab_size(); ++id) {
+    EXPECT_EQ((*h)->piece(id), (*t)->piece(id)) << id;
+    EXPECT_EQ((*h)->score(id), (*t)->score(id)) << id;
+  }
+  ASSERT_TRUE(LoadModelTokenizer(dir, 512).ok());
+  ASSERT_TRUE(LoadTokenizerFile(dir + "/tokenizer.model", 512).ok());
+
+  const absl::Status wrong = LoadHfTokenizer(dir, 32000).status();
+  EXPECT_THAT(wrong.message(), HasSubstr("has 512 pieces but the model expects 32000"));
+  std::filesystem::remove(dir + "/tokenizer.model");
+  const absl::Status none = LoadHfTokenizer(dir).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(none.message(), HasSubstr("no tokenizer.model"));
+}
+
+TEST(HfLoaderTest, SentencePieceModelsOtherThanLlamasAreRefused) {
+  std::vector<test::SentencePieceEntry> pieces = {{"<unk>", 0, 2}, {"<s>", 0, 3}, {"</s>", 0, 3}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    pieces.push_back({name, 0, 6});
+  }
+  const std::string path = TempDir("spm.model");
+  WriteFile(path, test::SentencePieceModelBytes(pieces));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> ok = LoadSentencePieceTokenizer(path);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->vocab_size(), 259);
+  EXPECT_EQ((*ok)->piece(1), "\n<s>\n");
+
+  WriteFile(path, test::SentencePieceModelBytes(pieces, /*model_type=*/1));
+  absl::Status s = LoadSentencePieceTokenizer(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("a unigram model"));
+  pieces[1].type = 1;
+  WriteFile(path, test::SentencePieceModelBytes(pieces));
+  s = LoadSentencePieceTokenizer(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("BOS and EOS are not the control pieces"));
+  const std::string bytes = test::SentencePieceModelBytes(pieces);
+  WriteFile(path, bytes.substr(0, bytes.size() - 3));
+  s = LoadSentencePieceTokenizer(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("spm.model"), HasSubstr("at offset")));
+}
+
+// A directory whose config.json is edited by `edit` (and whose files then by `files`).
+std::string EditedStories(const std::string& name, void (*edit)(nlohmann::json&)) {
+  const std::string dir = TempDir(name);
+  test::WriteHfStories260k(dir);
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  edit(config);
+  WriteFile(dir + "/config.json", config.dump());
+  return dir;
+}
+
+TEST(HfLoaderTest, RefusesWhatItCannotServeNamingIt) {
+  struct Case {
+    std::string dir;
+    absl::StatusCode code;
+    std::string what;
+  };
+  const Case cases[] = {
+      {EditedStories("qwen", [](nlohmann::json& c) { c["architectures"] = {"Qwen2ForCausalLM"}; }),
+       absl::StatusCode::kUnimplemented, "architecture 'Qwen2ForCausalLM'"},
+      {EditedStories("bias", [](nlohmann::json& c) { c["attention_bias"] = true; }),
+       absl::StatusCode::kUnimplemented, "attention_bias is true"},
+      {EditedStories("gelu", [](nlohmann::json& c) { c["hidden_act"] = "gelu"; }),
+       absl::StatusCode::kUnimplemented, "hidden_act \"gelu\""},
+      {EditedStories("llama3_rope",
+                     [](nlohmann::json& c) {
+                       c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+                     }),
+       absl::StatusCode::kUnimplemented, "rope_scaling"},
+      {EditedStories("no_layers", [](nlohmann::json& c) { c.erase("num_hidden_layers"); }),
+       absl::StatusCode::kInvalidArgument, "config.json has no num_hidden_layers"},
+      {EditedStories("neg_vocab", [](nlohmann::json& c) { c["vocab_size"] = -5; }),
+       absl::StatusCode::kInvalidArgument, "vocab_size = -5"},
+      {EditedStories("big_vocab", [](nlohmann::json& c) { c["vocab_size"] = 1000; }),
+       absl::StatusCode::kInvalidArgument,
+       "tensor model.embed_tokens.weight is [512, 64], the model's shape needs [1000, 64]"},
+      {EditedStories("untied", [](nlohmann::json& c) { c["tie_word_embeddings"] = false; }),
+       absl::StatusCode::kInvalidArgument, "no tensor lm_head.weight"},
+      {EditedStories("head_dim", [](nlohmann::json& c) { c["head_dim"] = 16; }),
+       absl::StatusCode::kUnimplemented, "head_dim 16"},
+      {EditedStories("eos", [](nlohmann::json& c) { c["eos_token_id"] = 600; }),
+       absl::StatusCode::kInvalidArgument, "eos_token_id 600"},
+  };
+  for (const Case& c : cases) {
+    for (const absl::Status& s : {ReadHfSpec(c.dir).status(), LoadHfModel(c.dir).status()}) {
+      EXPECT_EQ(s.code(), c.code) << c.dir << ": " << s;
+      EXPECT_THAT(s.message(), AllOf(HasSubstr(c.dir), HasSubstr(c.what))) << c.dir;
+    }
+  }
+
+  // A shard the index names is missing; a tensor of a dtype kvd does not read.
+  const std::string sharded = TempDir("hf_missing_shard");
+  test::WriteHfStories260k(sharded, /*sharded=*/true);
+  std::filesystem::remove(sharded + "/model-00002-of-00002.safetensors");
+  absl::Status s = ReadHfSpec(sharded).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("model-00002-of-00002.safetensors"));
+  const std::string ints = TempDir("hf_int_norm");
+  test::WriteHfStories260k(ints);
+  auto f = SafetensorsFile::Open(ints + "/model.safetensors");
+  ASSERT_TRUE(f.ok());
+  std::vector<SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : f->tensors()) {
+    std::vector<float> v;
+    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
+    entries.push_back({t.name, t.name == "model.norm.weight" ? "I32" : "F32", t.shape, Floats(v)});
+  }
+  WriteFile(ints + "/model.safetensors", SafetensorsBytes(entries));
+  s = LoadHfModel(ints).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("tensor model.norm.weight is I32"));
+
+  // A bias the forward pass has no place for is refused; saved RoPE frequencies are not.
+  for (SafetensorsEntry& e : entries) e.dtype = "F32";
+  entries.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                     "F32",
+                     {4},
+                     Floats({1, 0.1f, 0.01f, 0.001f})});
+  WriteFile(ints + "/model.safetensors", SafetensorsBytes(entries));
+  ASSERT_TRUE(ReadHfSpec(ints).ok()) << ReadHfSpec(ints).status();
+  entries.push_back(
+      {"model.layers.0.self_attn.q_proj.bias", "F32", {64}, Floats(std::vector<float>(64))});
+  WriteFile(ints + "/model.safetensors", SafetensorsBytes(entries));
+  s = ReadHfSpec(ints).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor model.layers.0.self_attn.q_proj.bias is not one kvd's llama"));
+}
+
+TEST(HfLoaderTest, AMistralSlidingWindowCapsTheContext) {
+  const std::string dir = EditedStories("mistral", [](nlohmann::json& c) {
+    c["architectures"] = {"MistralForCausalLM"};
+    c["sliding_window"] = 256;
+    c["eos_token_id"] = {2, 1};
+  });
+  absl::StatusOr<ModelSpec> spec = ReadHfSpec(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_context_tokens, 256);
+  EXPECT_EQ(spec->eos_token_id, 2);  // the first of the list
+}
+
+TEST(HfLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {
+  const std::string dir = TempDir("hf_budget");
+  test::WriteHfStories260k(dir);
+  absl::Status s = LoadHfModel(dir, /*host_bytes_available=*/1000).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("more than the 1000 available"));
+
+  auto f = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f.ok());
+  std::vector<SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : f->tensors()) {
+    std::vector<float> v;
+    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
+    if (t.name == "model.layers.2.mlp.up_proj.weight")
+      v[5] = std::numeric_limits<float>::infinity();
+    entries.push_back({t.name, "F32", t.shape, Floats(v)});
+  }
+  WriteFile(dir + "/model.safetensors", SafetensorsBytes(entries));
+  s = LoadHfModel(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.2.mlp.up_proj.weight[5] is inf"));
+}
+
+}  // namespace
+}  // namespace kvd
