@@ -213,6 +213,19 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
     }
     *dest = static_cast<int32_t>(*v);
   }
+  // End-of-turn and end-of-message tokens end a completion as EOS does (Llama 3 Instruct ends
+  // its turns with <|eot_id|>); 2^32 - 1 is llama.cpp's "none".
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    if (!f.Has(key)) continue;
+    absl::StatusOr<int64_t> v = f.GetInt(key);
+    if (!v.ok()) return Prefixed(path, v.status());
+    if (*v == 0xFFFFFFFF || *v == -1) continue;
+    if (*v < 0 || *v >= spec.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path), ": ", key, " = ", *v, " is outside the vocabulary of ", spec.vocab_size));
+    }
+    if (*v != spec.eos_token_id) spec.other_end_token_ids.push_back(static_cast<int32_t>(*v));
+  }
   spec.ends_at_bos = false;
   if (absl::Status s = spec.Validate(); !s.ok()) return Prefixed(path, s);
 

@@ -20,7 +20,8 @@ namespace kvd {
 // block_count, attention.head_count, attention.head_count_kv (default: head_count),
 // context_length, rope.freq_base (default 10000), attention.layer_norm_rms_epsilon (default
 // 1e-5); vocab_size, or else token_embd.weight's rows; BOS and EOS from
-// tokenizer.ggml.bos_token_id and eos_token_id (default 1 and 2). head_dim is
+// tokenizer.ggml.bos_token_id and eos_token_id (default 1 and 2), and eot_token_id and
+// eom_token_id as other_end_token_ids (unless 2^32 - 1, none). head_dim is
 // embedding_length / head_count (rope.dimension_count, key_length and value_length must
 // agree where given). RoPE rotates adjacent pairs, as llama.cpp's converters permute Q and K
 // for. The classifier is output.weight, or the token embedding when the file has none. A

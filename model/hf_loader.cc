@@ -225,20 +225,42 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
   spec.shared_classifier = config.contains("tie_word_embeddings") &&
                            config["tie_word_embeddings"].is_boolean() &&
                            config["tie_word_embeddings"].get<bool>();
-  for (auto [dest, key, fallback] :
-       {std::tuple<int32_t*, const char*, int32_t>{&spec.bos_token_id, "bos_token_id", 1},
-        {&spec.eos_token_id, "eos_token_id", 2}}) {
-    nlohmann::json v = config.contains(key) ? config[key] : nlohmann::json();
-    if (v.is_array() && !v.empty()) v = v[0];
-    if (v.is_null()) {
-      *dest = fallback;
-    } else if (v.is_number_integer() && v.get<int64_t>() >= 0 &&
-               v.get<int64_t>() < spec.vocab_size) {
-      *dest = static_cast<int32_t>(v.get<int64_t>());
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " ",
-                                                     config[key].dump(),
-                                                     " is not a token id of the vocabulary"));
+  // bos_token_id and eos_token_id: an id or a list of ids (of EOS ids the first is the EOS,
+  // the rest end a completion too), in config.json and, for the end tokens a chat model
+  // stops at, generation_config.json.
+  auto token_ids = [&](const nlohmann::json& json, const char* file,
+                       const char* key) -> absl::StatusOr<std::vector<int32_t>> {
+    std::vector<int32_t> ids;
+    if (!json.contains(key) || json[key].is_null()) return ids;
+    const nlohmann::json list =
+        json[key].is_array() ? json[key] : nlohmann::json::array({json[key]});
+    for (const nlohmann::json& v : list) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= spec.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": ", file, "'s ", key, " ",
+                                                       json[key].dump(),
+                                                       " is not a token id of the vocabulary"));
+      }
+      ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
+    return ids;
+  };
+  absl::StatusOr<std::vector<int32_t>> bos = token_ids(config, "config.json", "bos_token_id");
+  if (!bos.ok()) return bos.status();
+  absl::StatusOr<std::vector<int32_t>> eos = token_ids(config, "config.json", "eos_token_id");
+  if (!eos.ok()) return eos.status();
+  spec.bos_token_id = bos->empty() ? 1 : bos->front();
+  spec.eos_token_id = eos->empty() ? 2 : eos->front();
+  if (eos->size() > 1) spec.other_end_token_ids.assign(eos->begin() + 1, eos->end());
+  const std::filesystem::path generation = std::filesystem::path(dir) / "generation_config.json";
+  std::error_code exists_error;
+  if (std::filesystem::exists(generation, exists_error)) {
+    absl::StatusOr<nlohmann::json> json = ReadJson(generation.string());
+    if (!json.ok()) return json.status();
+    absl::StatusOr<std::vector<int32_t>> ends =
+        token_ids(*json, "generation_config.json", "eos_token_id");
+    if (!ends.ok()) return ends.status();
+    for (int32_t id : *ends) {
+      if (id != spec.eos_token_id) spec.other_end_token_ids.push_back(id);
     }
   }
   spec.ends_at_bos = false;

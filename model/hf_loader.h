@@ -21,7 +21,8 @@ namespace kvd {
 // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
 // num_attention_heads), max_position_embeddings, vocab_size, rope_theta (default 10000),
 // rms_norm_eps (default 1e-6), tie_word_embeddings (default false), bos_token_id and
-// eos_token_id (defaults 1 and 2; of a list of EOS ids the first), head_dim (must be
+// eos_token_id (defaults 1 and 2; of a list of EOS ids the first, the rest, and those of
+// generation_config.json's eos_token_id, are other_end_token_ids), head_dim (must be
 // hidden_size / num_attention_heads where given). RoPE rotates halves (i, i + head_dim/2),
 // as transformers does on these weights. A Mistral sliding_window caps the context at the
 // window, inside which it attends as full attention does. A completion ends at EOS.

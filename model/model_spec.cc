@@ -48,6 +48,12 @@ absl::Status ModelSpec::Validate() const {
         absl::StrCat("model spec: bos/eos token ids (", bos_token_id, ", ", eos_token_id,
                      ") must be in [0, vocab_size ", vocab_size, ")"));
   }
+  for (int32_t id : other_end_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model spec: end token id ", id, " must be in [0, vocab_size ", vocab_size, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 

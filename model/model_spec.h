@@ -1,6 +1,7 @@
 #ifndef KVD_MODEL_MODEL_SPEC_H_
 #define KVD_MODEL_MODEL_SPEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,12 +31,21 @@ struct ModelSpec {
   // A llama2.c checkpoint, whatever its file is called: a story model ends a story with BOS
   // (run.c's generate stops there), a chat model its answer with EOS (run.c's chat).
   bool ends_at_bos = false;
+  // Other tokens that end a completion as EOS does: a Hugging Face config's eos_token_id list
+  // after its first, a GGUF file's end-of-turn and end-of-message tokens (Llama 3 Instruct
+  // ends a turn with <|eot_id|>, not its EOS).
+  std::vector<int32_t> other_end_token_ids;
 
-  // The tokens a completion ends at unless the request says otherwise: EOS, and BOS first
-  // where ends_at_bos.
+  // The tokens a completion ends at unless the request says otherwise: EOS (BOS first where
+  // ends_at_bos), then other_end_token_ids, each once.
   std::vector<int32_t> StopTokenIds() const {
-    if (ends_at_bos) return {bos_token_id, eos_token_id};
-    return {eos_token_id};
+    std::vector<int32_t> ids;
+    if (ends_at_bos) ids.push_back(bos_token_id);
+    ids.push_back(eos_token_id);
+    for (int32_t id : other_end_token_ids) {
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
+    return ids;
   }
 
   // Returns InvalidArgument naming the first inconsistent field.

@@ -267,6 +267,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetM
   info->set_backend(model_.backend);
   info->set_kv_dtype(model_.kv_dtype);
   info->set_block_size(static_cast<uint32_t>(model_.block_size));
+  for (const int32_t id : spec.StopTokenIds()) info->add_end_token_ids(static_cast<uint32_t>(id));
   return grpc::Status::OK;
 }
 

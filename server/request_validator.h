@@ -44,7 +44,8 @@ struct RequestLimits {
   // Seed for requests that give 0 (proto3 cannot tell 0 from unset).
   uint64_t default_seed = 0;
   // Appended to every request's stop ids unless it sets ignore_eos: the model's end of
-  // text (ModelSpec::StopTokenIds: BOS and EOS for llama2.c checkpoints; EOS otherwise).
+  // text (ModelSpec::StopTokenIds: BOS and EOS for llama2.c checkpoints; EOS and the model's
+  // other end tokens otherwise).
   std::vector<int32_t> default_stop_token_ids;
 };
 

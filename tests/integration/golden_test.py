@@ -83,6 +83,7 @@ class GgufGoldenTest(h.DaemonTestCase):
         self.assertEqual((info.name, info.num_layers, info.num_kv_heads, info.vocab_size),
                          ("stories260K", 5, 4, 512))
         self.assertEqual((info.bos_token_id, info.eos_token_id), (1, 2))
+        self.assertEqual(list(info.end_token_ids), [2])  # a GGUF model ends at EOS alone
 
     def test_a_completion_does_not_end_at_bos_unless_asked(self):
         case = next(c for c in h.load_golden() if c["stop"] == "bos")

@@ -75,6 +75,7 @@ class HealthAndReflectionTest(h.DaemonTestCase):
         self.assertEqual(info.max_context_tokens, 512)
         self.assertEqual(info.block_size, 16)
         self.assertEqual(info.bos_token_id, 1)
+        self.assertEqual(list(info.end_token_ids), [1, 2])  # a story ends at BOS, a chat at EOS
 
     def test_metrics_endpoint_speaks_prometheus_text(self):
         self.daemon.generate(h.greedy_request(h.load_golden()[0], max_tokens=8))

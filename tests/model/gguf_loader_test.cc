@@ -435,6 +435,22 @@ TEST(GgufLoaderTest, RefusesWhatItCannotServeNamingIt) {
   EXPECT_THAT(s.message(), HasSubstr("'llama.embedding_length' is missing"));
 }
 
+// End-of-turn and end-of-message tokens end completions as EOS does; 2^32 - 1 means none.
+TEST(GgufLoaderTest, EndOfTurnTokensEndCompletions) {
+  GgufWriter w = TinyLlamaGguf{}.Writer();
+  w.AddUint32("tokenizer.ggml.eos_token_id", 2);
+  w.AddUint32("tokenizer.ggml.eot_token_id", 7);
+  w.AddUint32("tokenizer.ggml.eom_token_id", 0xFFFFFFFF);
+  absl::StatusOr<ModelSpec> spec = ReadGgufSpec(w.WriteTemp("eot.gguf"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->StopTokenIds(), (std::vector<int32_t>{2, 7}));
+  GgufWriter bad = TinyLlamaGguf{}.Writer();
+  bad.AddUint32("tokenizer.ggml.eot_token_id", 16);
+  const absl::Status s = ReadGgufSpec(bad.WriteTemp("bad_eot.gguf")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tokenizer.ggml.eot_token_id = 16 is outside"));
+}
+
 TEST(GgufLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {
   const std::string path = TinyLlamaGguf{}.Writer().WriteTemp("budget.gguf");
   absl::Status s = LoadGgufModel(path, /*host_bytes_available=*/1000).status();

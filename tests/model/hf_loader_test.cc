@@ -307,7 +307,22 @@ TEST(HfLoaderTest, AMistralSlidingWindowCapsTheContext) {
   absl::StatusOr<ModelSpec> spec = ReadHfSpec(dir);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->max_context_tokens, 256);
-  EXPECT_EQ(spec->eos_token_id, 2);  // the first of the list
+  EXPECT_EQ(spec->eos_token_id, 2);  // the first of the list; the rest end completions too
+  EXPECT_EQ(spec->StopTokenIds(), (std::vector<int32_t>{2, 1}));
+}
+
+// generation_config.json's end tokens (a chat model's end of turn) end completions too.
+TEST(HfLoaderTest, GenerationConfigEndTokensEndCompletions) {
+  const std::string dir = TempDir("hf_generation_config");
+  test::WriteHfStories260k(dir);
+  WriteFile(dir + "/generation_config.json", R"({"eos_token_id": [2, 300], "do_sample": true})");
+  absl::StatusOr<ModelSpec> spec = ReadHfSpec(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->StopTokenIds(), (std::vector<int32_t>{2, 300}));
+  WriteFile(dir + "/generation_config.json", R"({"eos_token_id": 9000})");
+  const absl::Status s = ReadHfSpec(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("generation_config.json's eos_token_id 9000"));
 }
 
 TEST(HfLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {

@@ -198,6 +198,18 @@ TEST(ModelSpecTest, StopTokensAreEosAndBosFirstWhereTheModelEndsAtBos) {
   EXPECT_THAT(s.message(), HasSubstr("bos/eos token ids"));
 }
 
+// A model's other end tokens follow EOS, each once.
+TEST(ModelSpecTest, OtherEndTokensFollowEosOnce) {
+  ModelSpec spec = Spec("tiny");
+  spec.other_end_token_ids = {7, spec.eos_token_id, 9, 7};
+  EXPECT_EQ(spec.StopTokenIds(), (std::vector<int32_t>{spec.eos_token_id, 7, 9}));
+  EXPECT_TRUE(spec.Validate().ok());
+  spec.other_end_token_ids = {spec.vocab_size};
+  const absl::Status s = spec.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("end token id"));
+}
+
 TEST(SyntheticWeightsTest, InvalidSpecIsRefused) {
   ModelSpec spec = Spec("tiny");
   spec.num_kv_heads = 3;
