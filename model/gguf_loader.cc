@@ -57,37 +57,33 @@ absl::StatusOr<double> FloatKey(const GgufFile& f, const std::string& key, doubl
   return *v;
 }
 
-// One tensor the model needs: its name, ggml dims and where it goes.
-struct TensorSlot {
-  std::string name;
-  std::vector<int64_t> dims;
-  std::vector<float>* dest;
-};
-
-std::vector<TensorSlot> Slots(const ModelSpec& s, ModelWeights& w) {
-  const int64_t dim = s.dim;
-  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
-  const int64_t kv_dim = int64_t{s.num_kv_heads} * s.head_dim;
-  const int64_t hidden = s.hidden_dim;
-  std::vector<TensorSlot> slots = {{"token_embd.weight", {dim, s.vocab_size}, &w.token_embedding},
-                                   {"output_norm.weight", {dim}, &w.final_norm}};
-  if (!s.shared_classifier) slots.push_back({"output.weight", {dim, s.vocab_size}, &w.classifier});
-  for (int32_t l = 0; l < s.num_layers; ++l) {
-    LayerWeights& lw = w.layers[l];
-    auto add = [&](absl::string_view name, std::vector<int64_t> dims, std::vector<float>* dest) {
-      slots.push_back({absl::StrCat("blk.", l, ".", name, ".weight"), std::move(dims), dest});
-    };
-    add("attn_norm", {dim}, &lw.attn_norm);
-    add("attn_q", {dim, q_dim}, &lw.wq);
-    add("attn_k", {dim, kv_dim}, &lw.wk);
-    add("attn_v", {dim, kv_dim}, &lw.wv);
-    add("attn_output", {q_dim, dim}, &lw.wo);
-    add("ffn_norm", {dim}, &lw.ffn_norm);
-    add("ffn_gate", {dim, hidden}, &lw.w1);
-    add("ffn_down", {hidden, dim}, &lw.w2);
-    add("ffn_up", {dim, hidden}, &lw.w3);
+// A weight's tensor name in a llama GGUF file.
+std::string GgufName(const WeightSlot& slot) {
+  switch (slot.kind) {
+    case WeightKind::kTokenEmbedding:
+      return "token_embd.weight";
+    case WeightKind::kFinalNorm:
+      return "output_norm.weight";
+    case WeightKind::kClassifier:
+      return "output.weight";
+    default:
+      break;
   }
-  return slots;
+  const char* name = slot.kind == WeightKind::kAttnNorm  ? "attn_norm"
+                     : slot.kind == WeightKind::kWq      ? "attn_q"
+                     : slot.kind == WeightKind::kWk      ? "attn_k"
+                     : slot.kind == WeightKind::kWv      ? "attn_v"
+                     : slot.kind == WeightKind::kWo      ? "attn_output"
+                     : slot.kind == WeightKind::kFfnNorm ? "ffn_norm"
+                     : slot.kind == WeightKind::kW1      ? "ffn_gate"
+                     : slot.kind == WeightKind::kW2      ? "ffn_down"
+                                                         : "ffn_up";
+  return absl::StrCat("blk.", slot.layer, ".", name, ".weight");
+}
+
+// ggml lists dimensions innermost first: a row-major [out][in] matrix is [in, out].
+std::vector<int64_t> GgufDims(const WeightSlot& slot) {
+  return std::vector<int64_t>(slot.shape.rbegin(), slot.shape.rend());
 }
 
 std::string DimsText(const std::vector<int64_t>& dims) {
@@ -230,33 +226,32 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
   if (absl::Status s = spec.Validate(); !s.ok()) return Prefixed(path, s);
 
   ModelWeights unused;
-  unused.layers.resize(spec.num_layers);
-  const std::vector<TensorSlot> slots = Slots(spec, unused);
-  for (const TensorSlot& slot : slots) {
-    const GgufTensorInfo* t = f.FindTensor(slot.name);
+  unused.spec = spec;
+  std::vector<std::string> names;
+  for (const WeightSlot& slot : WeightSlots(unused)) {
+    const std::string& name = names.emplace_back(GgufName(slot));
+    const GgufTensorInfo* t = f.FindTensor(name);
     if (t == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": no tensor ", slot.name));
+      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": no tensor ", name));
     }
-    if (t->dims != slot.dims) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tensor ", slot.name, " is ",
+    if (t->dims != GgufDims(slot)) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(path), ": tensor ", name, " is ",
                                                      DimsText(t->dims), ", the model's shape ",
-                                                     "needs ", DimsText(slot.dims)));
+                                                     "needs ", DimsText(GgufDims(slot))));
     }
     const auto type = static_cast<GgmlType>(t->type);
     if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16 &&
         type != GgmlType::kQ8_0) {
-      return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", slot.name, " is ",
+      return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", name, " is ",
                                                    GgmlTypeName(t->type),
                                                    "; kvd reads F32, F16, BF16 and Q8_0"));
     }
   }
   // A tensor the forward pass would not use (a bias, say) would change what the model
   // computes: refused rather than dropped.
-  if (f.tensors().size() != slots.size()) {
+  if (f.tensors().size() != names.size()) {
     for (const GgufTensorInfo& t : f.tensors()) {
-      const bool used = std::any_of(slots.begin(), slots.end(),
-                                    [&t](const TensorSlot& slot) { return slot.name == t.name; });
-      if (!used) {
+      if (std::find(names.begin(), names.end(), t.name) == names.end()) {
         return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", t.name,
                                                      " is not one kvd's llama forward pass uses"));
       }
@@ -277,33 +272,11 @@ absl::StatusOr<ModelWeights> LoadGgufModel(const std::string& path,
                                            std::optional<int64_t> host_bytes_available) {
   absl::StatusOr<Opened> opened = OpenModel(path);
   if (!opened.ok()) return opened.status();
-  ModelWeights weights;
-  weights.spec = opened->spec;
-  weights.layers.resize(weights.spec.num_layers);
-  const std::vector<TensorSlot> slots = Slots(weights.spec, weights);  // points into weights
-  int64_t needed = 0;
-  for (const TensorSlot& slot : slots) {
-    needed += opened->file.FindTensor(slot.name)->num_elements * int64_t{sizeof(float)};
-  }
-  if (host_bytes_available.has_value() && needed > *host_bytes_available) {
-    return absl::ResourceExhaustedError(absl::StrCat(Where(path), ": its weights need ", needed,
-                                                     " bytes of host memory as fp32, more than "
-                                                     "the ",
-                                                     *host_bytes_available, " available"));
-  }
-  for (const TensorSlot& slot : slots) {
-    const GgufTensorInfo& t = *opened->file.FindTensor(slot.name);
-    if (absl::Status s = opened->file.ReadAsFloat(t, slot.dest); !s.ok()) return s;
-    const std::vector<float>& values = *slot.dest;
-    const auto bad =
-        std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-    if (bad != values.end()) {
-      return absl::DataLossError(absl::StrCat(Where(path), ": ", slot.name, "[",
-                                              bad - values.begin(), "] is ", *bad,
-                                              ", not a finite number"));
-    }
-  }
-  return weights;
+  const GgufFile& file = opened->file;
+  return LoadWeightSlots(opened->spec, Where(path), host_bytes_available, GgufName,
+                         [&file](const WeightSlot& slot) {
+                           return file.ReadAsFloat(*file.FindTensor(GgufName(slot)), slot.dest);
+                         });
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& path,

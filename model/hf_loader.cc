@@ -59,39 +59,28 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   return json;
 }
 
-// One tensor the model needs: its name, row-major shape and where it goes.
-struct TensorSlot {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float>* dest;
-};
-
-std::vector<TensorSlot> Slots(const ModelSpec& s, ModelWeights& w) {
-  const int64_t dim = s.dim;
-  const int64_t q_dim = int64_t{s.num_heads} * s.head_dim;
-  const int64_t kv_dim = int64_t{s.num_kv_heads} * s.head_dim;
-  const int64_t hidden = s.hidden_dim;
-  std::vector<TensorSlot> slots = {
-      {"model.embed_tokens.weight", {s.vocab_size, dim}, &w.token_embedding},
-      {"model.norm.weight", {dim}, &w.final_norm}};
-  if (!s.shared_classifier) slots.push_back({"lm_head.weight", {s.vocab_size, dim}, &w.classifier});
-  for (int32_t l = 0; l < s.num_layers; ++l) {
-    LayerWeights& lw = w.layers[l];
-    auto add = [&](const char* name, std::vector<int64_t> shape, std::vector<float>* dest) {
-      slots.push_back(
-          {absl::StrCat("model.layers.", l, ".", name, ".weight"), std::move(shape), dest});
-    };
-    add("input_layernorm", {dim}, &lw.attn_norm);
-    add("self_attn.q_proj", {q_dim, dim}, &lw.wq);
-    add("self_attn.k_proj", {kv_dim, dim}, &lw.wk);
-    add("self_attn.v_proj", {kv_dim, dim}, &lw.wv);
-    add("self_attn.o_proj", {dim, q_dim}, &lw.wo);
-    add("post_attention_layernorm", {dim}, &lw.ffn_norm);
-    add("mlp.gate_proj", {hidden, dim}, &lw.w1);
-    add("mlp.down_proj", {dim, hidden}, &lw.w2);
-    add("mlp.up_proj", {hidden, dim}, &lw.w3);
+// A weight's tensor name in a transformers Llama checkpoint.
+std::string HfName(const WeightSlot& slot) {
+  switch (slot.kind) {
+    case WeightKind::kTokenEmbedding:
+      return "model.embed_tokens.weight";
+    case WeightKind::kFinalNorm:
+      return "model.norm.weight";
+    case WeightKind::kClassifier:
+      return "lm_head.weight";
+    default:
+      break;
   }
-  return slots;
+  const char* name = slot.kind == WeightKind::kAttnNorm  ? "input_layernorm"
+                     : slot.kind == WeightKind::kWq      ? "self_attn.q_proj"
+                     : slot.kind == WeightKind::kWk      ? "self_attn.k_proj"
+                     : slot.kind == WeightKind::kWv      ? "self_attn.v_proj"
+                     : slot.kind == WeightKind::kWo      ? "self_attn.o_proj"
+                     : slot.kind == WeightKind::kFfnNorm ? "post_attention_layernorm"
+                     : slot.kind == WeightKind::kW1      ? "mlp.gate_proj"
+                     : slot.kind == WeightKind::kW2      ? "mlp.down_proj"
+                                                         : "mlp.up_proj";
+  return absl::StrCat("model.layers.", slot.layer, ".", name, ".weight");
 }
 
 // The directory's spec and safetensors files, every tensor the model needs present, of its
@@ -301,30 +290,31 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
     return out.files.size() - 1;
   };
   ModelWeights unused;
-  unused.layers.resize(spec.num_layers);
-  for (const TensorSlot& slot : Slots(spec, unused)) {
-    auto shard = shard_of.find(slot.name);
+  unused.spec = spec;
+  for (const WeightSlot& slot : WeightSlots(unused)) {
+    const std::string name = HfName(slot);
+    auto shard = shard_of.find(name);
     if (!shard_of.empty() && shard == shard_of.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(dir), ": no tensor ", slot.name, " in model.safetensors.index.json"));
+          absl::StrCat(Where(dir), ": no tensor ", name, " in model.safetensors.index.json"));
     }
     absl::StatusOr<size_t> f = open_file(shard_of.empty() ? "model.safetensors" : shard->second);
     if (!f.ok()) return f.status();
-    const SafetensorsTensor* t = out.files[*f].Find(slot.name);
+    const SafetensorsTensor* t = out.files[*f].Find(name);
     if (t == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(dir), ": no tensor ", slot.name, " in ", out.files[*f].path()));
+          absl::StrCat(Where(dir), ": no tensor ", name, " in ", out.files[*f].path()));
     }
     if (t->shape != slot.shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(dir), ": tensor ", slot.name, " is [", absl::StrJoin(t->shape, ", "),
+          absl::StrCat(Where(dir), ": tensor ", name, " is [", absl::StrJoin(t->shape, ", "),
                        "], the model's shape needs [", absl::StrJoin(slot.shape, ", "), "]"));
     }
     if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") {
-      return absl::UnimplementedError(absl::StrCat(Where(dir), ": tensor ", slot.name, " is ",
-                                                   t->dtype, "; kvd reads F32, F16 and BF16"));
+      return absl::UnimplementedError(absl::StrCat(Where(dir), ": tensor ", name, " is ", t->dtype,
+                                                   "; kvd reads F32, F16 and BF16"));
     }
-    out.file_of[slot.name] = *f;
+    out.file_of[name] = *f;
   }
   // A tensor the forward pass would not use (a bias, say) would change what the model
   // computes: refused rather than dropped. Older transformers saved RoPE's inverse
@@ -355,33 +345,13 @@ absl::StatusOr<ModelWeights> LoadHfModel(const std::string& dir,
                                          std::optional<int64_t> host_bytes_available) {
   absl::StatusOr<Opened> opened = OpenModel(dir);
   if (!opened.ok()) return opened.status();
-  ModelWeights weights;
-  weights.spec = opened->spec;
-  weights.layers.resize(weights.spec.num_layers);
-  const std::vector<TensorSlot> slots = Slots(weights.spec, weights);  // points into weights
-  int64_t needed = 0;
-  for (const TensorSlot& slot : slots) {
-    needed += opened->files[opened->file_of[slot.name]].Find(slot.name)->num_elements * 4;
-  }
-  if (host_bytes_available.has_value() && needed > *host_bytes_available) {
-    return absl::ResourceExhaustedError(absl::StrCat(Where(dir), ": its weights need ", needed,
-                                                     " bytes of host memory as fp32, more than "
-                                                     "the ",
-                                                     *host_bytes_available, " available"));
-  }
-  for (const TensorSlot& slot : slots) {
-    const SafetensorsFile& file = opened->files[opened->file_of[slot.name]];
-    if (absl::Status s = file.ReadAsFloat(*file.Find(slot.name), slot.dest); !s.ok()) return s;
-    const std::vector<float>& values = *slot.dest;
-    const auto bad =
-        std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-    if (bad != values.end()) {
-      return absl::DataLossError(absl::StrCat(Where(dir), ": ", slot.name, "[",
-                                              bad - values.begin(), "] is ", *bad,
-                                              ", not a finite number"));
-    }
-  }
-  return weights;
+  const Opened& o = *opened;
+  return LoadWeightSlots(o.spec, Where(dir), host_bytes_available, HfName,
+                         [&o](const WeightSlot& slot) {
+                           const std::string name = HfName(slot);
+                           const SafetensorsFile& file = o.files[o.file_of.at(name)];
+                           return file.ReadAsFloat(*file.Find(name), slot.dest);
+                         });
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(const std::string& dir,

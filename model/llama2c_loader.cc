@@ -332,13 +332,8 @@ absl::StatusOr<ModelWeights> LoadLlama2cCheckpoint(const std::string& path,
     // A NaN or infinity would not fail later, only turn every logit into NaN (and the text
     // into <unk>s): a corrupt file, named here.
     if (segment.dest != nullptr) {
-      const std::vector<float>& values = *segment.dest;
-      const auto bad =
-          std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-      if (bad != values.end()) {
-        return absl::DataLossError(absl::StrCat(Where(path), ": ", segment.name, "[",
-                                                bad - values.begin(), "] is ", *bad,
-                                                ", not a finite number"));
+      if (absl::Status s = CheckFinite(Where(path), segment.name, *segment.dest); !s.ok()) {
+        return s;
       }
     }
   }

@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "model/llama2c_loader.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/loader_checks.h"
 
 namespace {
 
@@ -41,25 +42,6 @@ int64_t ExpectedBytes(absl::string_view message) {
   const absl::string_view digits = message.substr(at + 9, message.find(' ', at + 9) - (at + 9));
   int64_t bytes = -1;
   return absl::SimpleAtoi(digits, &bytes) ? bytes : -1;
-}
-
-void CheckShapes(const kvd::ModelWeights& w) {
-  const kvd::ModelSpec& s = w.spec;
-  const size_t dim = s.dim, hidden = s.hidden_dim, vocab = s.vocab_size;
-  const size_t q_dim = size_t{1} * s.num_heads * s.head_dim;
-  const size_t kv_dim = size_t{1} * s.num_kv_heads * s.head_dim;
-  Require(w.token_embedding.size() == vocab * dim, "token_embedding shape");
-  Require(w.final_norm.size() == dim, "final_norm shape");
-  Require(w.classifier.size() == (s.shared_classifier ? 0 : vocab * dim), "classifier shape");
-  Require(w.layers.size() == static_cast<size_t>(s.num_layers), "layer count");
-  for (const kvd::LayerWeights& l : w.layers) {
-    Require(l.attn_norm.size() == dim && l.ffn_norm.size() == dim, "norm shapes");
-    Require(l.wq.size() == q_dim * dim && l.wo.size() == dim * q_dim, "wq/wo shapes");
-    Require(l.wk.size() == kv_dim * dim && l.wv.size() == kv_dim * dim, "wk/wv shapes");
-    Require(
-        l.w1.size() == hidden * dim && l.w2.size() == dim * hidden && l.w3.size() == hidden * dim,
-        "w1/w2/w3 shapes");
-  }
 }
 
 }  // namespace
@@ -96,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (weights.ok()) {
     Require(weights->spec.dim == spec->dim && weights->spec.num_layers == spec->num_layers,
             "the loaded spec differs from the header's");
-    CheckShapes(*weights);
+    kvd::fuzz::RequireSpecShapes(*weights);
   } else {
     // Only a non-finite float (a weight, or the skipped RoPE tables') may fail the load.
     Require(!all_finite, "refused a well-formed file");

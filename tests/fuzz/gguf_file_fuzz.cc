@@ -20,30 +20,12 @@
 #include "model/gguf_file.h"
 #include "model/gguf_loader.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/loader_checks.h"
 
 namespace {
 
 using kvd::fuzz::MemoryFile;
 using kvd::fuzz::Require;
-
-void CheckShapes(const kvd::ModelWeights& w) {
-  const kvd::ModelSpec& s = w.spec;
-  const size_t dim = s.dim, hidden = s.hidden_dim, vocab = s.vocab_size;
-  const size_t q_dim = size_t{1} * s.num_heads * s.head_dim;
-  const size_t kv_dim = size_t{1} * s.num_kv_heads * s.head_dim;
-  Require(w.token_embedding.size() == vocab * dim, "token_embedding shape");
-  Require(w.final_norm.size() == dim, "final_norm shape");
-  Require(w.classifier.size() == (s.shared_classifier ? 0 : vocab * dim), "classifier shape");
-  Require(w.layers.size() == static_cast<size_t>(s.num_layers), "layer count");
-  for (const kvd::LayerWeights& l : w.layers) {
-    Require(l.attn_norm.size() == dim && l.ffn_norm.size() == dim, "norm shapes");
-    Require(l.wq.size() == q_dim * dim && l.wo.size() == dim * q_dim, "wq/wo shapes");
-    Require(l.wk.size() == kv_dim * dim && l.wv.size() == kv_dim * dim, "wk/wv shapes");
-    Require(
-        l.w1.size() == hidden * dim && l.w2.size() == dim * hidden && l.w3.size() == hidden * dim,
-        "w1/w2/w3 shapes");
-  }
-}
 
 bool Converted(uint32_t type) {
   return type == 0 || type == 1 || type == 8 || type == 30;  // F32, F16, Q8_0, BF16
@@ -81,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<kvd::ModelWeights> weights =
         kvd::LoadGgufModel(path, /*host_bytes_available=*/int64_t{64} << 20);
     if (weights.ok()) {
-      CheckShapes(*weights);
+      kvd::fuzz::RequireSpecShapes(*weights);
     } else {
       const absl::StatusCode code = weights.status().code();
       Require(code == absl::StatusCode::kUnimplemented || code == absl::StatusCode::kDataLoss ||
@@ -94,13 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   absl::StatusOr<std::unique_ptr<kvd::Tokenizer>> tokenizer = kvd::LoadGgufTokenizer(path);
   if (tokenizer.ok()) {
-    const kvd::Tokenizer& t = **tokenizer;
-    for (int32_t id = 3; id < 259; ++id) {
-      Require(t.piece(id).size() == 6 && t.piece(id).substr(0, 3) == "<0x", "a byte piece");
-    }
-    for (int32_t id : t.Encode(bytes.substr(0, 64), /*add_bos=*/true)) {
-      Require(id >= 0 && id < t.vocab_size(), "an id outside the vocabulary");
-    }
+    kvd::fuzz::RequireUsableTokenizer(**tokenizer, bytes.substr(0, 64));
   } else {
     Require(!tokenizer.status().message().empty(), "a tokenizer error without a message");
   }

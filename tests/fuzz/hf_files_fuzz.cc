@@ -17,6 +17,7 @@
 #include "model/safetensors_file.h"
 #include "model/sentencepiece_model.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/loader_checks.h"
 
 namespace {
 
@@ -50,13 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::unique_ptr<kvd::Tokenizer>> tokenizer =
       kvd::LoadSentencePieceTokenizer(path);
   if (tokenizer.ok()) {
-    const kvd::Tokenizer& t = **tokenizer;
-    for (int32_t id = 3; id < 259; ++id) {
-      Require(t.piece(id).size() == 6 && t.piece(id).substr(0, 3) == "<0x", "a byte piece");
-    }
-    for (int32_t id : t.Encode(bytes.substr(0, 64), /*add_bos=*/true)) {
-      Require(id >= 0 && id < t.vocab_size(), "an id outside the vocabulary");
-    }
+    kvd::fuzz::RequireUsableTokenizer(**tokenizer, bytes.substr(0, 64));
   } else {
     Require(!tokenizer.status().message().empty(), "a tokenizer error without a message");
   }

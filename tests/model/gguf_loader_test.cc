@@ -399,11 +399,17 @@ TEST(GgufLoaderTest, RefusesWhatItCannotServeNamingIt) {
                      }),
                 absl::StatusCode::kUnimplemented,
                 "tensor blk.0.attn_q.bias is not one kvd's llama forward pass uses"},
-           Case{TinyLlamaGguf{.rope_theta = std::numeric_limits<float>::infinity()}
-                    .Writer()
-                    .WriteTemp("inf_theta.gguf"),
+           Case{[] {
+                  TinyLlamaGguf t;
+                  t.rope_theta = std::numeric_limits<float>::infinity();
+                  return t.Writer().WriteTemp("inf_theta.gguf");
+                }(),
                 absl::StatusCode::kInvalidArgument, "is not a finite float"},
-           Case{TinyLlamaGguf{.int8_tensor = "blk.1.attn_v.weight"}.Writer().WriteTemp("int8.gguf"),
+           Case{[] {
+                  TinyLlamaGguf t;
+                  t.int8_tensor = "blk.1.attn_v.weight";
+                  return t.Writer().WriteTemp("int8.gguf");
+                }(),
                 absl::StatusCode::kUnimplemented,
                 "tensor blk.1.attn_v.weight is I8; kvd reads F32, F16, BF16 and Q8_0"},
            Case{with("scaling.gguf",
@@ -457,7 +463,9 @@ TEST(GgufLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("more than the 1000 available"));
 
-  GgufWriter nan = TinyLlamaGguf{.drop = "blk.0.attn_norm.weight"}.Writer();
+  TinyLlamaGguf without_norm;
+  without_norm.drop = "blk.0.attn_norm.weight";
+  GgufWriter nan = without_norm.Writer();
   nan.AddTensor("blk.0.attn_norm.weight", {8}, kF32,
                 GgufWriter::F32({1, 1, 1, std::numeric_limits<float>::quiet_NaN(), 1, 1, 1, 1}));
   s = LoadGgufModel(nan.WriteTemp("nan.gguf")).status();
