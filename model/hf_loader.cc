@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/json_text.h"
 #include "model/regular_file.h"
 #include "model/safetensors_file.h"
 #include "model/sentencepiece_model.h"
@@ -34,7 +35,6 @@ constexpr int64_t kMaxHeads = 1 << 10;
 constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMaxContext = 1 << 24;
 constexpr int64_t kMaxJsonBytes = int64_t{64} << 20;
-
 std::string Where(const std::string& dir) {
   return absl::StrCat("Hugging Face model directory '", dir, "'");
 }
@@ -52,6 +52,10 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   if (!in) return CannotOpen(what, errno);
   std::stringstream text;
   text << in.rdbuf();
+  if (JsonDepth(text.str()) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": nested deeper than ", kMaxJsonDepth, " levels"));
+  }
   nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object"));
@@ -102,7 +106,7 @@ absl::StatusOr<int32_t> PositiveKey(const std::string& dir, const nlohmann::json
   const nlohmann::json& v = config[key];
   if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > max) {
     return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " = ",
-                                                   v.dump(), " is not an integer in 1..", max));
+                                                   ShownJson(v), " is not an integer in 1..", max));
   }
   return static_cast<int32_t>(v.get<int64_t>());
 }
@@ -112,7 +116,7 @@ absl::StatusOr<double> NumberKey(const std::string& dir, const nlohmann::json& c
   if (!config.contains(key) || config[key].is_null()) return fallback;
   if (!config[key].is_number() || !(config[key].get<double>() > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": config.json's ", key, " = ",
-                                                   config[key].dump(),
+                                                   ShownJson(config[key]),
                                                    " is not a positive number"));
   }
   return config[key].get<double>();
@@ -126,13 +130,13 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
                         absl::StrCat(Where(dir), ": config.json: ", loaded.status().message()));
   }
   const nlohmann::json& config = *loaded;
-  const nlohmann::json architectures =
-      config.contains("architectures") ? config["architectures"] : nlohmann::json::array();
-  const std::string architecture =
-      architectures.is_array() && !architectures.empty() && architectures[0].is_string()
-          ? architectures[0].get<std::string>()
-          : "";
-  if (architecture != "LlamaForCausalLM" && architecture != "MistralForCausalLM") {
+  std::string architecture;
+  if (config.contains("architectures") && config["architectures"].is_array() &&
+      !config["architectures"].empty() && config["architectures"][0].is_string()) {
+    architecture = config["architectures"][0].get<std::string>();
+  }
+  const bool mistral = architecture == "MistralForCausalLM";
+  if (architecture != "LlamaForCausalLM" && !mistral) {
     return absl::UnimplementedError(absl::StrCat(
         Where(dir), ": architecture '", architecture,
         "' (config.json's architectures); kvd serves LlamaForCausalLM and MistralForCausalLM"));
@@ -142,19 +146,46 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
       return absl::UnimplementedError(absl::StrCat(Where(dir), ": ", key, " is true (biases)"));
     }
   }
-  if (config.contains("hidden_act") && config["hidden_act"] != "silu") {
+  if (config.contains("hidden_act") && config["hidden_act"] != "silu" &&
+      config["hidden_act"] != "swish") {
     return absl::UnimplementedError(
-        absl::StrCat(Where(dir), ": hidden_act ", config["hidden_act"].dump(), " (kvd: silu)"));
+        absl::StrCat(Where(dir), ": hidden_act ", ShownJson(config["hidden_act"]), " (kvd: silu)"));
   }
-  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
-    const nlohmann::json& scaling = config["rope_scaling"];
-    // {"rope_type": "default"} (or the older "type") is plain RoPE.
-    auto type_is_default = [&scaling](const char* key) {
-      return scaling.contains(key) && scaling[key] == "default";
-    };
-    if (!scaling.is_object() || !(type_is_default("rope_type") || type_is_default("type"))) {
+  // RoPE: transformers 4 writes rope_theta and rope_scaling; 5 folds both into
+  // rope_parameters ({"rope_theta": ..., "rope_type": ...}). Plain RoPE has no scaling or
+  // rope_type "default" (older files: "type"); any other rope_* key is something kvd does
+  // not compute.
+  for (const auto& [key, value] : config.items()) {
+    if (key.rfind("rope_", 0) == 0 && key != "rope_theta" && key != "rope_scaling" &&
+        key != "rope_parameters") {
       return absl::UnimplementedError(
-          absl::StrCat(Where(dir), ": rope_scaling ", scaling.dump(), " (RoPE scaling)"));
+          absl::StrCat(Where(dir), ": ", key, " ", ShownJson(value), " (RoPE settings)"));
+    }
+  }
+  double theta_fallback = 10000.0;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!config.contains(key) || config[key].is_null()) continue;
+    const nlohmann::json& rope = config[key];
+    const char* type_key = rope.is_object() && rope.contains("rope_type") ? "rope_type" : "type";
+    const bool plain =
+        rope.is_object() && (!rope.contains(type_key) || rope[type_key] == "default");
+    const bool scaled = key == std::string("rope_scaling") && !rope.contains(type_key);
+    if (!plain || scaled) {
+      return absl::UnimplementedError(
+          absl::StrCat(Where(dir), ": ", key, " ", ShownJson(rope), " (RoPE scaling)"));
+    }
+    if (rope.contains("rope_theta")) {
+      if (!rope["rope_theta"].is_number()) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": ", key, "'s rope_theta ",
+                                                       ShownJson(rope["rope_theta"]),
+                                                       " is not a number"));
+      }
+      theta_fallback = rope["rope_theta"].get<double>();
+      if (config.contains("rope_theta") && config["rope_theta"] != rope["rope_theta"]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(dir), ": rope_theta ", ShownJson(config["rope_theta"]), " and ", key,
+                         "'s rope_theta ", ShownJson(rope["rope_theta"]), " differ"));
+      }
     }
   }
 
@@ -177,8 +208,10 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
     if (!v.ok()) return v.status();
     *field.dest = *v;
   }
+  // Absent keys take transformers' defaults: MistralConfig's are 8 KV heads and a 4096-token
+  // window, LlamaConfig's one KV head per head and none.
   absl::StatusOr<int32_t> kv_heads =
-      PositiveKey(dir, config, "num_key_value_heads", kMaxHeads, spec.num_heads);
+      PositiveKey(dir, config, "num_key_value_heads", kMaxHeads, mistral ? 8 : spec.num_heads);
   if (!kv_heads.ok()) return kv_heads.status();
   spec.num_kv_heads = *kv_heads;
   if (spec.dim % spec.num_heads != 0) {
@@ -189,21 +222,28 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
   spec.head_dim = spec.dim / spec.num_heads;
   if (config.contains("head_dim") && !config["head_dim"].is_null() &&
       config["head_dim"] != spec.head_dim) {
-    return absl::UnimplementedError(absl::StrCat(Where(dir), ": head_dim ",
-                                                 config["head_dim"].dump(), ", not hidden_size / ",
-                                                 "num_attention_heads = ", spec.head_dim));
+    return absl::UnimplementedError(
+        absl::StrCat(Where(dir), ": head_dim ", ShownJson(config["head_dim"]),
+                     ", not hidden_size / ", "num_attention_heads = ", spec.head_dim));
   }
-  if (config.contains("sliding_window") && !config["sliding_window"].is_null()) {
-    absl::StatusOr<int32_t> window = PositiveKey(dir, config, "sliding_window", kMaxContext);
+  if (config.contains("sliding_window") ? !config["sliding_window"].is_null() : mistral) {
+    absl::StatusOr<int32_t> window =
+        PositiveKey(dir, config, "sliding_window", kMaxContext, int64_t{4096});
     if (!window.ok()) return window.status();
     spec.max_context_tokens = std::min(spec.max_context_tokens, *window);
   }
-  absl::StatusOr<double> theta = NumberKey(dir, config, "rope_theta", 10000.0);
+  absl::StatusOr<double> theta = NumberKey(dir, config, "rope_theta", theta_fallback);
   if (!theta.ok()) return theta.status();
   absl::StatusOr<double> eps = NumberKey(dir, config, "rms_norm_eps", 1e-6);
   if (!eps.ok()) return eps.status();
   spec.rope_theta = static_cast<float>(*theta);
   spec.norm_eps = static_cast<float>(*eps);
+  if (!std::isfinite(spec.rope_theta) || !(spec.rope_theta > 0) || !std::isfinite(spec.norm_eps) ||
+      !(spec.norm_eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": rope_theta ", *theta,
+                                                   " or rms_norm_eps ", *eps,
+                                                   " is not a positive float"));
+  }
   spec.rope_style = RopeStyle::kHalf;
   if (config.contains("tie_word_embeddings") && !config["tie_word_embeddings"].is_null() &&
       !config["tie_word_embeddings"].is_boolean()) {
@@ -226,7 +266,7 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
     for (const nlohmann::json& v : list) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= spec.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": ", file, "'s ", key, " ",
-                                                       json[key].dump(),
+                                                       ShownJson(json[key]),
                                                        " is not a token id of the vocabulary"));
       }
       ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
@@ -274,7 +314,7 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
     for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
         return absl::InvalidArgumentError(absl::StrCat(Where(dir), ": weight_map names ",
-                                                       file.dump(), " for ", tensor,
+                                                       ShownJson(file), " for ", tensor,
                                                        " (a file name in the directory expected)"));
       }
       shard_of[tensor] = file.get<std::string>();

@@ -17,15 +17,17 @@ namespace kvd {
 // model.safetensors or in the shards model.safetensors.index.json's weight_map names, and
 // (optionally) a SentencePiece tokenizer.model.
 //
-// config.json: architectures ["LlamaForCausalLM"] or ["MistralForCausalLM"]; hidden_size,
-// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
-// num_attention_heads), max_position_embeddings, vocab_size, rope_theta (default 10000),
+// config.json (nested at most 64 levels): architectures ["LlamaForCausalLM"] or
+// ["MistralForCausalLM"]; hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads (default: num_attention_heads; Mistral's 8),
+// max_position_embeddings, vocab_size, rope_theta (or transformers 5's
+// rope_parameters.rope_theta; default 10000),
 // rms_norm_eps (default 1e-6), tie_word_embeddings (default false), bos_token_id and
 // eos_token_id (defaults 1 and 2; of a list of EOS ids the first, the rest, and those of
 // generation_config.json's eos_token_id, are other_end_token_ids), head_dim (must be
 // hidden_size / num_attention_heads where given). RoPE rotates halves (i, i + head_dim/2),
-// as transformers does on these weights. A Mistral sliding_window caps the context at the
-// window, inside which it attends as full attention does. A completion ends at EOS.
+// as transformers does on these weights. A Mistral sliding_window (default 4096) caps the
+// context at the window, inside which it attends as full attention does. A completion ends at EOS.
 // name = the directory's name.
 //
 // Tensors (row-major [out][in], F32, F16 or BF16, loaded as fp32): model.embed_tokens,
@@ -33,7 +35,8 @@ namespace kvd {
 // self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj (each
 // ".weight").
 //
-// Refused, naming what: other architectures, rope_scaling (other than type "default"),
+// Refused, naming what: other architectures, rope_scaling or rope_parameters other than
+// rope_type "default" (or two rope_thetas that differ, or another rope_* key),
 // attention or MLP biases, an activation other than silu, a missing tensor or one of another
 // shape or dtype, a non-finite weight (DataLoss). Errors name the directory or file. All
 // functions are stateless and thread safe.

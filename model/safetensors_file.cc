@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/half_float.h"
+#include "model/json_text.h"
 #include "model/regular_file.h"
 #include "nlohmann/json.hpp"
 
@@ -63,6 +64,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   if (!in.read(header.data(), static_cast<std::streamsize>(header_bytes))) {
     return bad("read of the header failed");
   }
+  if (JsonDepth(header) > kMaxJsonDepth) {
+    return bad(absl::StrCat("the header is nested deeper than ", kMaxJsonDepth, " levels"));
+  }
   const nlohmann::json json = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) return bad("the header is not a JSON object");
 
@@ -71,7 +75,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const int64_t data_start = 8 + static_cast<int64_t>(header_bytes);
   const int64_t data_bytes = *size - data_start;
   for (const auto& [name, entry] : json.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {  // strings only, by the format
+      if (!entry.is_object() ||
+          std::any_of(entry.begin(), entry.end(), [](const auto& v) { return !v.is_string(); })) {
+        return bad("__metadata__ is not an object of strings");
+      }
+      continue;
+    }
     const std::string where = absl::StrCat("tensor '", name, "'");
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
         !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
@@ -82,27 +92,30 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     t.name = name;
     t.dtype = entry["dtype"].get<std::string>();
     const int64_t element_bytes = DtypeBytes(t.dtype);
-    if (element_bytes == 0) return bad(absl::StrCat(where, ": unknown dtype '", t.dtype, "'"));
+    if (element_bytes == 0) {
+      return absl::UnimplementedError(
+          absl::StrCat(what, ": ", where, ": dtype '", t.dtype, "', which kvd does not know"));
+    }
     t.num_elements = 1;
     for (const nlohmann::json& d : entry["shape"]) {
       // Any tensor's bytes fit in the file, so no real dimension or product reaches 2^40.
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40) ||
           (d.get<uint64_t>() > 0 &&
            static_cast<uint64_t>(t.num_elements) > (uint64_t{1} << 40) / d.get<uint64_t>())) {
-        return bad(absl::StrCat(where, ": bad shape ", entry["shape"].dump()));
+        return bad(absl::StrCat(where, ": bad shape ", ShownJson(entry["shape"])));
       }
       t.shape.push_back(d.get<int64_t>());
       t.num_elements *= d.get<int64_t>();
     }
     const nlohmann::json& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
-      return bad(absl::StrCat(where, ": bad data_offsets ", offsets.dump()));
+      return bad(absl::StrCat(where, ": bad data_offsets ", ShownJson(offsets)));
     }
     const uint64_t begin = offsets[0].get<uint64_t>();
     const uint64_t end = offsets[1].get<uint64_t>();
     if (begin > end || end > static_cast<uint64_t>(data_bytes)) {
-      return bad(absl::StrCat(where, ": data_offsets ", offsets.dump(), " outside the ", data_bytes,
-                              " bytes of data (truncated?)"));
+      return bad(absl::StrCat(where, ": data_offsets ", ShownJson(offsets), " outside the ",
+                              data_bytes, " bytes of data (truncated?)"));
     }
     t.offset = data_start + static_cast<int64_t>(begin);
     t.num_bytes = static_cast<int64_t>(end - begin);

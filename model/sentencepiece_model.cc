@@ -20,7 +20,13 @@ constexpr uint32_t kModelTrainerSpec = 2;  // ModelProto.trainer_spec
 constexpr uint32_t kPiecePiece = 1;        // SentencePiece.piece
 constexpr uint32_t kPieceScore = 2;        // SentencePiece.score
 constexpr uint32_t kPieceType = 3;         // SentencePiece.type
+constexpr uint32_t kModelNormalizerSpec = 3;  // ModelProto.normalizer_spec
 constexpr uint32_t kTrainerModelType = 3;  // TrainerSpec.model_type
+constexpr uint32_t kTrainerWhitespaceAsSuffix = 24;   // TrainerSpec.treat_whitespace_as_suffix
+constexpr uint32_t kNormalizerName = 1;               // NormalizerSpec.name
+constexpr uint32_t kNormalizerCharsmap = 2;           // NormalizerSpec.precompiled_charsmap
+constexpr uint32_t kNormalizerDummyPrefix = 3;        // NormalizerSpec.add_dummy_prefix
+constexpr uint32_t kNormalizerRemoveWhitespaces = 4;  // NormalizerSpec.remove_extra_whitespaces
 constexpr uint64_t kModelTypeUnigram = 1;  // the default
 constexpr uint64_t kModelTypeBpe = 2;
 constexpr uint64_t kPieceTypeNormal = 1;  // the default
@@ -106,6 +112,16 @@ struct Piece {
   uint64_t type = kPieceTypeNormal;
 };
 
+// The normalizer_spec fields that change what text becomes before encoding, with proto2's
+// defaults. kvd's encoder does what Llama's tokenizer.model asks: no normalization rule, a
+// dummy " " prefix, whitespace kept as it is.
+struct Normalizer {
+  std::string name;
+  bool has_charsmap = false;
+  uint64_t add_dummy_prefix = 1;
+  uint64_t remove_extra_whitespaces = 1;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std::string& path,
@@ -129,14 +145,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std:
     return absl::InvalidArgumentError(absl::StrCat(what, ": at offset ", offset, ": ", why));
   };
 
+  // Pieces past the expected vocabulary are counted, not kept, so that refusing a file costs
+  // little more memory than the file.
   std::vector<Piece> pieces;
+  size_t num_pieces = 0;
   uint64_t model_type = kModelTypeUnigram;
+  uint64_t whitespace_as_suffix = 0;
+  Normalizer normalizer;
   WireReader model(data.data(), data.size(), 0);
   while (!model.done()) {
     const size_t at = model.offset();
     uint32_t field = 0, wire = 0;
     if (!model.Tag(&field, &wire)) return corrupt(at, "not a protocol buffer field");
-    if ((field == kModelPieces || field == kModelTrainerSpec) && wire == 2) {
+    if ((field == kModelPieces || field == kModelTrainerSpec || field == kModelNormalizerSpec) &&
+        wire == 2) {
       const char* bytes = nullptr;
       size_t n = 0;
       if (!model.Bytes(&bytes, &n)) return corrupt(at, "truncated message");
@@ -160,12 +182,31 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std:
           ok = inner.Varint(&piece.type);
         } else if (field == kModelTrainerSpec && f == kTrainerModelType && w == 0) {
           ok = inner.Varint(&model_type);
+        } else if (field == kModelTrainerSpec && f == kTrainerWhitespaceAsSuffix && w == 0) {
+          ok = inner.Varint(&whitespace_as_suffix);
+        } else if (field == kModelNormalizerSpec && f == kNormalizerName && w == 2) {
+          const char* text = nullptr;
+          size_t len = 0;
+          ok = inner.Bytes(&text, &len);
+          if (ok) normalizer.name.assign(text, len);
+        } else if (field == kModelNormalizerSpec && f == kNormalizerCharsmap && w == 2) {
+          const char* charsmap = nullptr;
+          size_t len = 0;
+          ok = inner.Bytes(&charsmap, &len);
+          normalizer.has_charsmap = normalizer.has_charsmap || len > 0;
+        } else if (field == kModelNormalizerSpec && f == kNormalizerDummyPrefix && w == 0) {
+          ok = inner.Varint(&normalizer.add_dummy_prefix);
+        } else if (field == kModelNormalizerSpec && f == kNormalizerRemoveWhitespaces && w == 0) {
+          ok = inner.Varint(&normalizer.remove_extra_whitespaces);
         } else {
           ok = inner.Skip(w);
         }
         if (!ok) return corrupt(inner_at, "truncated or malformed field");
       }
-      if (field == kModelPieces) pieces.push_back(std::move(piece));
+      if (field == kModelPieces &&
+          (expected_vocab_size < 0 || num_pieces++ < static_cast<size_t>(expected_vocab_size))) {
+        pieces.push_back(std::move(piece));
+      }
     } else if (!model.Skip(wire)) {
       return corrupt(at, "truncated or malformed field");
     }
@@ -176,9 +217,19 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(const std:
         what, ": a ", model_type == kModelTypeUnigram ? "unigram" : "non-BPE",
         " model (trainer_spec.model_type ", model_type, "); kvd's tokenizer encodes BPE models"));
   }
-  if (expected_vocab_size >= 0 && pieces.size() != static_cast<size_t>(expected_vocab_size)) {
+  if (expected_vocab_size >= 0 && num_pieces != static_cast<size_t>(expected_vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": has ", pieces.size(), " pieces but the model expects ", expected_vocab_size));
+        what, ": has ", num_pieces, " pieces but the model expects ", expected_vocab_size));
+  }
+  if ((normalizer.name != "identity" && !normalizer.name.empty()) || normalizer.has_charsmap ||
+      normalizer.add_dummy_prefix != 1 || normalizer.remove_extra_whitespaces != 0 ||
+      whitespace_as_suffix != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        what, ": normalization kvd's encoder does not do (normalizer '", normalizer.name, "'",
+        normalizer.has_charsmap ? " with a character map" : "", ", add_dummy_prefix ",
+        normalizer.add_dummy_prefix, ", remove_extra_whitespaces ",
+        normalizer.remove_extra_whitespaces, ", treat_whitespace_as_suffix ", whitespace_as_suffix,
+        "); Llama's is 'identity', 1, 0, 0"));
   }
   if (pieces.size() < 3 || pieces[1].type != kPieceTypeControl ||
       pieces[2].type != kPieceTypeControl) {

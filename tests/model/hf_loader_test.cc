@@ -4,14 +4,17 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/gguf_file.h"
 #include "model/llama2c_loader.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
@@ -89,9 +92,14 @@ TEST(SafetensorsFileTest, RefusesCorruptFilesSayingWhat) {
     return out + json + data;
   };
   refused("not_json.safetensors", with_header("{\"t\": ", ""), "not a JSON object");
-  refused("dtype.safetensors",
-          with_header(R"({"t": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}})", "x"),
-          "unknown dtype 'Q4'");
+  refused("metadata.safetensors", with_header(R"({"__metadata__": {"a": []}})", ""),
+          "__metadata__ is not an object of strings");
+  const std::string unknown = TempDir("dtype.safetensors");
+  WriteFile(unknown,
+            with_header(R"({"t": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}})", "x"));
+  const absl::Status s = SafetensorsFile::Open(unknown).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("dtype 'F4', which kvd does not know"));
   refused("size.safetensors",
           with_header(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", "xxxx"),
           "4 bytes for 2 elements of F32");
@@ -207,6 +215,59 @@ TEST(HfLoaderTest, SentencePieceModelsOtherThanLlamasAreRefused) {
   s = LoadSentencePieceTokenizer(path).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), AllOf(HasSubstr("spm.model"), HasSubstr("at offset")));
+  pieces[1].type = 3;
+
+  // Normalization kvd's encoder does not do (NFKC, whitespace collapsed, no dummy prefix;
+  // proto2's defaults when the file has no normalizer_spec), and user-defined pieces.
+  for (const std::string& normalizer :
+       {std::string("\x0a\x08nmt_nfkc"), std::string("\x18\x00\x20\x00", 4), std::string()}) {
+    WriteFile(path, test::SentencePieceModelBytes(pieces, 2, normalizer));
+    s = LoadSentencePieceTokenizer(path).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), HasSubstr("normalization kvd's encoder does not do"));
+  }
+  pieces.push_back({"<|im_start|>", 0, 4});
+  WriteFile(path, test::SentencePieceModelBytes(pieces));
+  s = LoadSentencePieceTokenizer(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("piece 259 ('<|im_start|>') is user-defined"));
+}
+
+// The LLaMA vocabulary written as a tokenizer.model (from llama.cpp's vocabulary-only GGUF:
+// its pieces, scores and types) encodes llama.cpp's tokenizer test cases as they expect.
+TEST(HfLoaderTest, LlamaTokenizerModelMatchesLlamaCppsTestCases) {
+  const std::string base = kModels + "/ggml-vocab-llama-spm.gguf";
+  absl::StatusOr<GgufFile> gguf = GgufFile::Open(base);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  const std::vector<std::string> tokens = *gguf->GetStrings("tokenizer.ggml.tokens");
+  const std::vector<double> scores = *gguf->GetNumbers("tokenizer.ggml.scores");
+  const std::vector<double> types = *gguf->GetNumbers("tokenizer.ggml.token_type");
+  std::vector<test::SentencePieceEntry> pieces;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    pieces.push_back({tokens[id], static_cast<float>(scores[id]), static_cast<int>(types[id])});
+  }
+  const std::string path = TempDir("llama_spm.model");
+  WriteFile(path, test::SentencePieceModelBytes(pieces));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadSentencePieceTokenizer(path, 32000);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+
+  std::ifstream inputs_file(base + ".inp");
+  std::string inputs((std::istreambuf_iterator<char>(inputs_file)),
+                     std::istreambuf_iterator<char>());
+  const std::string separator = "\n__ggml_vocab_test__\n";
+  std::ifstream expected_lines(base + ".out");
+  std::string line;
+  int cases = 0;
+  for (size_t end; (end = inputs.find(separator)) != std::string::npos; ++cases) {
+    const std::string input = inputs.substr(0, end);
+    inputs.erase(0, end + separator.size());
+    ASSERT_TRUE(std::getline(expected_lines, line)) << "no expected ids for case " << cases;
+    std::vector<int32_t> expected;
+    std::istringstream ids(line);
+    for (int32_t id; ids >> id;) expected.push_back(id);
+    EXPECT_EQ((*tokenizer)->Encode(input, /*add_bos=*/false), expected) << "case " << cases;
+  }
+  EXPECT_EQ(cases, 46);
 }
 
 // A directory whose config.json is edited by `edit` (and whose files then by `files`).
@@ -251,6 +312,29 @@ TEST(HfLoaderTest, RefusesWhatItCannotServeNamingIt) {
        absl::StatusCode::kUnimplemented, "head_dim 16"},
       {EditedStories("eos", [](nlohmann::json& c) { c["eos_token_id"] = 600; }),
        absl::StatusCode::kInvalidArgument, "eos_token_id 600"},
+      // transformers 5 keeps RoPE settings in rope_parameters.
+      {EditedStories("v5_llama3_rope",
+                     [](nlohmann::json& c) {
+                       c.erase("rope_theta");
+                       c.erase("rope_scaling");
+                       c["rope_parameters"] = {
+                           {"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0}};
+                     }),
+       absl::StatusCode::kUnimplemented, "rope_parameters"},
+      {EditedStories("two_thetas",
+                     [](nlohmann::json& c) {
+                       c["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}};
+                     }),
+       absl::StatusCode::kInvalidArgument, "rope_parameters's rope_theta 500000.0 differ"},
+      {EditedStories("rope_type_first",
+                     [](nlohmann::json& c) {
+                       c["rope_scaling"] = {{"rope_type", "yarn"}, {"type", "default"}};
+                     }),
+       absl::StatusCode::kUnimplemented, "rope_scaling"},
+      {EditedStories("rope_other", [](nlohmann::json& c) { c["rope_interleaved"] = true; }),
+       absl::StatusCode::kUnimplemented, "rope_interleaved true (RoPE settings)"},
+      {EditedStories("huge_theta", [](nlohmann::json& c) { c["rope_theta"] = 1e39; }),
+       absl::StatusCode::kInvalidArgument, "is not a positive float"},
   };
   for (const Case& c : cases) {
     for (const absl::Status& s : {ReadHfSpec(c.dir).status(), LoadHfModel(c.dir).status()}) {
@@ -296,6 +380,70 @@ TEST(HfLoaderTest, RefusesWhatItCannotServeNamingIt) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(),
               HasSubstr("tensor model.layers.0.self_attn.q_proj.bias is not one kvd's llama"));
+}
+
+// transformers 5's rope_parameters give the RoPE base when rope_theta is not at the top.
+TEST(HfLoaderTest, ReadsRopeParameters) {
+  const std::string dir = EditedStories("v5_rope", [](nlohmann::json& c) {
+    c.erase("rope_theta");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}};
+  });
+  absl::StatusOr<ModelSpec> spec = ReadHfSpec(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->rope_theta, 500000.0f);
+}
+
+// Files from anywhere: nesting deeper than any real one is refused before it is parsed.
+TEST(HfLoaderTest, RefusesDeeplyNestedJson) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string dir = EditedStories("deep_config", [](nlohmann::json&) {});
+  WriteFile(dir + "/config.json", R"({"architectures": )" + deep + "}");
+  absl::Status s = ReadHfSpec(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("nested deeper than 64 levels"));
+  std::string header =
+      R"({"a": {"dtype": "F32", "shape": )" + deep + R"(, "data_offsets": [0, 0]}})";
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  WriteFile(TempDir("deep.safetensors"), bytes + header);
+  s = SafetensorsFile::Open(TempDir("deep.safetensors")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("nested deeper than 64 levels"));
+}
+
+// An untied classifier is lm_head.weight, loaded as it is.
+TEST(HfLoaderTest, AnUntiedClassifierIsLmHead) {
+  const std::string dir =
+      EditedStories("untied_lm_head", [](nlohmann::json& c) { c["tie_word_embeddings"] = false; });
+  auto f = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f.ok());
+  std::vector<SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : f->tensors()) {
+    std::vector<float> v;
+    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
+    entries.push_back({t.name, "F32", t.shape, Floats(v)});
+  }
+  std::vector<float> head(512 * 64);
+  for (size_t i = 0; i < head.size(); ++i) head[i] = static_cast<float>(i % 97) / 97.0f;
+  entries.push_back({"lm_head.weight", "F32", {512, 64}, Floats(head)});
+  WriteFile(dir + "/model.safetensors", SafetensorsBytes(entries));
+  absl::StatusOr<ModelWeights> w = LoadHfModel(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_FALSE(w->spec.shared_classifier);
+  EXPECT_EQ(w->classifier, head);
+}
+
+// MistralConfig's defaults for absent keys: a 4096-token window.
+TEST(HfLoaderTest, AMistralConfigWithoutAWindowKeyHasMistralsWindow) {
+  const std::string dir = EditedStories("mistral_defaults", [](nlohmann::json& c) {
+    c["architectures"] = {"MistralForCausalLM"};
+    c["max_position_embeddings"] = 32768;
+  });
+  absl::StatusOr<ModelSpec> spec = ReadHfSpec(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_context_tokens, 4096);
 }
 
 TEST(HfLoaderTest, AMistralSlidingWindowCapsTheContext) {

@@ -55,7 +55,12 @@ std::string SafetensorsBytes(const std::vector<SafetensorsEntry>& entries,
   return out + text + data;
 }
 
-std::string SentencePieceModelBytes(const std::vector<SentencePieceEntry>& pieces, int model_type) {
+std::string LlamaNormalizerSpec() {
+  return Field(1, "identity") + Varint(3 << 3 | 0) + Varint(1) + Varint(4 << 3 | 0) + Varint(0);
+}
+
+std::string SentencePieceModelBytes(const std::vector<SentencePieceEntry>& pieces, int model_type,
+                                    const std::string& normalizer_spec) {
   std::string out;
   for (const SentencePieceEntry& p : pieces) {
     std::string score(4, '\0');
@@ -65,6 +70,7 @@ std::string SentencePieceModelBytes(const std::vector<SentencePieceEntry>& piece
     out += Field(1, piece);
   }
   if (model_type != 0) out += Field(2, Varint(3 << 3 | 0) + Varint(model_type));
+  out += Field(3, normalizer_spec);
   return out;
 }
 

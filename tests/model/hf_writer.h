@@ -28,10 +28,14 @@ struct SentencePieceEntry {
   int type = 1;  // 1 normal, 2 unknown, 3 control, 6 byte
 };
 
-// A serialized sentencepiece.ModelProto of these pieces and trainer_spec.model_type
-// (1 unigram, 2 BPE; 0 writes no trainer_spec).
+std::string LlamaNormalizerSpec();
+
+// A serialized sentencepiece.ModelProto of these pieces, trainer_spec.model_type (1 unigram,
+// 2 BPE; 0 writes no trainer_spec) and `normalizer_spec` (the message's bytes; by default
+// Llama's: name "identity", add_dummy_prefix 1, remove_extra_whitespaces 0).
 std::string SentencePieceModelBytes(const std::vector<SentencePieceEntry>& pieces,
-                                    int model_type = 2);
+                                    int model_type = 2,
+                                    const std::string& normalizer_spec = LlamaNormalizerSpec());
 
 // Writes stories260K (../shared/models) as a Hugging Face directory at `dir` (created):
 // config.json (LlamaForCausalLM, tied embeddings), F32 weights with Q and K rows permuted
