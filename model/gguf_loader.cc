@@ -57,29 +57,15 @@ absl::StatusOr<double> FloatKey(const GgufFile& f, const std::string& key, doubl
   return *v;
 }
 
-// A weight's tensor name in a llama GGUF file.
-std::string GgufName(const WeightSlot& slot) {
-  switch (slot.kind) {
-    case WeightKind::kTokenEmbedding:
-      return "token_embd.weight";
-    case WeightKind::kFinalNorm:
-      return "output_norm.weight";
-    case WeightKind::kClassifier:
-      return "output.weight";
-    default:
-      break;
-  }
-  const char* name = slot.kind == WeightKind::kAttnNorm  ? "attn_norm"
-                     : slot.kind == WeightKind::kWq      ? "attn_q"
-                     : slot.kind == WeightKind::kWk      ? "attn_k"
-                     : slot.kind == WeightKind::kWv      ? "attn_v"
-                     : slot.kind == WeightKind::kWo      ? "attn_output"
-                     : slot.kind == WeightKind::kFfnNorm ? "ffn_norm"
-                     : slot.kind == WeightKind::kW1      ? "ffn_gate"
-                     : slot.kind == WeightKind::kW2      ? "ffn_down"
-                                                         : "ffn_up";
-  return absl::StrCat("blk.", slot.layer, ".", name, ".weight");
-}
+// How a llama GGUF file names its tensors.
+constexpr WeightNames kGgufNames = {"token_embd.weight",
+                                    "output_norm.weight",
+                                    "output.weight",
+                                    "blk.",
+                                    {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                     "ffn_norm", "ffn_gate", "ffn_down", "ffn_up"}};
+
+std::string GgufName(const WeightSlot& slot) { return WeightName(slot, kGgufNames); }
 
 // ggml lists dimensions innermost first: a row-major [out][in] matrix is [in, out].
 std::vector<int64_t> GgufDims(const WeightSlot& slot) {

@@ -63,29 +63,17 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   return json;
 }
 
-// A weight's tensor name in a transformers Llama checkpoint.
-std::string HfName(const WeightSlot& slot) {
-  switch (slot.kind) {
-    case WeightKind::kTokenEmbedding:
-      return "model.embed_tokens.weight";
-    case WeightKind::kFinalNorm:
-      return "model.norm.weight";
-    case WeightKind::kClassifier:
-      return "lm_head.weight";
-    default:
-      break;
-  }
-  const char* name = slot.kind == WeightKind::kAttnNorm  ? "input_layernorm"
-                     : slot.kind == WeightKind::kWq      ? "self_attn.q_proj"
-                     : slot.kind == WeightKind::kWk      ? "self_attn.k_proj"
-                     : slot.kind == WeightKind::kWv      ? "self_attn.v_proj"
-                     : slot.kind == WeightKind::kWo      ? "self_attn.o_proj"
-                     : slot.kind == WeightKind::kFfnNorm ? "post_attention_layernorm"
-                     : slot.kind == WeightKind::kW1      ? "mlp.gate_proj"
-                     : slot.kind == WeightKind::kW2      ? "mlp.down_proj"
-                                                         : "mlp.up_proj";
-  return absl::StrCat("model.layers.", slot.layer, ".", name, ".weight");
-}
+// How a transformers Llama checkpoint names its tensors.
+constexpr WeightNames kHfNames = {
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+    "model.layers.",
+    {"input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+     "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.down_proj",
+     "mlp.up_proj"}};
+
+std::string HfName(const WeightSlot& slot) { return WeightName(slot, kHfNames); }
 
 // The directory's spec and safetensors files, every tensor the model needs present, of its
 // shape and of a dtype kvd reads.

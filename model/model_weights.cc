@@ -36,6 +36,22 @@ std::vector<WeightSlot> WeightSlots(ModelWeights& w) {
   return slots;
 }
 
+std::string WeightName(const WeightSlot& slot, const WeightNames& names) {
+  switch (slot.kind) {
+    case WeightKind::kTokenEmbedding:
+      return names.token_embedding;
+    case WeightKind::kFinalNorm:
+      return names.final_norm;
+    case WeightKind::kClassifier:
+      return names.classifier;
+    default:  // the layer's, in enum order from kAttnNorm
+      return absl::StrCat(
+          names.layer_prefix, slot.layer, ".",
+          names.layer[static_cast<int>(slot.kind) - static_cast<int>(WeightKind::kAttnNorm)],
+          ".weight");
+  }
+}
+
 absl::Status CheckFinite(absl::string_view where, absl::string_view tensor,
                          const std::vector<float>& values) {
   const auto bad =

@@ -59,6 +59,18 @@ struct WeightSlot {
   std::vector<float>* dest;
 };
 
+// How a checkpoint format names a Llama's tensors: the model-wide ones whole, a layer's as
+// "<layer_prefix><layer>.<name>.weight", its names in LayerWeights' order (attn_norm, wq, wk,
+// wv, wo, ffn_norm, w1, w2, w3).
+struct WeightNames {
+  const char* token_embedding;
+  const char* final_norm;
+  const char* classifier;
+  const char* layer_prefix;
+  const char* layer[9];
+};
+std::string WeightName(const WeightSlot& slot, const WeightNames& names);
+
 // Every tensor `w.spec` needs (the classifier only when not shared), pointing into `w`:
 // model-wide ones first, then each layer's in LayerWeights' order. Resizes w.layers to the
 // spec's layers; the slots stay valid while `w` does not move.

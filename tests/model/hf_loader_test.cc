@@ -22,6 +22,7 @@
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/hf_writer.h"
+#include "tests/model/llama_tokenizer_cases.h"
 
 namespace kvd {
 namespace {
@@ -41,6 +42,20 @@ std::string Floats(const std::vector<float>& values) {
   std::string out(values.size() * 4, '\0');
   std::memcpy(out.data(), values.data(), out.size());
   return out;
+}
+
+// A safetensors file's tensors as F32 entries, to write back changed.
+std::vector<SafetensorsEntry> F32Entries(const std::string& path) {
+  std::vector<SafetensorsEntry> entries;
+  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return entries;
+  for (const SafetensorsTensor& t : f->tensors()) {
+    std::vector<float> v;
+    EXPECT_TRUE(f->ReadAsFloat(t, &v).ok()) << t.name;
+    entries.push_back({t.name, "F32", t.shape, Floats(v)});
+  }
+  return entries;
 }
 
 // --- safetensors ------------------------------------------------------------------------
@@ -236,8 +251,7 @@ TEST(HfLoaderTest, SentencePieceModelsOtherThanLlamasAreRefused) {
 // The LLaMA vocabulary written as a tokenizer.model (from llama.cpp's vocabulary-only GGUF:
 // its pieces, scores and types) encodes llama.cpp's tokenizer test cases as they expect.
 TEST(HfLoaderTest, LlamaTokenizerModelMatchesLlamaCppsTestCases) {
-  const std::string base = kModels + "/ggml-vocab-llama-spm.gguf";
-  absl::StatusOr<GgufFile> gguf = GgufFile::Open(base);
+  absl::StatusOr<GgufFile> gguf = GgufFile::Open(test::kLlamaSpmVocab);
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   const std::vector<std::string> tokens = *gguf->GetStrings("tokenizer.ggml.tokens");
   const std::vector<double> scores = *gguf->GetNumbers("tokenizer.ggml.scores");
@@ -250,24 +264,12 @@ TEST(HfLoaderTest, LlamaTokenizerModelMatchesLlamaCppsTestCases) {
   WriteFile(path, test::SentencePieceModelBytes(pieces));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadSentencePieceTokenizer(path, 32000);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-
-  std::ifstream inputs_file(base + ".inp");
-  std::string inputs((std::istreambuf_iterator<char>(inputs_file)),
-                     std::istreambuf_iterator<char>());
-  const std::string separator = "\n__ggml_vocab_test__\n";
-  std::ifstream expected_lines(base + ".out");
-  std::string line;
-  int cases = 0;
-  for (size_t end; (end = inputs.find(separator)) != std::string::npos; ++cases) {
-    const std::string input = inputs.substr(0, end);
-    inputs.erase(0, end + separator.size());
-    ASSERT_TRUE(std::getline(expected_lines, line)) << "no expected ids for case " << cases;
-    std::vector<int32_t> expected;
-    std::istringstream ids(line);
-    for (int32_t id; ids >> id;) expected.push_back(id);
-    EXPECT_EQ((*tokenizer)->Encode(input, /*add_bos=*/false), expected) << "case " << cases;
+  const std::vector<test::TokenizerCase> cases = test::LlamaTokenizerCases();
+  ASSERT_EQ(cases.size(), 46u);
+  for (const test::TokenizerCase& c : cases) {
+    EXPECT_EQ((*tokenizer)->Encode(c.input, /*add_bos=*/false), c.expected)
+        << "'" << c.input << "'";
   }
-  EXPECT_EQ(cases, 46);
 }
 
 // A directory whose config.json is edited by `edit` (and whose files then by `files`).
@@ -352,13 +354,9 @@ TEST(HfLoaderTest, RefusesWhatItCannotServeNamingIt) {
   EXPECT_THAT(s.message(), HasSubstr("model-00002-of-00002.safetensors"));
   const std::string ints = TempDir("hf_int_norm");
   test::WriteHfStories260k(ints);
-  auto f = SafetensorsFile::Open(ints + "/model.safetensors");
-  ASSERT_TRUE(f.ok());
-  std::vector<SafetensorsEntry> entries;
-  for (const SafetensorsTensor& t : f->tensors()) {
-    std::vector<float> v;
-    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
-    entries.push_back({t.name, t.name == "model.norm.weight" ? "I32" : "F32", t.shape, Floats(v)});
+  std::vector<SafetensorsEntry> entries = F32Entries(ints + "/model.safetensors");
+  for (SafetensorsEntry& e : entries) {
+    if (e.name == "model.norm.weight") e.dtype = "I32";
   }
   WriteFile(ints + "/model.safetensors", SafetensorsBytes(entries));
   s = LoadHfModel(ints).status();
@@ -417,14 +415,7 @@ TEST(HfLoaderTest, RefusesDeeplyNestedJson) {
 TEST(HfLoaderTest, AnUntiedClassifierIsLmHead) {
   const std::string dir =
       EditedStories("untied_lm_head", [](nlohmann::json& c) { c["tie_word_embeddings"] = false; });
-  auto f = SafetensorsFile::Open(dir + "/model.safetensors");
-  ASSERT_TRUE(f.ok());
-  std::vector<SafetensorsEntry> entries;
-  for (const SafetensorsTensor& t : f->tensors()) {
-    std::vector<float> v;
-    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
-    entries.push_back({t.name, "F32", t.shape, Floats(v)});
-  }
+  std::vector<SafetensorsEntry> entries = F32Entries(dir + "/model.safetensors");
   std::vector<float> head(512 * 64);
   for (size_t i = 0; i < head.size(); ++i) head[i] = static_cast<float>(i % 97) / 97.0f;
   entries.push_back({"lm_head.weight", "F32", {512, 64}, Floats(head)});
@@ -480,15 +471,11 @@ TEST(HfLoaderTest, RefusesNonFiniteWeightsAndWeightsPastTheHostsMemory) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("more than the 1000 available"));
 
-  auto f = SafetensorsFile::Open(dir + "/model.safetensors");
-  ASSERT_TRUE(f.ok());
-  std::vector<SafetensorsEntry> entries;
-  for (const SafetensorsTensor& t : f->tensors()) {
-    std::vector<float> v;
-    ASSERT_TRUE(f->ReadAsFloat(t, &v).ok());
-    if (t.name == "model.layers.2.mlp.up_proj.weight")
-      v[5] = std::numeric_limits<float>::infinity();
-    entries.push_back({t.name, "F32", t.shape, Floats(v)});
+  std::vector<SafetensorsEntry> entries = F32Entries(dir + "/model.safetensors");
+  for (SafetensorsEntry& e : entries) {
+    if (e.name != "model.layers.2.mlp.up_proj.weight") continue;
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(e.data.data() + 5 * sizeof(float), &inf, sizeof(float));
   }
   WriteFile(dir + "/model.safetensors", SafetensorsBytes(entries));
   s = LoadHfModel(dir).status();

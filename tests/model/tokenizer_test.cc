@@ -19,6 +19,7 @@
 #include "model/gguf_loader.h"
 #include "model/streaming_decoder.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/llama_tokenizer_cases.h"
 
 namespace kvd {
 namespace {
@@ -441,33 +442,17 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// llama.cpp's tokenizer test cases for the 32,000-token LLaMA SentencePiece vocabulary
-// (../shared/models/ggml-vocab-llama-spm.gguf.inp and .out: inputs separated by
-// "__ggml_vocab_test__" lines, each case's expected ids on one line), on that vocabulary
-// read from that GGUF file as kvd reads a GGUF model's (LoadGgufTokenizer). No BOS: the
-// cases have none.
+// llama.cpp's tokenizer test cases (llama_tokenizer_cases.h) on the LLaMA vocabulary read
+// from its GGUF file as kvd reads a GGUF model's (LoadGgufTokenizer).
 TEST(TokenizerTest, LlamaVocabularyMatchesLlamaCppsTestCases) {
-  const std::string base = KVD_SHARED_DIR "/models/ggml-vocab-llama-spm.gguf";
-  auto tokenizer = LoadGgufTokenizer(base, 32000);
+  auto tokenizer = LoadGgufTokenizer(test::kLlamaSpmVocab, 32000);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-
-  std::string inputs = ReadFile(base + ".inp");
-  const std::string separator = "\n__ggml_vocab_test__\n";
-  std::ifstream expected_lines(base + ".out");
-  std::string line;
-  int cases = 0;
-  for (size_t end; (end = inputs.find(separator)) != std::string::npos; ++cases) {
-    const std::string input = inputs.substr(0, end);
-    inputs.erase(0, end + separator.size());
-    ASSERT_TRUE(std::getline(expected_lines, line)) << "no expected ids for case " << cases;
-    std::vector<int32_t> expected;
-    std::istringstream ids(line);
-    for (int32_t id; ids >> id;) expected.push_back(id);
-    EXPECT_EQ((*tokenizer)->Encode(input, /*add_bos=*/false), expected)
-        << "case " << cases << ": '" << input << "'";
+  const std::vector<test::TokenizerCase> cases = test::LlamaTokenizerCases();
+  ASSERT_EQ(cases.size(), 46u);
+  for (const test::TokenizerCase& c : cases) {
+    EXPECT_EQ((*tokenizer)->Encode(c.input, /*add_bos=*/false), c.expected)
+        << "'" << c.input << "'";
   }
-  EXPECT_EQ(cases, 46);
-  EXPECT_FALSE(std::getline(expected_lines, line)) << "more expected lines than inputs";
 }
 
 TEST(TokenizerLoadTest, MissingFileIsNotFound) {
