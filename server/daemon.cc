@@ -113,11 +113,12 @@ absl::Status StartDaemon(const ServeSetup& setup, bool cuda_graphs, Daemon& d, s
     }
     d.tokenizer = *std::move(tokenizer);
   } else if (!absl::StartsWith(model_path, "synthetic:")) {
-    // A GGUF file's own, or the llama2.c tokenizer beside a checkpoint.
+    // A GGUF file's own, a Hugging Face directory's tokenizer.model, or the llama2.c
+    // tokenizer beside a checkpoint.
     auto tokenizer = LoadModelTokenizer(model_path, spec.vocab_size);
     if (absl::IsUnimplemented(tokenizer.status())) {
-      // A GGUF model whose vocabulary kvd's tokenizer cannot read (e.g. Llama 3's byte-level
-      // BPE) still serves token ids, as a synthetic model does.
+      // A model whose tokenizer kvd's cannot stand in for (e.g. Llama 3's byte-level BPE, in
+      // a GGUF file or a tokenizer.json) still serves token ids, as a synthetic model does.
       out << "kvd: " << tokenizer.status().message()
           << ": serving prompt_token_ids only (text prompts and stop strings are refused)\n";
     } else if (!tokenizer.ok()) {
