@@ -143,6 +143,17 @@ std::string GgmlTypeName(uint32_t type) {
   return t != nullptr ? std::string(t->name) : absl::StrCat("type ", type);
 }
 
+bool GgmlTypeIsConverted(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+      return true;
+  }
+  return false;
+}
+
 absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
   try {
     return Parse(path);
@@ -532,8 +543,7 @@ const GgufTensorInfo* GgufFile::FindTensor(absl::string_view name) const {
 absl::Status GgufFile::ReadAsFloat(const GgufTensorInfo& tensor, std::vector<float>* out) const {
   const std::string where = absl::StrCat("GGUF file '", path_, "': tensor '", tensor.name, "'");
   const auto type = static_cast<GgmlType>(tensor.type);
-  if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16 &&
-      type != GgmlType::kQ8_0) {
+  if (!GgmlTypeIsConverted(tensor.type)) {
     return absl::UnimplementedError(absl::StrCat(where, " is ", GgmlTypeName(tensor.type),
                                                  "; kvd reads F32, F16, BF16 and Q8_0 tensors"));
   }

@@ -52,6 +52,9 @@ enum class GgmlType : uint32_t {
 // "F32", "Q4_K", ...; "type <n>" for a number ggml does not define.
 std::string GgmlTypeName(uint32_t type);
 
+// Whether GgufFile::ReadAsFloat converts tensors of this ggml type (GgmlType's).
+bool GgmlTypeIsConverted(uint32_t type);
+
 // One metadata value. Integers keep their sign (`int64_t`, or `uint64_t` for the unsigned
 // types). An array keeps its elements as the file stores them, so that it never takes more
 // memory than its bytes in the file: scalars as their bytes; strings one after another,

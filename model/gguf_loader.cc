@@ -225,9 +225,7 @@ absl::StatusOr<Opened> OpenModel(const std::string& path) {
                                                      DimsText(t->dims), ", the model's shape ",
                                                      "needs ", DimsText(GgufDims(slot))));
     }
-    const auto type = static_cast<GgmlType>(t->type);
-    if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16 &&
-        type != GgmlType::kQ8_0) {
+    if (!GgmlTypeIsConverted(t->type)) {
       return absl::UnimplementedError(absl::StrCat(Where(path), ": tensor ", name, " is ",
                                                    GgmlTypeName(t->type),
                                                    "; kvd reads F32, F16, BF16 and Q8_0"));

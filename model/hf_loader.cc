@@ -338,7 +338,7 @@ absl::StatusOr<Opened> OpenModel(const std::string& dir) {
           absl::StrCat(Where(dir), ": tensor ", name, " is [", absl::StrJoin(t->shape, ", "),
                        "], the model's shape needs [", absl::StrJoin(slot.shape, ", "), "]"));
     }
-    if (t->dtype != "F32" && t->dtype != "F16" && t->dtype != "BF16") {
+    if (!SafetensorsDtypeIsConverted(t->dtype)) {
       return absl::UnimplementedError(absl::StrCat(Where(dir), ": tensor ", name, " is ", t->dtype,
                                                    "; kvd reads F32, F16 and BF16"));
     }

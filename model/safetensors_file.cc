@@ -42,6 +42,10 @@ int64_t DtypeBytes(absl::string_view dtype) {
 
 }  // namespace
 
+bool SafetensorsDtypeIsConverted(absl::string_view dtype) {
+  return dtype == "F32" || dtype == "F16" || dtype == "BF16";
+}
+
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const std::string what = absl::StrCat("safetensors file '", path, "'");
   const absl::StatusOr<int64_t> size = RegularFileSize(path, what);
@@ -140,7 +144,7 @@ absl::Status SafetensorsFile::ReadAsFloat(const SafetensorsTensor& tensor,
       absl::StrCat("safetensors file '", path_, "': tensor '", tensor.name, "'");
   const bool f32 = tensor.dtype == "F32";
   const bool f16 = tensor.dtype == "F16";
-  if (!f32 && !f16 && tensor.dtype != "BF16") {
+  if (!SafetensorsDtypeIsConverted(tensor.dtype)) {
     return absl::UnimplementedError(
         absl::StrCat(where, " is ", tensor.dtype, "; kvd reads F32, F16 and BF16 tensors"));
   }

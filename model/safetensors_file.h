@@ -26,6 +26,9 @@ struct SafetensorsTensor {
   int64_t num_elements = 0;
 };
 
+// Whether SafetensorsFile::ReadAsFloat converts tensors of this dtype (F32, F16, BF16).
+bool SafetensorsDtypeIsConverted(absl::string_view dtype);
+
 class SafetensorsFile {
  public:
   // The header of the file at `path`: JSON of at most 100 MiB inside the file; every tensor

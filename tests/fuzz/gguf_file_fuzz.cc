@@ -27,10 +27,6 @@ namespace {
 using kvd::fuzz::MemoryFile;
 using kvd::fuzz::Require;
 
-bool Converted(uint32_t type) {
-  return type == 0 || type == 1 || type == 8 || type == 30;  // F32, F16, Q8_0, BF16
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -51,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   static_cast<int64_t>(size),
               "a tensor past the end of the file");
     }
-    if (Converted(t.type) && t.num_elements <= (int64_t{1} << 20)) {
+    if (kvd::GgmlTypeIsConverted(t.type) && t.num_elements <= (int64_t{1} << 20)) {
       Require(file->ReadAsFloat(t, &values).ok(), "a tensor kvd converts did not read");
       Require(values.size() == static_cast<size_t>(t.num_elements), "a tensor's element count");
     }

@@ -38,8 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(t.offset >= 8 && t.num_bytes >= 0 &&
                   t.offset + t.num_bytes <= static_cast<int64_t>(size),
               "a tensor outside the file");
-      const bool converted = t.dtype == "F32" || t.dtype == "F16" || t.dtype == "BF16";
-      if (converted && t.num_elements <= (int64_t{1} << 20)) {
+      if (kvd::SafetensorsDtypeIsConverted(t.dtype) && t.num_elements <= (int64_t{1} << 20)) {
         Require(file->ReadAsFloat(t, &values).ok(), "a tensor kvd converts did not read");
         Require(values.size() == static_cast<size_t>(t.num_elements), "element count");
       }

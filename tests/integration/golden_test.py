@@ -24,26 +24,36 @@ def run_streams(daemon, cases, num_streams):
         return list(pool.map(one, range(num_streams)))
 
 
+def check_greedy_outputs(test):
+    """Every golden case's greedy output, finish reason and usage over gRPC."""
+    for i, case in enumerate(h.load_golden()):
+        with test.subTest(case=i, prompt=case["prompt"], max_tokens=case["max_new_tokens"]):
+            tokens, _, last = test.daemon.generate(h.greedy_request(case))
+            test.assertEqual(tokens, case["output_tokens"])
+            test.assertEqual(last.finish_reason, h.expected_finish_reason(case))
+            test.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
+            test.assertEqual(last.usage.completion_tokens, len(case["output_tokens"]))
+
+
+def check_text_prompt(test):
+    """A text prompt is tokenized with BOS as llama2.c does and completed greedily."""
+    case = h.load_golden()[0]
+    tokens, text, last = test.daemon.generate(
+        h.pb().GenerateRequest(prompt=case["prompt"], max_tokens=40, temperature=0.0))
+    test.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
+    test.assertEqual(tokens, case["output_tokens"][:40])
+    test.assertTrue(case["completion_text"].startswith(text), text)
+
+
 class GoldenTest(h.DaemonTestCase):
     # A batch wide enough that 64 streams really run together.
     SETTINGS = {"kv_cache_config.max_batch_size": "32"}
 
     def test_greedy_output_equals_llama2c_reference(self):
-        for i, case in enumerate(h.load_golden()):
-            with self.subTest(case=i, prompt=case["prompt"], max_tokens=case["max_new_tokens"]):
-                tokens, _, last = self.daemon.generate(h.greedy_request(case))
-                self.assertEqual(tokens, case["output_tokens"])
-                self.assertEqual(last.finish_reason, h.expected_finish_reason(case))
-                self.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
-                self.assertEqual(last.usage.completion_tokens, len(case["output_tokens"]))
+        check_greedy_outputs(self)
 
     def test_text_prompt_is_tokenized_with_bos_like_llama2c(self):
-        case = h.load_golden()[0]
-        tokens, text, last = self.daemon.generate(
-            h.pb().GenerateRequest(prompt=case["prompt"], max_tokens=40, temperature=0.0))
-        self.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
-        self.assertEqual(tokens, case["output_tokens"][:40])
-        self.assertTrue(case["completion_text"].startswith(text), text)
+        check_text_prompt(self)
 
     def test_64_concurrent_streams_each_equal_their_solo_output(self):
         cases = h.load_golden()
@@ -63,19 +73,10 @@ class GgufGoldenTest(h.DaemonTestCase):
     MODEL = h.Paths.gguf_model
 
     def test_greedy_output_equals_llama2c_reference(self):
-        for i, case in enumerate(h.load_golden()):
-            with self.subTest(case=i):
-                tokens, _, last = self.daemon.generate(h.greedy_request(case))
-                self.assertEqual(tokens, case["output_tokens"])
-                self.assertEqual(last.finish_reason, h.expected_finish_reason(case))
+        check_greedy_outputs(self)
 
     def test_text_prompts_use_the_files_tokenizer(self):
-        case = h.load_golden()[0]
-        tokens, text, last = self.daemon.generate(
-            h.pb().GenerateRequest(prompt=case["prompt"], max_tokens=40, temperature=0.0))
-        self.assertEqual(last.usage.prompt_tokens, len(case["prompt_tokens"]))
-        self.assertEqual(tokens, case["output_tokens"][:40])
-        self.assertTrue(case["completion_text"].startswith(text), text)
+        check_text_prompt(self)
 
     def test_model_info_comes_from_the_file(self):
         info = self.daemon.stub.GetModelInfo(h.pb().GetModelInfoRequest(),

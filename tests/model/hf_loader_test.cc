@@ -264,12 +264,7 @@ TEST(HfLoaderTest, LlamaTokenizerModelMatchesLlamaCppsTestCases) {
   WriteFile(path, test::SentencePieceModelBytes(pieces));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadSentencePieceTokenizer(path, 32000);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  const std::vector<test::TokenizerCase> cases = test::LlamaTokenizerCases();
-  ASSERT_EQ(cases.size(), 46u);
-  for (const test::TokenizerCase& c : cases) {
-    EXPECT_EQ((*tokenizer)->Encode(c.input, /*add_bos=*/false), c.expected)
-        << "'" << c.input << "'";
-  }
+  test::ExpectEncodesLlamaTokenizerCases(**tokenizer);
 }
 
 // A directory whose config.json is edited by `edit` (and whose files then by `files`).

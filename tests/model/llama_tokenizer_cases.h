@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "gtest/gtest.h"
+#include "model/tokenizer.h"
+
 namespace kvd::test {
 
 inline const std::string kLlamaSpmVocab = KVD_SHARED_DIR "/models/ggml-vocab-llama-spm.gguf";
@@ -41,6 +44,15 @@ inline std::vector<TokenizerCase> LlamaTokenizerCases() {
   }
   if (std::getline(expected_lines, line)) return {};  // more expected lines than inputs
   return cases;
+}
+
+// Every case encodes, without BOS, to its expected ids with `tokenizer` (46 cases).
+inline void ExpectEncodesLlamaTokenizerCases(const Tokenizer& tokenizer) {
+  const std::vector<TokenizerCase> cases = LlamaTokenizerCases();
+  ASSERT_EQ(cases.size(), 46u);
+  for (const TokenizerCase& c : cases) {
+    EXPECT_EQ(tokenizer.Encode(c.input, /*add_bos=*/false), c.expected) << "'" << c.input << "'";
+  }
 }
 
 }  // namespace kvd::test

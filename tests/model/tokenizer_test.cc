@@ -447,12 +447,7 @@ std::string ReadFile(const std::string& path) {
 TEST(TokenizerTest, LlamaVocabularyMatchesLlamaCppsTestCases) {
   auto tokenizer = LoadGgufTokenizer(test::kLlamaSpmVocab, 32000);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  const std::vector<test::TokenizerCase> cases = test::LlamaTokenizerCases();
-  ASSERT_EQ(cases.size(), 46u);
-  for (const test::TokenizerCase& c : cases) {
-    EXPECT_EQ((*tokenizer)->Encode(c.input, /*add_bos=*/false), c.expected)
-        << "'" << c.input << "'";
-  }
+  test::ExpectEncodesLlamaTokenizerCases(**tokenizer);
 }
 
 TEST(TokenizerLoadTest, MissingFileIsNotFound) {
