@@ -10,11 +10,10 @@ namespace kvd {
 absl::StatusOr<std::unique_ptr<KvArena>> KvArena::Create(const KvLayout& layout,
                                                          int32_t chunk_shift, int32_t max_chunks,
                                                          Backend* backend) {
-  if (layout.dtype() != DType::kF32 && layout.dtype() != DType::kBF16 &&
-      layout.dtype() != DType::kF16) {
+  if (layout.dtype() == DType::kFp8E4M3 || layout.dtype() == DType::kInt4) {
     return absl::UnimplementedError(
         absl::StrCat("kv_dtype ", std::string(DTypeName(layout.dtype())),
-                     " is not stored by the KV arena yet; use f32, bf16 or fp16"));
+                     " is not stored by the KV arena yet; use f32, bf16, fp16 or int8"));
   }
   if (chunk_shift < 0 || chunk_shift > 30) {
     return absl::InvalidArgumentError(
@@ -97,6 +96,7 @@ KvCacheView KvArena::LayerView(int32_t layer) const {
   v.k_offset_bytes = layout_.k_offset_bytes(layer, blocks_per_chunk());
   v.v_offset_bytes = layout_.v_offset_bytes(layer, blocks_per_chunk());
   v.block_bytes = layout_.region_block_bytes();
+  v.scale_offset_bytes = layout_.quantized() ? layout_.region_scale_offset_bytes() : 0;
   v.dtype = layout_.dtype();
   v.num_kv_heads = layout_.shape().num_kv_heads;
   v.block_size = layout_.block_size();

@@ -29,7 +29,7 @@ class KvArena {
   // Block pairs a copy can name without growing the id buffer.
   static constexpr int32_t kInitialCopyPairs = 16;
 
-  // Unimplemented for KV dtypes the arena cannot store yet (anything but f32, bf16, fp16);
+  // Unimplemented for KV dtypes the arena cannot store yet (fp8, int4);
   // InvalidArgument for chunk_shift outside [0, 30] or max_chunks < 1.
   static absl::StatusOr<std::unique_ptr<KvArena>> Create(const KvLayout& layout,
                                                          int32_t chunk_shift, int32_t max_chunks,
@@ -68,8 +68,9 @@ class KvArena {
   // REQUIRES: equal lengths, ids in present chunks, no id both a source and a destination.
   absl::Status CopyBlocks(absl::Span<const BlockId> src, absl::Span<const BlockId> dst);
 
-  // Host address of `block`'s bytes in `region` (2 * layer + {0: K, 1: V}). For tests and
-  // host backends only. REQUIRES: the block's chunk is present.
+  // Host address of `block`'s bytes in `region` (2 * layer + {0: K, 1: V}): its elements,
+  // then its scales (KvLayout). For tests and host backends only. REQUIRES: the block's chunk is
+  // present.
   void* BlockAddress(BlockId block, int32_t region) const;
 
  private:

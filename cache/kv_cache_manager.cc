@@ -411,7 +411,7 @@ absl::Span<const int32_t> KvCacheManager::BlockIds(SeqId id) const { return Seq(
 KvCacheStats KvCacheManager::stats() const {
   KvCacheStats st;
   st.block_size = layout_.block_size();
-  st.block_bytes = layout_.block_data_bytes();
+  st.block_bytes = layout_.block_bytes();
   st.blocks_per_chunk = pool_->blocks_per_chunk();
   st.num_chunks = pool_->num_chunks();
   st.max_chunks = pool_->max_chunks();

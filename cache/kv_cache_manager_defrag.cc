@@ -77,7 +77,7 @@ KvCacheManager::MovesApplied KvCacheManager::ApplyMoves() {
   std::vector<BlockId> dst;
   absl::flat_hash_set<BlockId> taken;
   const int64_t by_bytes =
-      std::max<int64_t>(1, options_.defrag_max_bytes_per_step / layout_.block_data_bytes());
+      std::max<int64_t>(1, options_.defrag_max_bytes_per_step / layout_.block_bytes());
   // Moves that fit the pause budget at the cost measured so far (unknown before the first),
   // bounded in double before the cast: an hour's budget over microsecond moves, or an
   // infinite one, is more than an int64 holds.

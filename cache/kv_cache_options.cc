@@ -82,7 +82,7 @@ int64_t KvPoolGeometry::ChunkBytesFor(int64_t max_pool_bytes, int64_t block_byte
 
 absl::StatusOr<KvPoolGeometry> KvPoolGeometry::Compute(const KvCacheOptions& options,
                                                        const KvLayout& layout) {
-  const int64_t block_bytes = layout.block_data_bytes();
+  const int64_t block_bytes = layout.block_bytes();
   if (options.chunk_bytes < block_bytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("chunk_bytes: %d is smaller than one KV block (%d bytes for %s)",

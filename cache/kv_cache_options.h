@@ -17,7 +17,7 @@ namespace kvd {
 // key, its value and what is allowed.
 struct KvCacheOptions {
   int32_t block_size = 16;       // tokens per block
-  DType kv_dtype = DType::kF32;  // the arena stores f32, bf16 and fp16 for now
+  DType kv_dtype = DType::kF32;  // the arena stores f32, bf16, fp16 and int8 for now
   // Arena sizes (see KvPoolGeometry for the rounding).
   int64_t initial_pool_bytes = int64_t{64} << 20;
   int64_t max_pool_bytes = int64_t{256} << 20;

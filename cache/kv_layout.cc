@@ -25,6 +25,14 @@ int64_t ScaleBytesPerTokenHead(DType dtype, int32_t head_dim) {
   }
 }
 
+// *out = bytes rounded up to KvLayout::kQuantizedAlignment; false on overflow.
+bool AlignUp(int64_t bytes, int64_t* out) {
+  constexpr int64_t kAlign = KvLayout::kQuantizedAlignment;
+  if (__builtin_add_overflow(bytes, kAlign - 1, out)) return false;
+  *out -= *out % kAlign;
+  return true;
+}
+
 uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   h ^= h >> 33;
@@ -68,23 +76,38 @@ absl::StatusOr<KvLayout> KvLayout::Create(const KvShape& shape, DType dtype, int
   }
   const int64_t heads_x_tokens = int64_t{shape.num_kv_heads} * block_size;  // < 2^62
   int64_t region_bits = 0;
-  int64_t region_scale = int64_t{4} * shape.num_kv_heads;  // fp8: one fp32 scale a head
+  int64_t region_scale = 0;
   int64_t region_all = 0;
   int64_t block_all = 0;
-  if (__builtin_mul_overflow(heads_x_tokens, head_bits, &region_bits) ||
-      (dtype != DType::kFp8E4M3 &&
-       __builtin_mul_overflow(heads_x_tokens, ScaleBytesPerTokenHead(dtype, shape.head_dim),
-                              &region_scale)) ||
-      __builtin_add_overflow(region_bits / 8, region_scale, &region_all) ||
-      __builtin_mul_overflow(region_all, int64_t{2} * shape.num_layers, &block_all)) {
+  int64_t scale_offset = 0;
+  bool overflow = __builtin_mul_overflow(heads_x_tokens, head_bits, &region_bits);
+  if (dtype == DType::kFp8E4M3) {
+    region_scale = int64_t{4} * shape.num_kv_heads;  // one fp32 scale a head
+  } else {
+    overflow = overflow ||
+               __builtin_mul_overflow(heads_x_tokens, ScaleBytesPerTokenHead(dtype, shape.head_dim),
+                                      &region_scale);
+  }
+  if (!overflow) {
+    scale_offset = region_bits / 8;
+    region_all = scale_offset;
+    if (region_scale > 0) {
+      overflow = !AlignUp(region_bits / 8, &scale_offset) ||
+                 __builtin_add_overflow(scale_offset, region_scale, &region_all) ||
+                 !AlignUp(region_all, &region_all);
+    }
+  }
+  if (overflow || __builtin_mul_overflow(region_all, int64_t{2} * shape.num_layers, &block_all)) {
     return too_large("one block's bytes do not fit in 64 bits");
   }
   KvLayout layout;
   layout.shape_ = shape;
   layout.dtype_ = dtype;
   layout.block_size_ = block_size;
-  layout.region_block_bytes_ = region_bits / 8;
+  layout.region_block_bytes_ = region_all;
+  layout.region_block_data_bytes_ = region_bits / 8;
   layout.region_block_scale_bytes_ = region_scale;
+  layout.region_scale_offset_bytes_ = scale_offset;
   return layout;
 }
 

@@ -33,7 +33,7 @@ absl::Status WorkloadOverflow(const MemoryEstimateRequest& r, absl::string_view 
 // The pool `kvd serve` builds with memory_pool.max_size = budget_bytes (CacheOptionsFrom
 // picks the chunk the same way), or the error for a max_size that it refuses (CheckPoolSize).
 absl::StatusOr<KvPoolGeometry> PoolFor(int64_t budget_bytes, const KvLayout& layout) {
-  const int64_t block_bytes = layout.block_data_bytes();
+  const int64_t block_bytes = layout.block_bytes();
   if (budget_bytes < block_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("budget_bytes=", budget_bytes, " is smaller than one KV block (", block_bytes,
@@ -143,7 +143,7 @@ std::string MemoryEstimator::Format(const MemoryEstimateRequest& r, const Memory
       e.batch_bytes, e.batch_bytes_paged, e.seed_bytes_per_token, e.seed_batch_bytes, r.d_model,
       e.seed_over_exact);
   if (e.sequences_in_budget >= 0) {
-    // Scales are not arena bytes: they would sit beside the pool, in a pool of their own.
+    // The pool's bytes hold the scales (and their padding): each block carries its own.
     const std::optional<int64_t> scale_bytes =
         CheckedProduct({e.pool_blocks, e.bytes_per_block - e.bytes_per_token * r.block_size});
     absl::StrAppendFormat(
@@ -151,7 +151,7 @@ std::string MemoryEstimator::Format(const MemoryEstimateRequest& r, const Memory
         "  budget %d bytes as memory_pool.max_size: %d chunks of %d bytes, %d blocks, %d bytes%s\n"
         "                      %d sequences of %d tokens, %d tokens\n",
         r.budget_bytes, e.pool_chunks, e.pool_chunk_bytes, e.pool_blocks, e.pool_bytes,
-        scale_bytes.value_or(0) > 0 ? absl::StrFormat(" (+ %d bytes of scales)", *scale_bytes)
+        scale_bytes.value_or(0) > 0 ? absl::StrFormat(" (%d of them scales)", *scale_bytes)
                                     : std::string(),
         e.sequences_in_budget, r.seq_len, e.tokens_in_budget);
   }

@@ -40,8 +40,9 @@ struct MemoryEstimate {
   double seed_over_exact = 0;  // how much the seeds' formula overstates
   // With a budget, -1 without. The pool `kvd serve` builds with memory_pool.max_size =
   // budget_bytes (KvPoolGeometry::ChunkBytesFor, then Compute): whole chunks of a
-  // power-of-two number of blocks, counted in arena bytes (element data; a quantized dtype's
-  // scales would sit beside it), so pool_bytes <= budget_bytes (kvd_kv_pool_max_bytes).
+  // power-of-two number of blocks, counted in arena bytes (a quantized dtype's scales
+  // included: each block carries its own), so pool_bytes <= budget_bytes
+  // (kvd_kv_pool_max_bytes).
   int64_t pool_chunk_bytes = -1;
   int64_t pool_chunks = -1;
   int64_t pool_blocks = -1;

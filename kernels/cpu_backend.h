@@ -15,9 +15,10 @@ namespace kvd {
 // The exact fp32 reference backend: host memory, synchronous ops, parallel on an owned
 // ThreadPool.
 //
-// Storage and compute are fp32 only: weight_dtype() is kF32, and an op handed weights, an
-// embedding table or a KV cache of any other dtype returns Unimplemented naming the op and
-// the dtype (a documented limitation; quantized KV lives on the CUDA backend). Invalid
+// Compute is fp32 only, and so is storage but for int8 KV: weight_dtype() is kF32, and an
+// op handed weights, an embedding table or a KV cache of any other dtype (a KV cache: other
+// than f32 or int8) returns Unimplemented naming the op and the dtype. An int8 KV cache is
+// stored quantized and read back dequantized (kernels/kv_quant.h), the rest in fp32. Invalid
 // params (null pointers, non-positive sizes, head counts that do not divide, block ids
 // outside the arena or in a released chunk, token ids outside the vocabulary) return
 // InvalidArgument naming the op and the field, before anything is written.

@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/kv_addressing.h"
+#include "kernels/kv_quant.h"
 #include "kernels/status_macros.h"
 
 namespace kvd {
@@ -53,16 +54,23 @@ absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool) {
   const int64_t width = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t row_bytes = sizeof(float) * int64_t{c.head_dim};
   const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / (2 * width * sizeof(float)));
+  // One row (token t's head h) of k or v into the block at `dst`.
+  auto store = [&](char* dst, int32_t h, int64_t offset, const float* row) {
+    if (c.dtype == DType::kInt8) {
+      Int8BlockScales(c, dst, h)[offset] =
+          QuantizeInt8KvRow(row, c.head_dim, Int8BlockHead(c, dst, h) + offset * c.head_dim);
+    } else {
+      std::memcpy(F32BlockHead(c, dst, h) + offset * c.head_dim, row, row_bytes);
+    }
+  };
   pool.ParallelFor(p.num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (p.slot_mapping[t] == kNoSlot) continue;
       const int64_t block = p.slot_mapping[t] / c.block_size;
       const int64_t offset = p.slot_mapping[t] % c.block_size;
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
-        std::memcpy(KeyBlockHead(c, block, h) + offset * c.head_dim,
-                    p.k + t * p.k_stride + int64_t{h} * c.head_dim, row_bytes);
-        std::memcpy(ValueBlockHead(c, block, h) + offset * c.head_dim,
-                    p.v + t * p.v_stride + int64_t{h} * c.head_dim, row_bytes);
+        store(KeyBlock(c, block), h, offset, p.k + t * p.k_stride + int64_t{h} * c.head_dim);
+        store(ValueBlock(c, block), h, offset, p.v + t * p.v_stride + int64_t{h} * c.head_dim);
       }
     }
   });

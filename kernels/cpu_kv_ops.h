@@ -17,7 +17,8 @@ namespace kvd {
 // `offset` (V likewise); a token whose slot is kNoSlot (-1, a padding row) is skipped.
 // InvalidArgument for any other negative slot, a block outside the arena or
 // in a null chunk, null pointers, strides narrower than num_kv_heads * head_dim or a bad
-// view; Unimplemented for a cache dtype other than f32. num_tokens == 0 is a no-op.
+// view; Unimplemented for a cache dtype other than f32 and int8. An int8 cache stores each
+// row quantized with its scale (kernels/kv_quant.h). num_tokens == 0 is a no-op.
 absl::Status CpuAppendKv(const AppendKvParams& p, ThreadPool& pool);
 
 // CpuAppendKv's checks alone: OK exactly when CpuAppendKv would accept `p`.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/kv_addressing.h"
+#include "kernels/kv_quant.h"
 
 namespace kvd {
 namespace {
@@ -104,18 +105,35 @@ constexpr int64_t kTileKeys = 64;
 // One thread's scratch for AttendGroup, sized for the batch's longest context, its GQA group
 // and head_dim.
 struct AttendScratch {
-  AttendScratch(int64_t max_kv_len, int32_t group, int32_t head_dim)
+  AttendScratch(int64_t max_kv_len, int32_t group, int32_t block_size, int32_t head_dim)
       : scores(max_kv_len * group),
         max_score(group),
         sum(group),
         partial(int64_t{group} * head_dim),
-        total(int64_t{group} * head_dim) {}
+        total(int64_t{group} * head_dim),
+        rows(int64_t{block_size} * head_dim) {}
   std::vector<float> scores;     // [group][max_kv_len]: scores, then unnormalized weights
   std::vector<float> max_score;  // [group]
   std::vector<double> sum;       // [group]: the softmax weights' sums
   std::vector<float> partial;    // [group][head_dim]: the current tile's weighted V sums
   std::vector<double> total;     // [group][head_dim]: the finished tiles' weighted V sums
+  std::vector<float> rows;       // [block_size][head_dim]: a quantized block's rows, as floats
 };
+
+// The first n rows of `head` in `block` (a block of the view's K or V region) as floats: the
+// stored rows of an f32 cache; an int8 cache's dequantized into `rows` (the same values an f32
+// cache holding them would give, so the arithmetic after this is the f32 path's).
+const float* BlockRows(const KvCacheView& c, char* block, int32_t head, int64_t n, float* rows) {
+  if (c.dtype != DType::kInt8) return F32BlockHead(c, block, head);
+  const int8_t* q = Int8BlockHead(c, block, head);
+  const float* scales = Int8BlockScales(c, block, head);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int32_t d = 0; d < c.head_dim; ++d) {
+      rows[i * c.head_dim + d] = DequantizeInt8Kv(q[i * c.head_dim + d], scales[i]);
+    }
+  }
+  return rows;
+}
 
 // Attention of one query row of sequence `seq` (row `j` of its q_len) for the `group` query
 // heads of KV head `kv_head`. Each K and V row is read once for the whole group, and each
@@ -139,8 +157,8 @@ void AttendGroup(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_
   // Pass 1: scaled scores, block by block, every head of the group on each K row.
   std::fill(max_score, max_score + group, -INFINITY);
   for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
-    const float* k = KeyBlockHead(c, table[t0 / bs], kv_head);
     const int64_t n = std::min<int64_t>(bs, num_visible - t0);
+    const float* k = BlockRows(c, KeyBlock(c, table[t0 / bs]), kv_head, n, scratch.rows.data());
     for (int64_t i = 0; i < n; ++i) {
       for (int32_t g = 0; g < group; ++g) {
         const float s = Dot(q + int64_t{g} * hd, k + i * hd, hd) * p.sm_scale;
@@ -170,8 +188,8 @@ void AttendGroup(const PagedAttentionParams& p, int32_t seq, int64_t row, int64_
   std::fill(partial, partial + int64_t{group} * hd, 0.0f);
   int64_t tile_keys = 0;
   for (int64_t t0 = 0; t0 < num_visible; t0 += bs) {
-    const float* v = ValueBlockHead(c, table[t0 / bs], kv_head);
     const int64_t n = std::min<int64_t>(bs, num_visible - t0);
+    const float* v = BlockRows(c, ValueBlock(c, table[t0 / bs]), kv_head, n, scratch.rows.data());
     for (int64_t i = 0; i < n; ++i) {
       const float* vr = v + i * hd;
       for (int32_t g = 0; g < group; ++g) {
@@ -226,7 +244,7 @@ absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool) 
       std::max<int64_t>(1, total_work * 2 * p.cache.head_dim * group / num_rows);
   const int64_t grain = std::max<int64_t>(1, kMinChunkWork / work_per_item);
   pool.ParallelFor(num_items, grain, [&](int64_t begin, int64_t end) {
-    AttendScratch scratch(max_kv_len, group, p.cache.head_dim);
+    AttendScratch scratch(max_kv_len, group, p.cache.block_size, p.cache.head_dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = first_row + item / num_kv_heads;
       const int32_t kv_head = static_cast<int32_t>(item % num_kv_heads);

@@ -26,8 +26,9 @@ namespace kvd {
 // narrower than the heads, decreasing indptr, a sequence with queries but no blocks,
 // last_block_len outside [1, block_size], causal q_len > kv_len, a block id outside the
 // arena or in a null chunk, a sequence beyond the batch's max_q_len or max_kv_len promise.
-// Unimplemented for a cache dtype other than f32.
-// num_seqs == 0 is a no-op. Thread safe if `pool` is.
+// An int8 cache's rows are dequantized (kernels/kv_quant.h) and then attended exactly as an
+// f32 cache holding the dequantized values would be. Unimplemented for a cache dtype other
+// than f32 and int8. num_seqs == 0 is a no-op. Thread safe if `pool` is.
 absl::Status CpuPagedAttention(const PagedAttentionParams& p, ThreadPool& pool);
 
 }  // namespace kvd

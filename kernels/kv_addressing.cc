@@ -8,10 +8,10 @@
 namespace kvd {
 
 absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view) {
-  if (view.dtype != DType::kF32) {
+  if (view.dtype != DType::kF32 && view.dtype != DType::kInt8) {
     return absl::UnimplementedError(
         absl::StrCat(op, ": cache.dtype ", std::string(DTypeName(view.dtype)),
-                     " is not supported by the CPU backend (f32 only)"));
+                     " is not supported by the CPU backend (f32 and int8 only)"));
   }
   if (view.chunks == nullptr)
     return absl::InvalidArgumentError(absl::StrCat(op, ": cache.chunks is null"));
@@ -37,20 +37,35 @@ absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view) 
   }
   constexpr int64_t kFloat = sizeof(float);
   if (view.block_bytes % kFloat != 0 || view.k_offset_bytes % kFloat != 0 ||
-      view.v_offset_bytes % kFloat != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": cache.block_bytes (", view.block_bytes, "), k_offset_bytes (",
-                     view.k_offset_bytes, ") and v_offset_bytes (", view.v_offset_bytes,
-                     ") must be multiples of 4 (f32 elements are read in place)"));
+      view.v_offset_bytes % kFloat != 0 || view.scale_offset_bytes % kFloat != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": cache.block_bytes (", view.block_bytes, "), k_offset_bytes (", view.k_offset_bytes,
+        "), v_offset_bytes (", view.v_offset_bytes, ") and scale_offset_bytes (",
+        view.scale_offset_bytes, ") must be multiples of 4 (fp32 values are read in place)"));
   }
-  int64_t min_block_bytes = 0;  // each factor is below 2^31, the product may pass 2^63
-  const bool overflow = __builtin_mul_overflow(int64_t{view.num_kv_heads} * view.block_size,
-                                               int64_t{view.head_dim} * kFloat, &min_block_bytes);
-  if (overflow || view.block_bytes < min_block_bytes) {
+  // Each factor is below 2^31; the products may pass 2^63.
+  const int64_t elem_bytes = DTypeBits(view.dtype) / 8;
+  const int64_t heads_x_tokens = int64_t{view.num_kv_heads} * view.block_size;
+  int64_t data_bytes = 0;
+  bool overflow =
+      __builtin_mul_overflow(heads_x_tokens, int64_t{view.head_dim} * elem_bytes, &data_bytes);
+  if (overflow || view.block_bytes < data_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": cache.block_bytes (", view.block_bytes,
-                     ") is smaller than num_kv_heads * block_size * head_dim * 4 (",
-                     overflow ? "past int64" : absl::StrCat(min_block_bytes), ")"));
+                     ") is smaller than num_kv_heads * block_size * head_dim * ", elem_bytes, " (",
+                     overflow ? "past int64" : absl::StrCat(data_bytes), ")"));
+  }
+  if (view.dtype == DType::kInt8) {
+    // The scales, [num_kv_heads][block_size] floats, lie after the elements in the block.
+    int64_t scales_end = 0;
+    if (view.scale_offset_bytes < data_bytes ||
+        __builtin_add_overflow(view.scale_offset_bytes, heads_x_tokens * kFloat, &scales_end) ||
+        scales_end > view.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": cache.scale_offset_bytes (", view.scale_offset_bytes,
+          ") must put the int8 block's num_kv_heads * block_size fp32 scales after its ",
+          data_bytes, " bytes of elements and inside its block_bytes (", view.block_bytes, ")"));
+    }
   }
   return absl::OkStatus();
 }

@@ -18,9 +18,10 @@ namespace kvd {
 // Stateless free functions; thread safe.
 
 // Checks the view's scalar fields: non-null chunk table, positive counts and sizes,
-// 0 <= chunk_shift <= 30, f32 dtype (the CPU backend's only KV storage type), and
-// block_bytes at least num_kv_heads * block_size * head_dim * 4. `op` names the caller in
-// the InvalidArgument / Unimplemented message.
+// 0 <= chunk_shift <= 30, a dtype the CPU backend stores (f32, or int8 with its scales),
+// block_bytes at least num_kv_heads * block_size * head_dim elements (and, for int8, the
+// scales at scale_offset_bytes after them), and offsets that keep fp32 values aligned. `op`
+// names the caller in the InvalidArgument / Unimplemented message.
 absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view);
 
 // Checks that block id `block` lies inside the arena and its chunk is present.
@@ -37,19 +38,39 @@ inline char* BlockAddress(void* const* chunks, int32_t chunk_shift, int64_t regi
          slot * block_bytes;
 }
 
-// Rows of `head` in block `block` of the view's K region: [block_size][head_dim] floats.
+// Start of block `block` in the view's K or V region.
+// REQUIRES: the view and the block id are valid.
+inline char* KeyBlock(const KvCacheView& v, int64_t block) {
+  return BlockAddress(v.chunks, v.chunk_shift, v.k_offset_bytes, v.block_bytes, block);
+}
+inline char* ValueBlock(const KvCacheView& v, int64_t block) {
+  return BlockAddress(v.chunks, v.chunk_shift, v.v_offset_bytes, v.block_bytes, block);
+}
+
+// Rows of `head` in a block of an f32 view: [block_size][head_dim] floats.
+// REQUIRES: 0 <= head < num_kv_heads.
+inline float* F32BlockHead(const KvCacheView& v, char* block, int32_t head) {
+  return reinterpret_cast<float*>(block) + int64_t{head} * v.block_size * v.head_dim;
+}
+
+// Rows of `head` in block `block` of an f32 view's K region: [block_size][head_dim] floats.
 // REQUIRES: the view and the block id are valid, 0 <= head < num_kv_heads.
 inline float* KeyBlockHead(const KvCacheView& v, int64_t block, int32_t head) {
-  return reinterpret_cast<float*>(
-             BlockAddress(v.chunks, v.chunk_shift, v.k_offset_bytes, v.block_bytes, block)) +
-         int64_t{head} * v.block_size * v.head_dim;
+  return F32BlockHead(v, KeyBlock(v, block), head);
 }
 
 // As KeyBlockHead, for the V region.
 inline float* ValueBlockHead(const KvCacheView& v, int64_t block, int32_t head) {
-  return reinterpret_cast<float*>(
-             BlockAddress(v.chunks, v.chunk_shift, v.v_offset_bytes, v.block_bytes, block)) +
-         int64_t{head} * v.block_size * v.head_dim;
+  return F32BlockHead(v, ValueBlock(v, block), head);
+}
+
+// An int8 view's rows of `head` in a block ([block_size][head_dim] int8) and their scales
+// ([block_size] floats, one a row): row value = int8 * scale.
+inline int8_t* Int8BlockHead(const KvCacheView& v, char* block, int32_t head) {
+  return reinterpret_cast<int8_t*>(block) + int64_t{head} * v.block_size * v.head_dim;
+}
+inline float* Int8BlockScales(const KvCacheView& v, char* block, int32_t head) {
+  return reinterpret_cast<float*>(block + v.scale_offset_bytes) + int64_t{head} * v.block_size;
 }
 
 }  // namespace kvd

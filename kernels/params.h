@@ -17,7 +17,10 @@ namespace kvd {
 // pool). Every chunk holds the same number of blocks, a power of two, for all layers:
 //
 //   chunk c:  | L0 K | L0 V | L1 K | L1 V | ... | L(n-1) V |
-//   region "Ll K": [blocks_per_chunk][num_kv_heads][block_size][head_dim] of `dtype`
+//   region "Ll K": [blocks_per_chunk] blocks of block_bytes
+//   block:  [num_kv_heads][block_size][head_dim] of `dtype`, then, for a quantized dtype,
+//           their scales at scale_offset_bytes (cache/kv_layout.h); int8: one fp32 scale per
+//           KV head and token, [num_kv_heads][block_size], value = int8 * scale
 //
 // Block id b lives in chunk (b >> chunk_shift) at slot (b & ((1 << chunk_shift) - 1)), so
 // one block id indexes the same slot in every layer's K and V region, and one head of
@@ -29,7 +32,8 @@ struct KvCacheView {
   int32_t chunk_shift = 0;     // log2(blocks per chunk)
   int64_t k_offset_bytes = 0;  // this layer's K region inside a chunk
   int64_t v_offset_bytes = 0;  // this layer's V region inside a chunk
-  int64_t block_bytes = 0;     // one block of one region: num_kv_heads*block_size*head_dim*elem
+  int64_t block_bytes = 0;     // one block of one region: elements, scales, padding
+  int64_t scale_offset_bytes = 0;  // quantized dtypes: where a block's scales start in it
   DType dtype = DType::kF32;
   int32_t num_kv_heads = 0;
   int32_t block_size = 0;

@@ -12,8 +12,8 @@ namespace kvd {
 namespace {
 
 // KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
-// reference, bf16 on CUDA); CUDA also accepts bf16 by name.
-constexpr KvQuantization kCpuQuantizations[] = {KvQuantization::kNone};
+// reference, bf16 on CUDA); CUDA also accepts bf16 by name, the CPU int8.
+constexpr KvQuantization kCpuQuantizations[] = {KvQuantization::kNone, KvQuantization::kInt8};
 constexpr KvQuantization kCudaQuantizations[] = {KvQuantization::kNone, KvQuantization::kBF16};
 
 }  // namespace
@@ -38,9 +38,29 @@ absl::Status CheckServable(const InferenceConfig& config, Device device) {
   return absl::OkStatus();
 }
 
-KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const KvShape& shape) {
+DType KvDtypeFor(KvQuantization quantization, DType native) {
+  switch (quantization) {
+    case KvQuantization::kNone:
+      return native;
+    case KvQuantization::kBF16:
+      return DType::kBF16;
+    case KvQuantization::kFP16:
+      return DType::kF16;
+    case KvQuantization::kFP8:
+      return DType::kFp8E4M3;
+    case KvQuantization::kInt8:
+      return DType::kInt8;
+    case KvQuantization::kInt4:
+      return DType::kInt4;
+  }
+  return native;
+}
+
+KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType native_kv_dtype,
+                                const KvShape& shape) {
   KvCacheOptions options;
   options.block_size = kv.block_size;
+  const DType kv_dtype = KvDtypeFor(kv.quantization, native_kv_dtype);
   options.kv_dtype = kv_dtype;
   options.max_pool_bytes = kv.memory_pool.max_size_bytes;
   // The chunk is not a config key (no error may hinge on it): KvPoolGeometry::ChunkBytesFor
@@ -48,7 +68,7 @@ KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType kv_dtype, const K
   // of 0 still reserves the first chunk.
   if (auto layout = KvLayout::Create(shape, kv_dtype, kv.block_size); layout.ok()) {
     options.chunk_bytes =
-        KvPoolGeometry::ChunkBytesFor(options.max_pool_bytes, layout->block_data_bytes());
+        KvPoolGeometry::ChunkBytesFor(options.max_pool_bytes, layout->block_bytes());
   }  // else KvCacheManager::Create reports the bad shape
   options.initial_pool_bytes = std::max<int64_t>(kv.memory_pool.initial_size_bytes, 1);
   options.device_headroom_bytes = kv.memory_pool.device_headroom_bytes;
@@ -100,16 +120,15 @@ absl::Status CheckPoolSize(const KvCacheConfig& kv, const KvCacheOptions& option
         " is smaller than one KV block of this model (", block_bytes,
         " bytes: ", layout->DebugString(), "); allowed: at least ", FormatByteSize(block_bytes)));
   }
-  // At most kMaxBlocks blocks, counted as the arena does (element data only). The chunk
-  // limit never binds here: ChunkBytesFor sized the chunks for it.
-  const int64_t arena_block_bytes = layout->block_data_bytes();
-  if (max_bytes / arena_block_bytes > KvPoolGeometry::kMaxBlocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv_cache_config.memory_pool.max_size: ", FormatByteSize(max_bytes), " holds more than ",
-        KvPoolGeometry::kMaxBlocks, " KV blocks of this model (", arena_block_bytes,
-        " bytes each: ", layout->DebugString(), "); allowed: at most ",
-        FormatByteSize(arena_block_bytes * KvPoolGeometry::kMaxBlocks),
-        " (or a larger kv_cache_config.block_size)"));
+  // At most kMaxBlocks blocks. The chunk limit never binds here: ChunkBytesFor sized the
+  // chunks for it.
+  if (max_bytes / block_bytes > KvPoolGeometry::kMaxBlocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_config.memory_pool.max_size: ", FormatByteSize(max_bytes),
+                     " holds more than ", KvPoolGeometry::kMaxBlocks, " KV blocks of this model (",
+                     block_bytes, " bytes each: ", layout->DebugString(), "); allowed: at most ",
+                     FormatByteSize(block_bytes * KvPoolGeometry::kMaxBlocks),
+                     " (or a larger kv_cache_config.block_size)"));
   }
   return absl::OkStatus();
 }

@@ -66,7 +66,7 @@ TEST_F(KvCacheManagerTest, RejectsBadOptionsNamingTheKey) {
   EXPECT_THAT(std::string(m.status().message()),
               ::testing::HasSubstr("growth_retry_interval: must be > 0, got 0"));
   o = TinyOptions();
-  o.kv_dtype = DType::kInt8;
+  o.kv_dtype = DType::kInt4;
   o.chunk_bytes = 4096;
   o.max_pool_bytes = o.initial_pool_bytes = 4096;
   m = KvCacheManager::Create(o, TinyShape(), &backend_, &clock_);
@@ -476,7 +476,7 @@ TEST(KvPoolGeometryTest, TooManyChunksOrBlocksNamesTheCountsAndTheLimits) {
   KvCacheOptions o = TinyOptions();
   absl::StatusOr<KvLayout> layout = KvLayout::Create(TinyShape(), o.kv_dtype, o.block_size);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  o.chunk_bytes = layout->block_data_bytes();  // one block per chunk
+  o.chunk_bytes = layout->block_bytes();  // one block per chunk
   o.initial_pool_bytes = o.chunk_bytes;
   o.max_pool_bytes = o.chunk_bytes * ((int64_t{1} << 20) + 1);
   const absl::StatusOr<KvPoolGeometry> g = KvPoolGeometry::Compute(o, *layout);

@@ -34,16 +34,42 @@ TEST(KvLayoutTest, RegionsAlternateKeyAndValuePerLayerInsideAChunk) {
 TEST(KvLayoutTest, QuantizedDtypesCarryTheirScaleOverhead) {
   const int64_t h = 8, bs = 16, d = 128, regions = 64;
   const KvLayout fp8 = *KvLayout::Create(kLlama3_8b, DType::kFp8E4M3, 16);
-  EXPECT_EQ(fp8.region_block_bytes(), h * bs * d);
+  EXPECT_EQ(fp8.region_block_data_bytes(), h * bs * d);
   EXPECT_EQ(fp8.block_scale_bytes(), regions * h * 4);  // one fp32 per head per block
   const KvLayout int8 = *KvLayout::Create(kLlama3_8b, DType::kInt8, 16);
   EXPECT_EQ(int8.block_scale_bytes(), regions * h * bs * 4);  // one fp32 per token and head
   const KvLayout int4 = *KvLayout::Create(kLlama3_8b, DType::kInt4, 16);
-  EXPECT_EQ(int4.region_block_bytes(), h * bs * d / 2);
+  EXPECT_EQ(int4.region_block_data_bytes(), h * bs * d / 2);
   // fp16 scale + fp16 zero per group of 32 along head_dim.
   EXPECT_EQ(int4.block_scale_bytes(), regions * h * bs * (d / 32) * 4);
   EXPECT_DOUBLE_EQ(int4.bytes_per_token(), static_cast<double>(int4.block_bytes()) / 16);
   EXPECT_LT(int4.bytes_per_token(), int8.bytes_per_token());
+  // Whole 16-byte units here, so a block is its elements and scales, nothing more.
+  for (const KvLayout* l : {&fp8, &int8, &int4}) {
+    EXPECT_TRUE(l->quantized());
+    EXPECT_EQ(l->region_scale_offset_bytes(), l->region_block_data_bytes());
+    EXPECT_EQ(l->region_block_bytes(),
+              l->region_block_data_bytes() + l->region_block_scale_bytes());
+    EXPECT_EQ(l->block_bytes(), l->block_data_bytes() + l->block_scale_bytes());
+    EXPECT_EQ(l->chunk_bytes(8), 8 * l->block_bytes());
+  }
+}
+
+// A quantized block's scales start, and its slot ends, on a 16-byte boundary; an unquantized
+// block is its elements exactly, however few.
+TEST(KvLayoutTest, QuantizedBlocksArePaddedTo16Bytes) {
+  const KvLayout int8 = *KvLayout::Create({2, 1, 6}, DType::kInt8, 1);
+  EXPECT_EQ(int8.region_block_data_bytes(), 6);
+  EXPECT_EQ(int8.region_scale_offset_bytes(), 16);
+  EXPECT_EQ(int8.region_block_scale_bytes(), 4);
+  EXPECT_EQ(int8.region_block_bytes(), 32);
+  EXPECT_EQ(int8.block_bytes(), 4 * 32);
+  EXPECT_EQ(int8.data_bytes_per_token(), 4 * 6);
+  EXPECT_DOUBLE_EQ(int8.bytes_per_token(), 4 * 32);
+  const KvLayout f32 = *KvLayout::Create({2, 1, 3}, DType::kF32, 1);
+  EXPECT_FALSE(f32.quantized());
+  EXPECT_EQ(f32.region_block_bytes(), 12);
+  EXPECT_EQ(f32.region_block_scale_bytes(), 0);
 }
 
 TEST(KvLayoutTest, RejectsShapesThatAreNotWholeBytes) {

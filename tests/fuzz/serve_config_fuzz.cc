@@ -26,8 +26,9 @@ using kvd::fuzz::Require;
 void CheckDevice(const kvd::InferenceConfig& config, kvd::Device device,
                  const kvd::KvShape& shape) {
   if (!kvd::CheckServable(config, device).ok()) return;
-  const kvd::DType kv_dtype = device == kvd::Device::kCuda ? kvd::DType::kBF16 : kvd::DType::kF32;
-  const kvd::KvCacheOptions options = kvd::CacheOptionsFrom(config.kv_cache, kv_dtype, shape);
+  const kvd::DType native = device == kvd::Device::kCuda ? kvd::DType::kBF16 : kvd::DType::kF32;
+  const kvd::KvCacheOptions options = kvd::CacheOptionsFrom(config.kv_cache, native, shape);
+  const kvd::DType kv_dtype = options.kv_dtype;  // the quantization's
   if (!kvd::CheckPoolSize(config.kv_cache, options, shape).ok()) return;
   Require(options.Validate().ok(), "a served config gives cache options that do not validate");
   const absl::StatusOr<kvd::KvLayout> layout =

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -68,10 +69,12 @@ class EngineLoopTest : public ::testing::Test {
   }
 
   // A pool of `chunks` chunks of `blocks_per_chunk` 16-token blocks, growing from 1 chunk.
-  void MakeCache(int32_t blocks_per_chunk, int32_t max_chunks, bool defrag = false) {
+  void MakeCache(int32_t blocks_per_chunk, int32_t max_chunks, bool defrag = false,
+                 DType kv_dtype = DType::kF32) {
     const KvShape shape{spec_.num_layers, spec_.num_kv_heads, spec_.head_dim};
-    const int64_t block_bytes = KvLayout::Create(shape, DType::kF32, 16)->block_bytes();
+    const int64_t block_bytes = KvLayout::Create(shape, kv_dtype, 16)->block_bytes();
     KvCacheOptions o;
+    o.kv_dtype = kv_dtype;
     o.chunk_bytes = block_bytes * blocks_per_chunk;
     o.initial_pool_bytes = o.chunk_bytes;
     o.max_pool_bytes = o.chunk_bytes * max_chunks;
@@ -164,6 +167,39 @@ TEST_F(EngineLoopTest, PreemptionUnderATinyPoolChangesNoOutput) {
   EXPECT_EQ(stats.requests_finished, 12);
   EXPECT_EQ(stats.cache.used_blocks, 0);
   EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+// An int8 cache keeps the engine batch invariant: each golden request's greedy output is
+// the same alone and among all twelve under a pool so small that they are preempted and
+// recomputed (and the int8 outputs are not all the fp32 ones: the cache is quantized).
+TEST_F(EngineLoopTest, Int8KvOutputsAreTheSameAloneAndUnderPreemption) {
+  std::vector<std::vector<int32_t>> alone;
+  for (size_t i = 0; i < golden_.size(); ++i) {
+    engine_.reset();  // before the cache it uses
+    MakeCache(32, 3, /*defrag=*/false, DType::kInt8);
+    MakeEngine();
+    Stream* s = Submit(Greedy(i));
+    engine_->RunUntilIdle();
+    ASSERT_TRUE(s->finished && s->error.ok()) << i << " " << s->error;
+    alone.push_back(s->tokens);
+  }
+  engine_.reset();
+  MakeCache(32, 3, /*defrag=*/false, DType::kInt8);
+  MakeEngine({.max_batch_size = 12, .max_num_batched_tokens = 256});
+  std::vector<Stream*> streams;
+  for (size_t i = 0; i < golden_.size(); ++i) streams.push_back(Submit(Greedy(i)));
+  engine_->RunUntilIdle();
+  int32_t same_as_fp32 = 0;
+  for (size_t i = 0; i < golden_.size(); ++i) {
+    ASSERT_TRUE(streams[i]->finished) << i;
+    EXPECT_TRUE(streams[i]->error.ok()) << streams[i]->error;
+    EXPECT_EQ(streams[i]->tokens, alone[i]) << "case " << i;
+    same_as_fp32 += streams[i]->tokens == golden_[i].output;
+  }
+  std::printf("int8 KV: %d of 12 greedy outputs are llama2.c's fp32 ones\n", same_as_fp32);
+  EXPECT_GT(engine_->Stats().preemptions, 0);
+  EXPECT_LT(same_as_fp32, 12);
+  EXPECT_EQ(cache_->layout().dtype(), DType::kInt8);
 }
 
 TEST_F(EngineLoopTest, MemoryStatsAccountForEveryBackendByte) {

@@ -129,12 +129,12 @@ TEST(ServeCommandTest, BadOverrideNamesTheKey) {
 }
 
 TEST(ServeCommandTest, UnsupportedQuantizationIsRefusedNotReplaced) {
-  // The seeds' example: it loads and validates, but this build cannot run int8 KV.
-  const std::string path = WriteConfig("seed_int8.yaml",
+  // The seeds' example with int4: it loads and validates, but this build cannot run int4 KV.
+  const std::string path = WriteConfig("seed_int4.yaml",
                                        "kv_cache_config:\n"
                                        "  max_batch_size: 8\n"
                                        "  max_seq_length: 4096\n"
-                                       "  quantization: int8\n"
+                                       "  quantization: int4\n"
                                        "  memory_pool:\n"
                                        "    initial_size: 16GB\n"
                                        "    max_size: 32GB\n"
@@ -142,7 +142,8 @@ TEST(ServeCommandTest, UnsupportedQuantizationIsRefusedNotReplaced) {
   const Result r = Serve({"--config", path, "--model", kModel});
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("kv_cache_config.quantization"));
-  EXPECT_THAT(r.err, HasSubstr("int8"));
+  EXPECT_THAT(r.err, HasSubstr("'int4'"));
+  EXPECT_THAT(r.err, HasSubstr("none, int8"));  // what the CPU runs
 }
 
 TEST(ServeCommandTest, MissingModelNamesThePath) {

@@ -88,6 +88,38 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
 
 // growth_retry_interval 0 means no tries: the cache's option is infinite (only a released chunk
 // lifts a stop), where a zero interval would be an invalid option.
+// kv_cache_config.quantization picks the cache's dtype (none: the backend's own), and the
+// pool counts a quantized block with its scales.
+TEST(CacheOptionsFromTest, QuantizationPicksTheKvDtype) {
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kNone, DType::kF32), DType::kF32);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kNone, DType::kBF16), DType::kBF16);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kInt8, DType::kF32), DType::kInt8);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kBF16, DType::kF32), DType::kBF16);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kFP16, DType::kBF16), DType::kF16);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kFP8, DType::kBF16), DType::kFp8E4M3);
+  EXPECT_EQ(KvDtypeFor(KvQuantization::kInt4, DType::kBF16), DType::kInt4);
+  KvCacheConfig kv;
+  kv.quantization = KvQuantization::kInt8;
+  kv.memory_pool.max_size_bytes = int64_t{64} << 20;
+  const KvCacheOptions o = CacheOptionsFrom(kv, DType::kF32, kStories260K);
+  EXPECT_EQ(o.kv_dtype, DType::kInt8);
+  const KvLayout layout = *KvLayout::Create(kStories260K, DType::kInt8, 16);
+  EXPECT_EQ(layout.block_bytes(), 7680);  // 5 layers x K, V x (4 heads x 16 x (8 + 4 bytes))
+  EXPECT_EQ(KvPoolGeometry::Compute(o, layout)->chunk_bytes, 512 * 7680);  // <= 64MiB / 16
+}
+
+TEST(CheckServableTest, Int8RunsOnTheCpuAndIsRefusedOnCuda) {
+  InferenceConfig config;
+  config.kv_cache.quantization = KvQuantization::kInt8;
+  EXPECT_TRUE(CheckServable(config, Device::kCpu).ok());
+  const absl::Status cuda = CheckServable(config, Device::kCuda);
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Message(cuda), HasSubstr("kv_cache_config.quantization: 'int8'"));
+  EXPECT_THAT(Message(cuda), HasSubstr("on cpu: none, int8"));
+  config.kv_cache.quantization = KvQuantization::kInt4;
+  EXPECT_EQ(CheckServable(config, Device::kCpu).code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(CacheOptionsFromTest, AGrowthRetryIntervalOfZeroMeansNoTries) {
   KvCacheConfig kv;
   kv.memory_pool.growth_retry_interval = absl::ZeroDuration();
@@ -188,6 +220,8 @@ const PoolCase kPoolCases[] = {
     {"llama2-7b", {32, 32, 128}, DType::kBF16, 32},   // 16 MiB
     {"llama3-8b", kLlama3_8b, DType::kBF16, 256},     // 32 MiB, more than a 16 MiB chunk
     {"llama2-7b", {32, 32, 128}, DType::kF32, 256},   // 256 MiB
+    {"stories260K", kStories260K, DType::kInt8, 16},  // 7680 bytes: int8 with its scales
+    {"llama3-8b", kLlama3_8b, DType::kInt8, 16},      // 1056 KiB
 };
 
 std::string Describe(const PoolCase& c, int64_t max_bytes) {
