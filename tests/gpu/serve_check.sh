@@ -52,7 +52,9 @@ stop_daemon() {
 }
 stop_hog() {
   [[ -n "$hog" ]] || return 0
-  kill -KILL "$hog" 2> /dev/null
+  # $hog is `timeout`, which passes a SIGTERM on to device_hog.py and exits once it has; a
+  # SIGKILL would kill `timeout` alone and leave device_hog.py holding the device's memory.
+  kill -TERM "$hog" 2> /dev/null
   wait "$hog" 2> /dev/null
   hog=""
 }
