@@ -9,19 +9,12 @@
 #include "config/config_enums.h"
 
 namespace kvd {
-namespace {
-
-// KV quantizations each backend runs: `none` is its native dtype (fp32 on the CPU
-// reference, bf16 on CUDA); CUDA also accepts bf16 by name, the CPU int8.
-constexpr KvQuantization kCpuQuantizations[] = {KvQuantization::kNone, KvQuantization::kInt8};
-constexpr KvQuantization kCudaQuantizations[] = {KvQuantization::kNone, KvQuantization::kBF16};
-
-}  // namespace
 
 absl::Status CheckServable(const InferenceConfig& config, Device device) {
   // A refusal also says what the other device runs, which may be the fix (--device).
   const bool cuda = device == Device::kCuda;
-  const absl::Span<const KvQuantization> on_cpu = kCpuQuantizations, on_cuda = kCudaQuantizations;
+  const absl::Span<const KvQuantization> on_cpu = KvQuantizationsOn(Device::kCpu),
+                                         on_cuda = KvQuantizationsOn(Device::kCuda);
   if (absl::Status s = CheckQuantizationSupported(
           config.kv_cache, cuda ? "cuda" : "cpu", cuda ? on_cuda : on_cpu,
           absl::StrCat(" (on ", cuda ? "cpu" : "cuda", ": ",
@@ -36,24 +29,6 @@ absl::Status CheckServable(const InferenceConfig& config, Device device) {
                      " is not supported by the engine yet; allowed: 0 (off)"));
   }
   return absl::OkStatus();
-}
-
-DType KvDtypeFor(KvQuantization quantization, DType native) {
-  switch (quantization) {
-    case KvQuantization::kNone:
-      return native;
-    case KvQuantization::kBF16:
-      return DType::kBF16;
-    case KvQuantization::kFP16:
-      return DType::kF16;
-    case KvQuantization::kFP8:
-      return DType::kFp8E4M3;
-    case KvQuantization::kInt8:
-      return DType::kInt8;
-    case KvQuantization::kInt4:
-      return DType::kInt4;
-  }
-  return native;
 }
 
 KvCacheOptions CacheOptionsFrom(const KvCacheConfig& kv, DType native_kv_dtype,

@@ -15,17 +15,13 @@
 
 namespace kvd {
 
-// OK when the engine on `device` runs this config: its KV quantization (`none`, the
-// backend's native dtype, everywhere; `bf16` by name on CUDA; `int8` on the CPU) and no
-// sliding window (not implemented). Otherwise the error names the key and what is allowed.
+// OK when the engine on `device` runs this config: its KV quantization (KvQuantizationsOn)
+// and no sliding window (not implemented). Otherwise the error names the key and what is allowed.
 absl::Status CheckServable(const InferenceConfig& config, Device device);
 
-// The KV dtype a cache stores for kv_cache_config.quantization on a backend whose native KV
-// dtype is `native` (`none` is `native`; the others are their own type).
-DType KvDtypeFor(KvQuantization quantization, DType native);
-
 // The cache's options for a model whose KV has `shape`, on a backend whose native KV dtype is
-// `native_kv_dtype`; the cache stores KvDtypeFor(kv.quantization, native_kv_dtype). The chunk size,
+// `native_kv_dtype`; the cache stores KvDtypeFor(kv.quantization, native_kv_dtype)
+// (tools/device.h). The chunk size,
 // which is not a config key, is KvPoolGeometry::ChunkBytesFor's for max_size: at most 16 MiB and
 // 1/16 of the pool (so rounding max_size down to whole chunks loses under 1/16 of it, or under one
 // block when a block is larger), at least one KV block, and within KvPoolGeometry::kMaxChunks

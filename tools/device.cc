@@ -167,6 +167,31 @@ DType DefaultKvDtype(const Backend& backend) {
   return backend.name() == "cuda" ? DType::kBF16 : DType::kF32;
 }
 
+absl::Span<const KvQuantization> KvQuantizationsOn(Device device) {
+  static constexpr KvQuantization kCpu[] = {KvQuantization::kNone, KvQuantization::kInt8};
+  static constexpr KvQuantization kCuda[] = {KvQuantization::kNone, KvQuantization::kBF16};
+  if (device == Device::kCuda) return kCuda;
+  return kCpu;
+}
+
+DType KvDtypeFor(KvQuantization quantization, DType native) {
+  switch (quantization) {
+    case KvQuantization::kNone:
+      return native;
+    case KvQuantization::kBF16:
+      return DType::kBF16;
+    case KvQuantization::kFP16:
+      return DType::kF16;
+    case KvQuantization::kFP8:
+      return DType::kFp8E4M3;
+    case KvQuantization::kInt8:
+      return DType::kInt8;
+    case KvQuantization::kInt4:
+      return DType::kInt4;
+  }
+  return native;
+}
+
 absl::Status FillRandom(Backend* backend, void* data, DType dtype, size_t count,
                         const RandomFill& fill) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {

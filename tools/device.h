@@ -9,6 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "config/config_enums.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/dtype.h"
@@ -80,6 +82,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_thre
 // The KV arena dtype the engine uses on `backend`: bf16 on CUDA (half the bytes a decode
 // step reads), f32 on the CPU reference backend (what it computes in).
 DType DefaultKvDtype(const Backend& backend);
+
+// The kv_cache_config.quantization values the engine runs on `device`: `none` (its native KV
+// dtype) everywhere, `int8` on the CPU, `bf16` by name on CUDA.
+absl::Span<const KvQuantization> KvQuantizationsOn(Device device);
+
+// The KV dtype a cache stores for `quantization` on a backend whose native KV dtype is
+// `native` (`none` is `native`; the others are their own type).
+DType KvDtypeFor(KvQuantization quantization, DType native);
 
 // Records decode steps as CUDA graphs on a CudaBackend (LlamaModel::SetDecodeGraphs); null
 // on any other backend, which cannot record. `backend` must outlive the recorder.

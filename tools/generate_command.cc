@@ -18,6 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cache/clock.h"
+#include "config/config_enums.h"
+#include "config/inference_config.h"
 #include "kernels/cpu_sampling.h"
 #include "kernels/params.h"
 #include "kernels/status_macros.h"
@@ -47,18 +49,19 @@ FlagSet MakeFlags() {
       "kvd generate --model PATH (--prompt TEXT | --prompt-token-ids 1,2,3) [--tokenizer PATH]\n"
       "                    [--max-tokens N] [--temperature T] [--top-p P] [--top-k K]\n"
       "                    [--min-p P] [--seed S] [--block-size B] [--device cuda|cpu|auto]\n"
-      "                    [--threads N] [--json]\n"
+      "                    [--kv-quantization none|int8] [--threads N] [--json]\n"
       "\n"
       "Completes PROMPT with the model and prints the completion (the prompt is not\n"
       "repeated); with --prompt-token-ids, which needs no tokenizer (synthetic models have\n"
       "none), the generated token ids are printed instead, space-separated.\n"
       "llama2.c models stop at BOS (id 1), as llama2.c's run.c does, or at EOS (id 2),\n"
       "where a chat model ends its answer; others at EOS. On cuda the weights and the KV\n"
-      "cache are bf16 (logits differ slightly from the fp32 CPU reference); synthetic\n"
-      "models are generated in device memory from --seed. A number outside its flag's\n"
-      "range (below) is a usage error, never wrapped or clamped, as is a sampling value\n"
-      "outside the range its help gives or a --device other than those three; both are\n"
-      "refused before the model loads.");
+      "cache are bf16 (logits differ slightly from the fp32 CPU reference), on cpu fp32, or\n"
+      "int8 with --kv-quantization int8 (to see what it changes before serving with it).\n"
+      "Synthetic models are generated in device memory from --seed. A number outside its\n"
+      "flag's range (below) is a usage error, never wrapped or clamped, as is a sampling\n"
+      "value outside the range its help gives, a --device other than those three or an\n"
+      "unknown --kv-quantization; all are refused before the model loads.");
   f.AddString("model",
               "GGUF file (.gguf), Hugging Face directory, llama2.c checkpoint (.bin) or "
               "synthetic:<preset>");
@@ -80,6 +83,10 @@ FlagSet MakeFlags() {
   f.AddInt("block-size", "tokens per KV block, as kv_cache_config.block_size", 16,
            IntRange{1, 256, /*power_of_two=*/true});
   f.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
+  f.AddString("kv-quantization",
+              "KV cache storage, as kv_cache_config.quantization: none (the device's own: "
+              "fp32 on cpu, bf16 on cuda), or one the device runs (cpu: int8; cuda: bf16)",
+              "none");
   f.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
            IntRange{0, kMaxCpuThreads});
   f.AddBool("json", "print one JSON object instead of text");
@@ -123,6 +130,15 @@ absl::StatusOr<std::vector<int32_t>> PromptTokenIds(const FlagSet& flags) {
   return ids;
 }
 
+// --kv-quantization as a known name (which ones the device runs is checked once it is known).
+absl::StatusOr<KvQuantization> KvQuantizationFromFlag(const FlagSet& flags) {
+  const std::string text = flags.GetString("kv-quantization");
+  if (const std::optional<KvQuantization> q = ParseEnum<KvQuantization>(text)) return *q;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kv-quantization: unknown type '", text,
+                   "'; allowed: ", QuantizationNames(AllValues<KvQuantization>())));
+}
+
 // The flag values Parse cannot judge alone, checked before anything loads (a typo in --top-p
 // must not cost a checkpoint load): a failure is a usage error. Whether the named device is
 // there is Run's to find out (a runtime failure).
@@ -160,7 +176,7 @@ absl::Status CheckFlagValues(const FlagSet& flags) {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return Prefixed("--device", ResolveDevice(flags.GetString("device")).status());
   }
-  return absl::OkStatus();
+  return KvQuantizationFromFlag(flags).status();
 }
 
 // Sets *usage_error when the failure is a flag value the model refuses (a token id past its
@@ -184,6 +200,14 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
   if (!device.ok()) return Prefixed("--device", device.status());
   if (!device->fallback_reason.empty()) {
     err << "kvd generate: --device auto runs on the CPU: " << device->fallback_reason << "\n";
+  }
+  const KvQuantization quantization = *KvQuantizationFromFlag(flags);  // CheckFlagValues'd
+  const absl::Span<const KvQuantization> runs = KvQuantizationsOn(device->device);
+  if (std::find(runs.begin(), runs.end(), quantization) == runs.end()) {
+    *usage_error = true;
+    return absl::UnimplementedError(absl::StrCat(
+        "--kv-quantization: '", std::string(Name(quantization)), "' is not run on ",
+        std::string(DeviceName(device->device)), "; allowed there: ", QuantizationNames(runs)));
   }
   auto backend = MakeBackend(device->device, static_cast<int>(flags.GetInt("threads")));
   if (!backend.ok()) return backend.status();
@@ -229,8 +253,10 @@ absl::Status Run(const FlagSet& flags, std::ostream& out, std::ostream& err, boo
 
   RealClock clock;
   const int32_t block_size = static_cast<int32_t>(flags.GetInt("block-size"));
-  auto cache =
-      CreateCacheForSequences(spec, backend->get(), &clock, block_size, /*num_sequences=*/1);
+  auto cache = CreateCache(spec, backend->get(), &clock,
+                           {.block_size = block_size,
+                            .num_sequences = 1,
+                            .kv_dtype = KvDtypeFor(quantization, DefaultKvDtype(**backend))});
   if (!cache.ok()) return cache.status();
 
   const bool json = flags.GetBool("json");

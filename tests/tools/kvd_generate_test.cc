@@ -83,9 +83,10 @@ TEST(KvdGenerateTest, HelpDescribesEveryFlag) {
   EXPECT_THAT(top.out, HasSubstr("generate"));
   const KvdResult r = RunKvd("generate --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag : {"--model", "--tokenizer", "--prompt", "--prompt-token-ids",
-                           "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
-                           "--seed", "--block-size", "--device", "--threads", "--json"}) {
+  for (const char* flag :
+       {"--model", "--tokenizer", "--prompt", "--prompt-token-ids", "--max-tokens", "--temperature",
+        "--top-p", "--top-k", "--min-p", "--seed", "--block-size", "--device", "--kv-quantization",
+        "--threads", "--json"}) {
     EXPECT_THAT(r.out, HasSubstr(std::string("\n  ") + flag + " "));
   }
   EXPECT_THAT(r.out, HasSubstr("the model's context (prompt + output) also caps it"));
@@ -226,6 +227,31 @@ TEST(KvdGenerateTest, BadInputsFailClearly) {
   r = RunKvd("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.out, HasSubstr("unknown command"));
+}
+
+// --kv-quantization int8 runs the story through an int8 KV cache: it begins as the fp32 one
+// (the first change of a greedy choice comes later in this story) and then differs, and the
+// same command gives the same text. An unknown type is a usage error before anything loads;
+// one the device does not run is refused naming what it runs.
+TEST(KvdGenerateTest, KvQuantizationInt8StoresTheCacheAsInt8) {
+  const std::string story = kGenerate + " --prompt 'Once upon a time' --temperature 0";
+  const KvdResult fp32 = RunKvd(story + " --max-tokens 200");
+  const KvdResult int8 = RunKvd(story + " --max-tokens 200 --kv-quantization int8");
+  ASSERT_EQ(int8.exit_code, 0) << int8.out;
+  EXPECT_THAT(int8.out, StartsWith(", there was a little girl named Lily."));
+  EXPECT_NE(int8.out, fp32.out);
+  EXPECT_EQ(RunKvd(story + " --max-tokens 200 --kv-quantization INT8").out, int8.out);
+  EXPECT_EQ(RunKvd(story + " --max-tokens 200 --kv-quantization none").out, fp32.out);
+
+  KvdResult r = RunKvd("generate --model /nonexistent/model.bin --prompt hi --kv-quantization q3");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--kv-quantization: unknown type 'q3'; allowed: none, bf16, fp16, "
+                               "fp8, int8, int4"));
+  EXPECT_THAT(r.out, Not(HasSubstr("/nonexistent/model.bin")));
+  r = RunKvd(story + " --kv-quantization int4");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--kv-quantization: 'int4' is not run on cpu; allowed there: "
+                               "none, int8"));
 }
 
 // `kvd --version` (or `kvd version`) prints the project's version and whether this build
