@@ -83,6 +83,36 @@ absl::Status ValidateRopeAppend(const RopeParams& p) {
   return absl::OkStatus();
 }
 
+AppendKvParams RopeAppendParams(const RopeParams& p) {
+  return {.cache = p.cache,
+          .k = p.k,
+          .v = p.v,
+          .slot_mapping = p.slot_mapping,
+          .num_tokens = p.num_tokens,
+          .k_stride = p.k_stride,
+          .v_stride = p.v_stride};
+}
+
+absl::Status ValidateKvScales(absl::string_view op, const KvCacheView& view) {
+  if (view.dtype != DType::kInt8) return absl::OkStatus();
+  // Each factor is below 2^31; the products may pass 2^63.
+  int64_t data_bytes = 0, scales_end = 0;
+  const int64_t heads_x_tokens = int64_t{view.num_kv_heads} * view.block_size;
+  const bool overflow =
+      __builtin_mul_overflow(heads_x_tokens, int64_t{view.head_dim}, &data_bytes) ||
+      __builtin_add_overflow(view.scale_offset_bytes, heads_x_tokens * 4, &scales_end);
+  if (overflow || view.scale_offset_bytes % 4 != 0 || view.scale_offset_bytes < data_bytes ||
+      scales_end > view.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": cache.scale_offset_bytes (", view.scale_offset_bytes,
+        ") must put the int8 block's num_kv_heads * block_size fp32 scales, 4-byte aligned, after "
+        "its ",
+        overflow ? std::string("(past int64)") : absl::StrCat(data_bytes),
+        " bytes of elements and inside its block_bytes (", view.block_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateAppendKvRows(const AppendKvParams& p) {
   auto invalid = [](auto&&... what) {
     return absl::InvalidArgumentError(absl::StrCat("AppendKv: ", what...));

@@ -133,6 +133,16 @@ absl::Status ValidateRope(const RopeParams& p);
 // Each backend adds its own checks of the cache view and the slots.
 absl::Status ValidateRopeAppend(const RopeParams& p);
 
+// The AppendKv a Rope with append_kv stands for, run after the rotation: p's cache, rotated k
+// rows, v rows and slots.
+AppendKvParams RopeAppendParams(const RopeParams& p);
+
+// For an int8 cache view (any other dtype: OK, nothing to check): its block's scales,
+// num_kv_heads * block_size fp32 values at scale_offset_bytes (kernels/params.h), lie after
+// the block's elements, 4-byte aligned, and inside block_bytes. InvalidArgument naming `op`
+// and scale_offset_bytes otherwise. REQUIRES: the view's sizes are positive.
+absl::Status ValidateKvScales(absl::string_view op, const KvCacheView& view);
+
 // The backend-neutral checks of an AppendKv, after the backend's own checks of the cache view
 // (its KV dtypes differ): num_tokens not negative, and with tokens k, v and slot_mapping
 // given with k_stride and v_stride of at least cache.num_kv_heads * cache.head_dim.

@@ -85,13 +85,7 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
   if (!p.append_kv) return CpuRope(p, pool_);
   // Rope, then AppendKv of the rotated k and v; the append's params are checked before the
   // rotation writes anything.
-  const AppendKvParams append{.cache = p.cache,
-                              .k = p.k,
-                              .v = p.v,
-                              .slot_mapping = p.slot_mapping,
-                              .num_tokens = p.num_tokens,
-                              .k_stride = p.k_stride,
-                              .v_stride = p.v_stride};
+  const AppendKvParams append = RopeAppendParams(p);
   KVD_RETURN_IF_ERROR(ValidateRope(p));
   KVD_RETURN_IF_ERROR(ValidateAppendKv(append));
   KVD_RETURN_IF_ERROR(CpuRope(p, pool_));

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
 #include "kernels/dtype.h"
 
 namespace kvd {
@@ -47,7 +48,7 @@ absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view) 
   const int64_t elem_bytes = DTypeBits(view.dtype) / 8;
   const int64_t heads_x_tokens = int64_t{view.num_kv_heads} * view.block_size;
   int64_t data_bytes = 0;
-  bool overflow =
+  const bool overflow =
       __builtin_mul_overflow(heads_x_tokens, int64_t{view.head_dim} * elem_bytes, &data_bytes);
   if (overflow || view.block_bytes < data_bytes) {
     return absl::InvalidArgumentError(
@@ -55,19 +56,7 @@ absl::Status ValidateKvCacheView(absl::string_view op, const KvCacheView& view) 
                      ") is smaller than num_kv_heads * block_size * head_dim * ", elem_bytes, " (",
                      overflow ? "past int64" : absl::StrCat(data_bytes), ")"));
   }
-  if (view.dtype == DType::kInt8) {
-    // The scales, [num_kv_heads][block_size] floats, lie after the elements in the block.
-    int64_t scales_end = 0;
-    if (view.scale_offset_bytes < data_bytes ||
-        __builtin_add_overflow(view.scale_offset_bytes, heads_x_tokens * kFloat, &scales_end) ||
-        scales_end > view.block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": cache.scale_offset_bytes (", view.scale_offset_bytes,
-          ") must put the int8 block's num_kv_heads * block_size fp32 scales after its ",
-          data_bytes, " bytes of elements and inside its block_bytes (", view.block_bytes, ")"));
-    }
-  }
-  return absl::OkStatus();
+  return ValidateKvScales(op, view);
 }
 
 absl::Status ValidateBlockId(absl::string_view op, absl::string_view field, int64_t block,

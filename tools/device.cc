@@ -169,7 +169,8 @@ DType DefaultKvDtype(const Backend& backend) {
 
 absl::Span<const KvQuantization> KvQuantizationsOn(Device device) {
   static constexpr KvQuantization kCpu[] = {KvQuantization::kNone, KvQuantization::kInt8};
-  static constexpr KvQuantization kCuda[] = {KvQuantization::kNone, KvQuantization::kBF16};
+  static constexpr KvQuantization kCuda[] = {KvQuantization::kNone, KvQuantization::kBF16,
+                                             KvQuantization::kInt8};
   if (device == Device::kCuda) return kCuda;
   return kCpu;
 }

@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(Device device, int cpu_thre
 DType DefaultKvDtype(const Backend& backend);
 
 // The kv_cache_config.quantization values the engine runs on `device`: `none` (its native KV
-// dtype) everywhere, `int8` on the CPU, `bf16` by name on CUDA.
+// dtype) and `int8` everywhere, `bf16` by name on CUDA.
 absl::Span<const KvQuantization> KvQuantizationsOn(Device device);
 
 // The KV dtype a cache stores for `quantization` on a backend whose native KV dtype is

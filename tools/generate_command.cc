@@ -49,7 +49,7 @@ FlagSet MakeFlags() {
       "kvd generate --model PATH (--prompt TEXT | --prompt-token-ids 1,2,3) [--tokenizer PATH]\n"
       "                    [--max-tokens N] [--temperature T] [--top-p P] [--top-k K]\n"
       "                    [--min-p P] [--seed S] [--block-size B] [--device cuda|cpu|auto]\n"
-      "                    [--kv-quantization none|int8] [--threads N] [--json]\n"
+      "                    [--kv-quantization none|bf16|int8] [--threads N] [--json]\n"
       "\n"
       "Completes PROMPT with the model and prints the completion (the prompt is not\n"
       "repeated); with --prompt-token-ids, which needs no tokenizer (synthetic models have\n"
@@ -85,7 +85,7 @@ FlagSet MakeFlags() {
   f.AddString("device", absl::StrCat("cuda, cpu, or auto (", kAutoPicksCuda, ")"), "auto");
   f.AddString("kv-quantization",
               "KV cache storage, as kv_cache_config.quantization: none (the device's own: "
-              "fp32 on cpu, bf16 on cuda), or one the device runs (cpu: int8; cuda: bf16)",
+              "fp32 on cpu, bf16 on cuda), or one the device runs (cpu: int8; cuda: bf16, int8)",
               "none");
   f.AddInt("threads", "CPU threads for --device cpu; 0 = the CPUs this process may use", 0,
            IntRange{0, kMaxCpuThreads});

@@ -62,9 +62,13 @@ absl::Status ValidateQBf16(absl::string_view op, const void* q_bf16, int32_t q_b
                                   ") * head_dim (", head_dim, ")"));
 }
 
-// The KV view checks shared by AppendKv, Rope (append_kv) and PagedAttention.
+// The KV view checks shared by AppendKv, Rope (append_kv) and PagedAttention: the storage
+// dtypes, and int8 with its scales.
 absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
-  if (!IsStorageDtype(c.dtype)) return Unsupported(op, "KV dtype", c.dtype);
+  if (!IsStorageDtype(c.dtype) && c.dtype != DType::kInt8) {
+    return absl::UnimplementedError(absl::StrCat(op, ": KV dtype ", std::string(DTypeName(c.dtype)),
+                                                 " is not supported (f32, bf16, int8)"));
+  }
   if (c.chunks == nullptr || c.num_chunks <= 0) {
     return Invalid(op, absl::StrCat("empty chunk table (num_chunks ", c.num_chunks, ")"));
   }
@@ -90,7 +94,7 @@ absl::Status ValidateCacheView(absl::string_view op, const KvCacheView& c) {
     return Invalid(op, absl::StrCat("negative region offset (k_offset_bytes ", c.k_offset_bytes,
                                     ", v_offset_bytes ", c.v_offset_bytes, ")"));
   }
-  return absl::OkStatus();
+  return ValidateKvScales(op, c);
 }
 
 }  // namespace
@@ -509,6 +513,13 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
+  if (p.append_kv && p.cache.dtype == DType::kInt8) {
+    // The rotation, then the int8 append of the rotated k rows (no fused int8 kernel yet).
+    RopeParams rope = p;
+    rope.append_kv = false;
+    KVD_RETURN_IF_ERROR(CudaStatus(cuda::LaunchRope(rope, stream_), kOp));
+    return CudaStatus(cuda::LaunchAppendKv(RopeAppendParams(p), stream_), kOp);
+  }
   return CudaStatus(cuda::LaunchRope(p, stream_), kOp);
 }
 
@@ -570,7 +581,8 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   if (absl::Status s = Activate(kOp); !s.ok()) return s;
   OpTimer timer(this, kOp);
-  if (!fast_head_dim) {
+  // An int8 cache has no fast kernel yet: the generic one reads it (correct, not fast).
+  if (!fast_head_dim || c.dtype == DType::kInt8) {
     return CudaStatus(cuda::LaunchGenericAttention(p, stream_), "PagedAttention: generic kernel");
   }
 

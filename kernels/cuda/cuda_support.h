@@ -26,6 +26,9 @@ inline std::string ComputeCapabilityShortfall(int capability) {
 // Sizes between it and the fast kernels' (e.g. 96) stay Unimplemented rather than
 // silently slow.
 inline constexpr int kGenericAttentionMaxHeadDim = 32;
+// ...and for an int8 cache, which no fast kernel reads yet, up to four values a lane: the
+// fast kernels' 64 and 128 (HasAttentionKernel) go there too.
+inline constexpr int kGenericAttentionMaxInt8HeadDim = 128;
 
 // Whether the backend has a paged attention kernel for `head_dim`: the fast kernels' 64 and
 // 128, or the generic kernel's sizes up to kGenericAttentionMaxHeadDim.

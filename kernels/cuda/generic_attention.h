@@ -15,9 +15,12 @@
 
 namespace kvd::cuda {
 
-// REQUIRES (validated by the caller): KV dtype f32 or bf16, 0 < head_dim <=
-// kGenericAttentionMaxHeadDim, num_q_heads a multiple of num_kv_heads, at most 65535
-// query heads.
+// Also the int8 cache's only kernel yet, for every head_dim up to
+// kGenericAttentionMaxInt8HeadDim (Llama's 128 included).
+//
+// REQUIRES (validated by the caller): KV dtype f32, bf16 or int8, 0 < head_dim <=
+// kGenericAttentionMaxInt8HeadDim, num_q_heads a multiple of num_kv_heads, at most 65535
+// query heads. cudaErrorInvalidValue for a longer head or another dtype.
 cudaError_t LaunchGenericAttention(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace kvd::cuda

@@ -7,6 +7,7 @@
 #include "kernels/cuda/kv_cache_kernels.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_kv.cuh"
+#include "kernels/kv_quant.h"
 
 namespace kvd::cuda {
 namespace {
@@ -40,6 +41,42 @@ __global__ void __launch_bounds__(kThreads) AppendKvKernel(AppendKvParams p) {
   }
 }
 
+// One CTA per token, as AppendKvKernel; warp w quantizes heads w, w + kWarps, ... of K and V
+// (kernels/kv_quant.h, the CPU backend's arithmetic, so both store the same bytes): the warp's
+// max |x| (a NaN kept), the row's scale, then each lane's values.
+__global__ void __launch_bounds__(kThreads) AppendKvInt8Kernel(AppendKvParams p) {
+  WaitForPrecedingGrid();  // launch.cuh: first, before any global access
+  constexpr int kWarps = kThreads / 32;
+  const int t = blockIdx.x;
+  const int64_t slot = p.slot_mapping[t];
+  if (slot < 0) return;
+  const KvCacheView& c = p.cache;
+  const int64_t block = slot / c.block_size;
+  const int offset = static_cast<int>(slot % c.block_size);
+  const int lane = threadIdx.x % 32;
+  for (int h = threadIdx.x / 32; h < 2 * c.num_kv_heads; h += kWarps) {
+    const bool value = h >= c.num_kv_heads;
+    const int head = value ? h - c.num_kv_heads : h;
+    const float* x = (value ? p.v + int64_t{t} * p.v_stride : p.k + int64_t{t} * p.k_stride) +
+                     int64_t{head} * c.head_dim;
+    float max_abs = 0.0f;
+    for (int d = lane; d < c.head_dim; d += 32) {
+      const float a = fabsf(x[d]);
+      if (a > max_abs || a != a) max_abs = a;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, max_abs, o);
+      if (other > max_abs || other != other) max_abs = other;
+    }
+    const float scale = Int8KvScale(max_abs);
+    const int64_t region = value ? c.v_offset_bytes : c.k_offset_bytes;
+    int8_t* row = BlockHead<int8_t>(c, block, region, head) + int64_t{offset} * c.head_dim;
+    for (int d = lane; d < c.head_dim; d += 32) row[d] = QuantizeInt8Kv(x[d], scale);
+    if (lane == 0) Int8Scales(c, block, region, head)[offset] = scale;
+  }
+}
+
 // grid (pairs, regions): CTA (i, r) copies block src[i] -> dst[i] of region r in units of
 // Word (uint4 or uint8_t).
 template <typename Word>
@@ -63,6 +100,9 @@ __global__ void __launch_bounds__(kThreads) CopyBlocksKernel(CopyBlocksParams p)
 
 cudaError_t LaunchAppendKv(const AppendKvParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
+  if (p.cache.dtype == DType::kInt8) {
+    return LaunchDependent(AppendKvInt8Kernel, p.num_tokens, kThreads, 0, stream, p);
+  }
   return KVD_DISPATCH_STORAGE_DTYPE(p.cache.dtype, T, [&] {
     return LaunchDependent(AppendKvKernel<T>, p.num_tokens, kThreads, 0, stream, p);
   }());

@@ -76,6 +76,16 @@ __device__ __forceinline__ T* BlockHead(const KvCacheView& c, int64_t block,
   return reinterpret_cast<T*>(base) + int64_t{kv_head} * c.block_size * c.head_dim;
 }
 
+// An int8 view's scales of `kv_head` in block `block` of the region at `region_offset_bytes`:
+// [block_size] floats, one a row (kernels/params.h).
+__device__ __forceinline__ float* Int8Scales(const KvCacheView& c, int64_t block,
+                                             int64_t region_offset_bytes, int kv_head) {
+  const int64_t slot = block & ((int64_t{1} << c.chunk_shift) - 1);
+  char* base = static_cast<char*>(c.chunks[block >> c.chunk_shift]) + region_offset_bytes +
+               slot * c.block_bytes + c.scale_offset_bytes;
+  return reinterpret_cast<float*>(base) + int64_t{kv_head} * c.block_size;
+}
+
 // Row of key/value `token` (0-based within its sequence) for `kv_head`, given the
 // sequence's block ids and log2(block_size). [head_dim] of T.
 template <typename T>

@@ -108,15 +108,16 @@ TEST(CacheOptionsFromTest, QuantizationPicksTheKvDtype) {
   EXPECT_EQ(KvPoolGeometry::Compute(o, layout)->chunk_bytes, 512 * 7680);  // <= 64MiB / 16
 }
 
-TEST(CheckServableTest, Int8RunsOnTheCpuAndIsRefusedOnCuda) {
+TEST(CheckServableTest, Int8RunsOnBothDevicesInt4OnNeither) {
   InferenceConfig config;
   config.kv_cache.quantization = KvQuantization::kInt8;
   EXPECT_TRUE(CheckServable(config, Device::kCpu).ok());
+  EXPECT_TRUE(CheckServable(config, Device::kCuda).ok());
+  config.kv_cache.quantization = KvQuantization::kInt4;
   const absl::Status cuda = CheckServable(config, Device::kCuda);
   EXPECT_EQ(cuda.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(Message(cuda), HasSubstr("kv_cache_config.quantization: 'int8'"));
+  EXPECT_THAT(Message(cuda), HasSubstr("kv_cache_config.quantization: 'int4'"));
   EXPECT_THAT(Message(cuda), HasSubstr("on cpu: none, int8"));
-  config.kv_cache.quantization = KvQuantization::kInt4;
   EXPECT_EQ(CheckServable(config, Device::kCpu).code(), absl::StatusCode::kUnimplemented);
 }
 
