@@ -11,7 +11,7 @@
 namespace kvd {
 namespace {
 
-// Scale-pool bytes of one token and KV head in one region.
+// Scale bytes of one token and KV head in one block of one region.
 int64_t ScaleBytesPerTokenHead(DType dtype, int32_t head_dim) {
   switch (dtype) {
     case DType::kInt8:

@@ -151,8 +151,9 @@ std::string MemoryEstimator::Format(const MemoryEstimateRequest& r, const Memory
         "  budget %d bytes as memory_pool.max_size: %d chunks of %d bytes, %d blocks, %d bytes%s\n"
         "                      %d sequences of %d tokens, %d tokens\n",
         r.budget_bytes, e.pool_chunks, e.pool_chunk_bytes, e.pool_blocks, e.pool_bytes,
-        scale_bytes.value_or(0) > 0 ? absl::StrFormat(" (%d of them scales)", *scale_bytes)
-                                    : std::string(),
+        scale_bytes.value_or(0) > 0
+            ? absl::StrFormat(" (%d of them scales and padding)", *scale_bytes)
+            : std::string(),
         e.sequences_in_budget, r.seq_len, e.tokens_in_budget);
   }
   return out;

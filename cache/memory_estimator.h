@@ -26,7 +26,7 @@ struct MemoryEstimateRequest {
 struct MemoryEstimate {
   // Exact: 2 * layers * kv_heads * head_dim * bytes(dtype) per token (element data).
   int64_t bytes_per_token = 0;
-  // Element data plus quantization scales, amortized per token.
+  // A block's arena bytes per token: element data plus quantization scales and their padding.
   double bytes_per_token_with_scales = 0;
   int64_t bytes_per_block = 0;  // with scales
   int64_t blocks_per_sequence = 0;

@@ -96,19 +96,25 @@ AppendKvParams RopeAppendParams(const RopeParams& p) {
 absl::Status ValidateKvScales(absl::string_view op, const KvCacheView& view) {
   if (view.dtype != DType::kInt8) return absl::OkStatus();
   // Each factor is below 2^31; the products may pass 2^63.
-  int64_t data_bytes = 0, scales_end = 0;
+  int64_t data_bytes = 0, scale_bytes = 0, scales_end = 0;
   const int64_t heads_x_tokens = int64_t{view.num_kv_heads} * view.block_size;
   const bool overflow =
       __builtin_mul_overflow(heads_x_tokens, int64_t{view.head_dim}, &data_bytes) ||
-      __builtin_add_overflow(view.scale_offset_bytes, heads_x_tokens * 4, &scales_end);
-  if (overflow || view.scale_offset_bytes % 4 != 0 || view.scale_offset_bytes < data_bytes ||
+      __builtin_mul_overflow(heads_x_tokens, int64_t{4}, &scale_bytes) ||
+      __builtin_add_overflow(view.scale_offset_bytes, scale_bytes, &scales_end);
+  // The block's slots, and so its scales, stay 4-byte aligned only with these multiples of 4.
+  const bool aligned = view.scale_offset_bytes % 4 == 0 && view.block_bytes % 4 == 0 &&
+                       view.k_offset_bytes % 4 == 0 && view.v_offset_bytes % 4 == 0;
+  if (overflow || !aligned || view.scale_offset_bytes < data_bytes ||
       scales_end > view.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": cache.scale_offset_bytes (", view.scale_offset_bytes,
         ") must put the int8 block's num_kv_heads * block_size fp32 scales, 4-byte aligned, after "
         "its ",
         overflow ? std::string("(past int64)") : absl::StrCat(data_bytes),
-        " bytes of elements and inside its block_bytes (", view.block_bytes, ")"));
+        " bytes of elements and inside its block_bytes (", view.block_bytes,
+        "), with block_bytes, k_offset_bytes (", view.k_offset_bytes, ") and v_offset_bytes (",
+        view.v_offset_bytes, ") multiples of 4"));
   }
   return absl::OkStatus();
 }

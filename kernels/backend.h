@@ -139,8 +139,9 @@ AppendKvParams RopeAppendParams(const RopeParams& p);
 
 // For an int8 cache view (any other dtype: OK, nothing to check): its block's scales,
 // num_kv_heads * block_size fp32 values at scale_offset_bytes (kernels/params.h), lie after
-// the block's elements, 4-byte aligned, and inside block_bytes. InvalidArgument naming `op`
-// and scale_offset_bytes otherwise. REQUIRES: the view's sizes are positive.
+// the block's elements and inside block_bytes, and stay 4-byte aligned in every block
+// (scale_offset_bytes, block_bytes and the region offsets multiples of 4). InvalidArgument
+// naming `op` and scale_offset_bytes otherwise. REQUIRES: the view's sizes are positive.
 absl::Status ValidateKvScales(absl::string_view op, const KvCacheView& view);
 
 // The backend-neutral checks of an AppendKv, after the backend's own checks of the cache view

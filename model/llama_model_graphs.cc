@@ -17,8 +17,9 @@ namespace {
 bool SameView(const KvCacheView& a, const KvCacheView& b) {
   return a.chunks == b.chunks && a.num_chunks == b.num_chunks && a.chunk_shift == b.chunk_shift &&
          a.k_offset_bytes == b.k_offset_bytes && a.v_offset_bytes == b.v_offset_bytes &&
-         a.block_bytes == b.block_bytes && a.dtype == b.dtype && a.num_kv_heads == b.num_kv_heads &&
-         a.block_size == b.block_size && a.head_dim == b.head_dim;
+         a.block_bytes == b.block_bytes && a.scale_offset_bytes == b.scale_offset_bytes &&
+         a.dtype == b.dtype && a.num_kv_heads == b.num_kv_heads && a.block_size == b.block_size &&
+         a.head_dim == b.head_dim;
 }
 
 bool SameViews(absl::Span<const KvCacheView> a, absl::Span<const KvCacheView> b) {

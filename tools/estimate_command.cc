@@ -27,7 +27,8 @@ FlagSet MakeFlags() {
       "(the daemon's kvd_kv_pool_max_bytes). Beside it, the d_model formula\n"
       "(2 x layers x d_model x bytes), which overstates grouped-query-attention models.\n"
       "The default, bf16, is what the CUDA backend stores; the CPU backend stores KV as f32\n"
-      "(twice the bytes): pass --kv-dtype f32 for CPU deployments. Also the weights' bytes\n"
+      "(twice the bytes): pass --kv-dtype f32 for CPU deployments, --kv-dtype int8 for\n"
+      "kv_cache_config.quantization: int8 on either. Also the weights' bytes\n"
       "(bf16 on CUDA, f32 on the CPU): with the pool, most of what the daemon holds (its\n"
       "kvd_memory_bytes; activations and workspace come on top, growing with the batch).");
   f.AddString("model",

@@ -151,7 +151,7 @@ class CudaBackend final : public Backend {
   // Decode rows (q_len 1) go to the split-KV decode kernel, longer chunks to the prefill
   // kernel; both are enqueued without a host round trip. Head sizes up to 32 (small
   // test models such as stories260K's 8) go to a simple, slow generic kernel
-  // (generic_attention.h), and so does an int8 cache of any head size up to 128 (no fast
+  // (generic_attention.h), and so does an int8 cache of those sizes or 64 or 128 (no fast
   // kernel reads int8 yet). REQUIRES: block_size a power of two, num_q_heads a multiple of
   // num_kv_heads.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;

@@ -15,8 +15,9 @@
 
 namespace kvd::cuda {
 
-// Also the int8 cache's only kernel yet, for every head_dim up to
-// kGenericAttentionMaxInt8HeadDim (Llama's 128 included).
+// Also the int8 cache's only kernel yet, for head sizes up to 32 and the fast kernels' 64 and
+// 128 (CudaBackend refuses the others, as for every dtype; the kernel itself takes any up to
+// kGenericAttentionMaxInt8HeadDim).
 //
 // REQUIRES (validated by the caller): KV dtype f32, bf16 or int8, 0 < head_dim <=
 // kGenericAttentionMaxInt8HeadDim, num_q_heads a multiple of num_kv_heads, at most 65535

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -117,6 +118,15 @@ TEST(MemoryEstimatorTest, QuantizedDtypesCountTheirScales) {
   // One fp32 scale per token and KV head in each of 64 regions.
   EXPECT_DOUBLE_EQ(e.bytes_per_token_with_scales, 2 * 32 * 32 * 128 + 64 * 32 * 4);
   EXPECT_EQ(e.batch_bytes, 16 * (2 * 32 * 32 * 128 + 64 * 32 * 4));
+  // A budget holds whole blocks with their scales, as the arena stores them.
+  r.budget_bytes = int64_t{1} << 30;
+  const MemoryEstimate budget = *MemoryEstimator::Estimate(r);
+  EXPECT_EQ(budget.bytes_per_block, 16 * (2 * 32 * 32 * 128 + 64 * 32 * 4));
+  EXPECT_EQ(budget.pool_bytes, budget.pool_blocks * budget.bytes_per_block);
+  EXPECT_LE(budget.pool_bytes, r.budget_bytes);
+  EXPECT_THAT(MemoryEstimator::Format(r, budget),
+              ::testing::HasSubstr(absl::StrCat(" (", budget.pool_blocks * 64 * 32 * 16 * 4,
+                                                " of them scales and padding)")));
 }
 
 TEST(MemoryEstimatorTest, RejectsEmptyWorkloads) {

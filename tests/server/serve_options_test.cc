@@ -86,8 +86,6 @@ TEST(CacheOptionsFromTest, EveryKeyReachesItsOption) {
   EXPECT_EQ(defaults.eviction_policy, "lru");
 }
 
-// growth_retry_interval 0 means no tries: the cache's option is infinite (only a released chunk
-// lifts a stop), where a zero interval would be an invalid option.
 // kv_cache_config.quantization picks the cache's dtype (none: the backend's own), and the
 // pool counts a quantized block with its scales.
 TEST(CacheOptionsFromTest, QuantizationPicksTheKvDtype) {
@@ -121,6 +119,8 @@ TEST(CheckServableTest, Int8RunsOnBothDevicesInt4OnNeither) {
   EXPECT_EQ(CheckServable(config, Device::kCpu).code(), absl::StatusCode::kUnimplemented);
 }
 
+// growth_retry_interval 0 means no tries: the cache's option is infinite (only a released chunk
+// lifts a stop), where a zero interval would be an invalid option.
 TEST(CacheOptionsFromTest, AGrowthRetryIntervalOfZeroMeansNoTries) {
   KvCacheConfig kv;
   kv.memory_pool.growth_retry_interval = absl::ZeroDuration();
