@@ -53,17 +53,6 @@ inline float* F32BlockHead(const KvCacheView& v, char* block, int32_t head) {
   return reinterpret_cast<float*>(block) + int64_t{head} * v.block_size * v.head_dim;
 }
 
-// Rows of `head` in block `block` of an f32 view's K region: [block_size][head_dim] floats.
-// REQUIRES: the view and the block id are valid, 0 <= head < num_kv_heads.
-inline float* KeyBlockHead(const KvCacheView& v, int64_t block, int32_t head) {
-  return F32BlockHead(v, KeyBlock(v, block), head);
-}
-
-// As KeyBlockHead, for the V region.
-inline float* ValueBlockHead(const KvCacheView& v, int64_t block, int32_t head) {
-  return F32BlockHead(v, ValueBlock(v, block), head);
-}
-
 // An int8 view's rows of `head` in a block ([block_size][head_dim] int8) and their scales
 // ([block_size] floats, one a row): row value = int8 * scale.
 inline int8_t* Int8BlockHead(const KvCacheView& v, char* block, int32_t head) {
